@@ -1,0 +1,39 @@
+"""tfrecipe: config-driven (Hydra) training recipes for TensorFlow/Keras.
+
+The public API. Names load on first use, so that `tfrecipe --help` and the subcommands that need
+no TensorFlow do not pay for importing it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tfrecipe.configs import compose
+    from tfrecipe.data import DatasetInfo, Splits
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.instantiate import instantiate
+    from tfrecipe.schema import validate
+    from tfrecipe.strategy import build_strategy
+    from tfrecipe.train import TrainingError, train
+
+_PUBLIC = {
+    "compose": "tfrecipe.configs",
+    "DatasetInfo": "tfrecipe.data",
+    "Splits": "tfrecipe.data",
+    "ConfigError": "tfrecipe.errors",
+    "instantiate": "tfrecipe.instantiate",
+    "validate": "tfrecipe.schema",
+    "build_strategy": "tfrecipe.strategy",
+    "TrainingError": "tfrecipe.train",
+    "train": "tfrecipe.train",
+}
+__all__ = sorted(_PUBLIC)
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'tfrecipe' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -1,0 +1,168 @@
+"""Callbacks from the callbacks and logger configs; the same list drives every loop."""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import keras
+
+from tfrecipe import schema
+from tfrecipe.instantiate import instantiate
+from tfrecipe.rundir import write_history
+
+
+class Throughput(keras.callbacks.Callback):
+    """Measures steady-state training throughput: examples/sec over the epochs after the first
+    (the first pays for tracing and compilation); with one epoch, over its batches after the first.
+    Validation time is not counted."""
+
+    def __init__(self, examples_per_step: int, examples_per_epoch: int | None = None):
+        super().__init__()
+        self.examples_per_step = examples_per_step
+        self.examples_per_epoch = examples_per_epoch
+        self.epochs: list[tuple[int, float]] = []  # (steps, seconds of training)
+        self._first_batch_end: float | None = None
+        self._first_epoch_rest: tuple[int, float] | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._last = self._start
+        self._steps = 0
+        self._first_batch_end = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last = time.perf_counter()
+        self._steps = batch + 1  # batch is the index of the last step run (steps_per_execution)
+        if self._first_batch_end is None:
+            self._first_batch_end = (self._steps, self._last)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append((self._steps, self._last - self._start))
+        if epoch == 0 and self._first_batch_end:
+            steps, at = self._first_batch_end
+            self._first_epoch_rest = (self._steps - steps, self._last - at)
+
+    def _examples(self, steps: int) -> int:
+        examples = steps * self.examples_per_step
+        return min(examples, self.examples_per_epoch) if self.examples_per_epoch else examples
+
+    def examples_per_sec(self) -> float | None:
+        if len(self.epochs) > 1:
+            measured = self.epochs[1:]
+            seconds = sum(s for _, s in measured)
+            return sum(self._examples(n) for n, _ in measured) / seconds if seconds else None
+        if self._first_epoch_rest and self._first_epoch_rest[1] > 0:
+            steps, seconds = self._first_epoch_rest
+            return steps * self.examples_per_step / seconds
+        return None
+
+
+class EpochHistory(keras.callbacks.Callback):
+    """Keeps one row of logs per epoch (validation metrics only where validation ran) and
+    rewrites history.csv after each epoch, so an interrupted run keeps its history."""
+
+    def __init__(self, run_dir: Path | None):
+        super().__init__()
+        self.run_dir = run_dir
+        self.rows: list[dict[str, float]] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        self.rows.append(row)
+        if self.run_dir is not None:
+            write_history(self.run_dir, self.rows)
+
+
+class StepCSVLogger(keras.callbacks.Callback):
+    """Writes training metrics and the learning rate every N steps to a CSV file (flushed as it
+    goes, so a crash keeps what was logged)."""
+
+    def __init__(self, path: Path, every_n_steps: int):
+        super().__init__()
+        self.path, self.every_n_steps = path, every_n_steps
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        self._file = self.path.open("w", newline="")
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every_n_steps:
+            return
+        step = int(self.model.optimizer.iterations)
+        row = {"step": step, "epoch": self._epoch + 1, "learning_rate": _learning_rate(self.model)}
+        row |= {k: float(v) for k, v in (logs or {}).items()}
+        if self._writer is None:
+            self._writer = csv.DictWriter(self._file, fieldnames=list(row))
+            self._writer.writeheader()
+        self._writer.writerow({k: row.get(k) for k in self._writer.fieldnames})
+        self._file.flush()
+
+    def on_train_end(self, logs=None):
+        self._file.close()
+
+
+def _learning_rate(model: keras.Model) -> float:
+    optimizer = model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return float(keras.ops.convert_to_numpy(inner.learning_rate))
+
+
+def build_callbacks(
+    spec: schema.Callbacks,
+    logger: schema.Logger,
+    *,
+    run_dir: Path,
+    allowed_targets: Iterable[str] = (),
+) -> list[keras.callbacks.Callback]:
+    """The callbacks the config switches on, in a fixed order (user callbacks last)."""
+    callbacks: list[keras.callbacks.Callback] = []
+    if spec.terminate_on_nan.enabled:
+        callbacks.append(keras.callbacks.TerminateOnNaN())
+    if spec.model_checkpoint.enabled:
+        callbacks.append(
+            keras.callbacks.ModelCheckpoint(
+                str(run_dir / "best.weights.h5"),
+                monitor=spec.model_checkpoint.monitor,
+                mode=spec.model_checkpoint.mode,
+                save_best_only=True,
+                save_weights_only=True,
+            )
+        )
+    if spec.early_stopping.enabled:
+        es = spec.early_stopping
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                monitor=es.monitor,
+                patience=es.patience,
+                min_delta=es.min_delta,
+                restore_best_weights=es.restore_best_weights,
+            )
+        )
+    if logger.csv:
+        callbacks.append(StepCSVLogger(run_dir / "steps.csv", logger.csv.every_n_steps))
+    if logger.tensorboard:
+        tb = logger.tensorboard
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                log_dir=str(run_dir / "tensorboard"),
+                update_freq=tb.update_freq,
+                histogram_freq=tb.histogram_freq,
+                profile_batch=tb.profile_batch,
+            )
+        )
+    for name, node in spec.extra.items():
+        callbacks.append(
+            instantiate(
+                node.model_dump(by_alias=True),
+                key=f"callbacks.extra.{name}",
+                allowed=allowed_targets,
+            )
+        )
+    return callbacks

@@ -1,0 +1,159 @@
+"""The command line: `tfrecipe [overrides]` / `python -m tfrecipe [overrides]`.
+
+A thin shim around Hydra. Before Hydra creates anything, a plain run composes and validates its
+config (without TensorFlow) and checks the run directory, so a user's mistake ends with exit
+code 2 and one line per problem, and leaves no half-written run directory behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+from tfrecipe.errors import ConfigError
+
+log = logging.getLogger("tfrecipe")
+
+EXIT_CONFIG = 2
+EXIT_TRAINING = 1
+
+
+class _Invocation:
+    """What the pre-check learned about this run, for cleaning up after a late config error."""
+
+    run_dir: Path | None = None
+    run_dir_existed: bool = True
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _precheck(argv: list[str]) -> list[str]:
+    """Composes and validates a single run's config; pins its run dir. Returns Hydra's argv."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    informational = args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
+    custom_config = args.config_path or args.config_dir or args.config_name
+    if informational or args.multirun or custom_config:
+        return argv  # Hydra answers these; sweep jobs validate themselves
+
+    from omegaconf import OmegaConf
+
+    from tfrecipe.configs import compose
+    from tfrecipe.schema import validate
+    from tfrecipe.train import ensure_fresh_run_dir
+
+    cfg = compose(args.overrides, return_hydra_config=True)
+    validate(cfg)
+    run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
+    _check_writable(run_dir)
+    ensure_fresh_run_dir(run_dir)
+    _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
+    # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
+    return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
+
+
+def _check_writable(run_dir: Path) -> None:
+    existing = run_dir
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: cannot create the run directory ({existing} is not a "
+            "writable directory); choose a writable hydra.run.dir"
+        )
+
+
+def _task(cfg) -> dict:
+    """The Hydra task: one training run in Hydra's output directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from tfrecipe.display import print_config
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    print_config(cfg)
+    from tfrecipe.train import TrainingError, train
+
+    try:
+        summary = train(cfg, run_dir=run_dir)
+    except ConfigError:
+        raise
+    except Exception as error:
+        (run_dir / "traceback.txt").write_text(traceback.format_exc())
+        cause = error if isinstance(error, TrainingError) else f"{type(error).__name__}: {error}"
+        log.error(
+            "training failed: %s\nrun dir: %s (summary.json and traceback.txt have the details)",
+            cause,
+            run_dir,
+        )
+        raise SystemExit(EXIT_TRAINING) from None
+    log.info(
+        "done: %s in %.1fs; test %s; run dir: %s",
+        summary["status"],
+        summary["wall_time_s"],
+        summary["test"] or "-",
+        run_dir,
+    )
+    return summary
+
+
+def _hydra_errors() -> tuple[type[BaseException], ...]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (HydraException, OmegaConfBaseException)
+
+
+def _describe_hydra_error(error: BaseException) -> str:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(error, MissingConfigException) and error.options is not None:
+        group, _, option = (error.missing_cfg_file or "").rpartition("/")
+        return (
+            f"{group}={option}: unknown option for group '{group}'; available: "
+            f"{', '.join(error.options)}"
+        )
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # Hydra explains in several lines; keep the ones that say what is wrong.
+    useful = [l for l in lines if not l.startswith(("full_key", "object_type", "Config search"))]
+    return " ".join(useful[:3])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `tfrecipe` and `python -m tfrecipe`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us: we report them, exit code 2
+
+    import hydra
+
+    from tfrecipe.configs import config_dir, register_recipes
+
+    register_recipes()
+    hydra_main = hydra.main(
+        config_path=str(config_dir()), config_name="config", version_base="1.3"
+    )(_task)
+    try:
+        sys.argv = [sys.argv[0], *_precheck(argv)]
+        hydra_main()
+    except ConfigError as error:
+        _discard_new_run_dir()
+        print(error.report(), file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    except _hydra_errors() as error:
+        _discard_new_run_dir()
+        print(f"tfrecipe: invalid configuration: {_describe_hydra_error(error)}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def _discard_new_run_dir() -> None:
+    """A run that stopped on a config error leaves nothing behind, unless the dir was there."""
+    run_dir = _Invocation.run_dir
+    if run_dir is not None and not _Invocation.run_dir_existed and run_dir.exists():
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,55 @@
+"""Where the configs live, and composing them without TensorFlow.
+
+`conf/` holds the config groups and `recipes/` the recipes. In a checkout they sit beside the
+package; an installed wheel carries them inside it (pyproject's force-include).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _find(name: str) -> Path:
+    for candidate in (_PACKAGE_DIR / name, _PACKAGE_DIR.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"tfrecipe's {name}/ folder is missing from {_PACKAGE_DIR}")
+
+
+def config_dir() -> Path:
+    return _find("conf")
+
+
+def recipes_dir() -> Path:
+    return _find("recipes")
+
+
+@functools.cache
+def register_recipes() -> None:
+    """Makes `recipe=NAME` select recipes/NAME.yaml.
+
+    Recipes live outside `conf/` (they are what users copy and edit), so they enter Hydra's
+    search path through the ConfigStore as the `recipe` group, each at package `_global_`.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = False) -> DictConfig:
+    """Composes the config the way `python -m tfrecipe` does (for tests and subcommands)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_recipes()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return hydra_compose(
+            "config", overrides=list(overrides or []), return_hydra_config=return_hydra_config
+        )

@@ -1,0 +1,164 @@
+"""Datasets: builders that return train/validation/test splits, and the one helper that
+batches and distributes them with the strategy (used by every loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    input_shape: tuple[int, ...]
+    num_classes: int
+    num_train: int
+    num_validation: int
+    num_test: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """Unbatched `(features, label)` datasets; validation and test may be None."""
+
+    train: tf.data.Dataset
+    validation: tf.data.Dataset | None
+    test: tf.data.Dataset | None
+    info: DatasetInfo
+
+
+def _split_indices(
+    labels: np.ndarray, validation_fraction: float, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A stratified, seeded train/validation/test split of example indices."""
+    from sklearn.model_selection import train_test_split
+
+    for name, value in (("validation_fraction", validation_fraction),
+                        ("test_fraction", test_fraction)):
+        if not 0 <= value < 1:
+            raise ValueError(f"{name} must be in [0, 1), received {name}={value}")
+    if validation_fraction + test_fraction >= 1:
+        raise ValueError(
+            "validation_fraction + test_fraction must leave training data, received "
+            f"{validation_fraction} + {test_fraction}"
+        )
+    indices = np.arange(len(labels))
+    held_out = validation_fraction + test_fraction
+    if held_out == 0:
+        return indices, indices[:0], indices[:0]
+    train, rest = train_test_split(indices, test_size=held_out, random_state=seed, stratify=labels)
+    if validation_fraction == 0 or test_fraction == 0:
+        empty = rest[:0]
+        return (train, rest, empty) if test_fraction == 0 else (train, empty, rest)
+    validation, test = train_test_split(
+        rest, test_size=test_fraction / held_out, random_state=seed, stratify=labels[rest]
+    )
+    return train, validation, test
+
+
+def from_arrays(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    num_classes: int,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+) -> Splits:
+    """Splits in-memory arrays into train/validation/test datasets."""
+    train, validation, test = _split_indices(labels, validation_fraction, test_fraction, split_seed)
+
+    def make(idx: np.ndarray) -> tf.data.Dataset | None:
+        if len(idx) == 0:
+            return None
+        return tf.data.Dataset.from_tensor_slices((features[idx], labels[idx]))
+
+    info = DatasetInfo(
+        input_shape=tuple(features.shape[1:]),
+        num_classes=num_classes,
+        num_train=len(train),
+        num_validation=len(validation),
+        num_test=len(test),
+    )
+    return Splits(make(train), make(validation), make(test), info)
+
+
+def digits(*, validation_fraction: float, test_fraction: float, split_seed: int) -> Splits:
+    """scikit-learn's bundled handwritten digits: 1,797 8x8 images in [0, 1], 10 classes."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = (bunch.images / 16.0).astype("float32")[..., np.newaxis]
+    return from_arrays(
+        images,
+        bunch.target.astype("int32"),
+        num_classes=10,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+def synthetic(
+    *,
+    num_examples: int,
+    shape: Sequence[int],
+    num_classes: int,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+) -> Splits:
+    """Generated images or vectors: each class a random mean plus unit noise (learnable)."""
+    if num_examples <= 0 or num_classes < 2 or not shape or min(shape) <= 0:
+        raise ValueError(
+            "synthetic data needs num_examples > 0, num_classes >= 2 and a non-empty positive "
+            f"shape, received num_examples={num_examples}, num_classes={num_classes}, "
+            f"shape={list(shape)}"
+        )
+    rng = np.random.default_rng(split_seed)
+    means = rng.normal(0.0, 1.0, size=(num_classes, *shape)).astype("float32")
+    labels = (np.arange(num_examples) % num_classes).astype("int32")
+    rng.shuffle(labels)
+    features = means[labels] + rng.normal(0.0, 1.0, size=(num_examples, *shape)).astype("float32")
+    return from_arrays(
+        features,
+        labels,
+        num_classes=num_classes,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+def distribute(
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset,
+    *,
+    global_batch_size: int,
+    shuffle_seed: int | None = None,
+    drop_remainder: bool = False,
+    repeat: bool = False,
+) -> tf.distribute.DistributedDataset:
+    """Batches `dataset` for the strategy: each replica gets `global / replicas` examples.
+
+    The dataset function runs once per input pipeline (one per worker); each pipeline reads its
+    own shard, shuffles it (when `shuffle_seed` is given) and batches per replica, so the
+    replicas of one step together see one global batch, exactly as a single replica would.
+    `repeat` makes it endless (for a fixed `steps_per_epoch`), reshuffled on each pass.
+    """
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = dataset
+        if context.num_input_pipelines > 1:
+            local = local.shard(context.num_input_pipelines, context.input_pipeline_id)
+        if shuffle_seed is not None:
+            local = local.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
+        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        local = local.batch(per_replica, drop_remainder=drop_remainder)
+        if repeat:
+            local = local.repeat()
+        return local.prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

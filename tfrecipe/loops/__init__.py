@@ -1,0 +1,1 @@
+"""Training loops. Each takes built objects (model, distributed datasets, callbacks), never config."""

@@ -1,0 +1,22 @@
+"""What every loop needs to know besides the model and data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """Args:
+    epochs: passes over the training data (or over `steps_per_epoch` steps).
+    steps_per_epoch: optimizer steps per epoch; None runs each epoch over the whole split.
+    validation_freq: validate every N epochs.
+    verbose: 0 silent, 1 a progress bar per epoch, 2 one line per epoch.
+    steps_per_loop: training steps per `tf.function` call (custom loop).
+    """
+
+    epochs: int
+    steps_per_epoch: int | None = None
+    validation_freq: int = 1
+    verbose: int = 1
+    steps_per_loop: int = 1

@@ -1,0 +1,82 @@
+"""What a run leaves in its directory: resolved config, summary, history, curves, model.
+
+Files are written to a temporary name and renamed into place, so a crash never leaves a
+half-written summary or history behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+SUMMARY = "summary.json"
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_config(run_dir: Path, cfg: DictConfig) -> None:
+    """The fully resolved config (what actually ran), beside Hydra's `.hydra/` originals."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved.pop("hydra", None)
+    atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    atomic_write(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False) + "\n")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / SUMMARY).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def write_history(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
+    """history.csv: one row per epoch with Keras' metric names as columns (blank where an epoch
+    had no validation)."""
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=names)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(run_dir / "history.csv", out.getvalue())
+
+
+def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
+    """curves.png: loss and accuracy per epoch, training and validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+        for name, style in ((metric, "-"), (f"val_{metric}", "--")):
+            points = [(row["epoch"], row[name]) for row in rows if row.get(name) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, marker="o", label=name)
+        ax.set_xlabel("epoch")
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(run_dir / "curves.png", buffer.getvalue())

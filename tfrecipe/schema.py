@@ -1,0 +1,237 @@
+"""The typed schema of every config group, checked once, early, with every problem reported.
+
+The YAML files in `conf/` hold the defaults; these models say what is allowed. `validate` runs
+on the composed config before any TensorFlow work and raises one `ConfigError` listing each
+problem as `key: what is wrong (received value)`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tfrecipe.errors import ConfigError
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- strategy -----------------------------------------------------------------------------------
+class _StrategyBase(_Schema):
+    logical_cpus: PositiveInt = 1
+
+
+class DefaultStrategy(_StrategyBase):
+    name: Literal["default"]
+
+
+class OneDeviceStrategy(_StrategyBase):
+    name: Literal["one_device"]
+    device: str | None = None
+
+
+class MirroredStrategy(_StrategyBase):
+    name: Literal["mirrored"]
+    devices: list[str] | None = None
+    cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one_device"] = (
+        "auto"
+    )
+    num_packs: PositiveInt = 1
+
+
+class CentralStorageStrategy(_StrategyBase):
+    name: Literal["central_storage"]
+    devices: list[str] | None = None
+    parameter_device: str | None = None
+
+
+NOT_YET_AVAILABLE = ("multi_worker_mirrored", "parameter_server", "tpu")
+
+
+class UnavailableStrategy(_StrategyBase):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    name: Literal[NOT_YET_AVAILABLE]
+
+
+Strategy = Annotated[
+    DefaultStrategy | OneDeviceStrategy | MirroredStrategy | CentralStorageStrategy
+    | UnavailableStrategy,
+    Field(discriminator="name"),
+]
+
+
+# --- model, dataset: a builder named by `_target_`, its arguments checked when it is bound ---------
+class Target(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
+    target: str = Field(alias="_target_")
+
+
+# --- precision, batching, optimizer ---------------------------------------------------------------
+class Precision(_Schema):
+    policy: Literal["float32", "mixed_bfloat16", "mixed_float16"]
+    require_native: bool = True
+
+
+class Batching(_Schema):
+    per_replica_batch_size: PositiveInt
+    global_batch_size: PositiveInt | None = None
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    lr_reference_batch_size: PositiveInt | None = None
+    drop_remainder: bool = False
+    steps_per_execution: PositiveInt = 1
+
+
+class _OptimizerBase(_Schema):
+    learning_rate: PositiveFloat
+    weight_decay: Annotated[float, Field(ge=0)] | None = None
+    clipnorm: PositiveFloat | None = None
+    global_clipnorm: PositiveFloat | None = None
+    schedule: Literal["constant", "cosine", "warmup_cosine"] = "constant"
+    warmup_steps: NonNegativeInt = 0
+    min_lr_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+
+class Adam(_OptimizerBase):
+    name: Literal["adam", "adamw"]
+    beta_1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta_2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+    epsilon: PositiveFloat = 1e-7
+
+
+class SGD(_OptimizerBase):
+    name: Literal["sgd"]
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    nesterov: bool = False
+
+
+Optimizer = Annotated[Adam | SGD, Field(discriminator="name")]
+
+
+# --- loop, callbacks, logger, cluster ----------------------------------------------------------------
+class Loop(_Schema):
+    name: Literal["fit", "custom"]
+    epochs: PositiveInt
+    steps_per_epoch: PositiveInt | None = None
+    validation_freq: PositiveInt = 1
+    verbose: Literal[0, 1, 2] = 1
+    steps_per_loop: PositiveInt = 1
+
+
+class _Switch(_Schema):
+    enabled: bool
+
+
+class ModelCheckpoint(_Switch):
+    monitor: str = "val_loss"
+    mode: Literal["auto", "min", "max"] = "auto"
+
+
+class EarlyStopping(_Switch):
+    monitor: str = "val_loss"
+    patience: NonNegativeInt = 5
+    min_delta: Annotated[float, Field(ge=0)] = 0.0
+    restore_best_weights: bool = True
+
+
+class Callbacks(_Schema):
+    model_checkpoint: ModelCheckpoint
+    early_stopping: EarlyStopping
+    terminate_on_nan: _Switch
+    progress: _Switch
+    extra: dict[str, Target] = {}
+
+
+class CsvLogger(_Schema):
+    every_n_steps: PositiveInt = 10
+
+
+class TensorBoardLogger(_Schema):
+    update_freq: Literal["epoch", "batch"] | PositiveInt = "epoch"
+    histogram_freq: NonNegativeInt = 0
+    profile_batch: NonNegativeInt = 0
+
+
+class Logger(_Schema):
+    csv: CsvLogger | None = None
+    tensorboard: TensorBoardLogger | None = None
+
+
+class Cluster(_Schema):
+    name: Literal["none"]
+
+
+class RunConfig(_Schema):
+    seed: int
+    deterministic: bool
+    allowed_targets: list[str] = []
+    strategy: Strategy
+    model: Target
+    dataset: Target
+    precision: Precision
+    batching: Batching
+    optimizer: Optimizer
+    loop: Loop
+    callbacks: Callbacks
+    logger: Logger = Logger()
+    cluster: Cluster
+
+
+def validate(cfg: DictConfig) -> RunConfig:
+    """Checks the composed config; returns it typed or raises `ConfigError` with every problem."""
+    cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    problems = [f"{key}: required value is missing (set {key}=...)" for key in missing]
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except Exception as error:  # an interpolation that cannot be resolved
+        raise ConfigError(f"{getattr(error, 'full_key', '')}: {error}".strip(": ")) from None
+    try:
+        run = RunConfig.model_validate(container)
+    except ValidationError as error:
+        problems += [p for p in _describe(error) if p.split(":")[0] not in missing]
+        raise ConfigError(problems) from None
+    problems += _cross_checks(run)
+    if problems:
+        raise ConfigError(problems)
+    return run
+
+
+def _cross_checks(run: RunConfig) -> list[str]:
+    problems = []
+    if run.strategy.name in NOT_YET_AVAILABLE:
+        problems.append(
+            f"strategy={run.strategy.name}: not yet available in this version of tfrecipe; "
+            "available: default, one_device, mirrored, central_storage"
+        )
+    return problems
+
+
+_TAGS = {"default", "one_device", "mirrored", "central_storage", "adam", "adamw", "sgd"}
+_TAGS.update(NOT_YET_AVAILABLE)
+
+
+def _describe(error: ValidationError) -> list[str]:
+    problems = []
+    for item in error.errors():
+        # Discriminated unions add the tag (e.g. "mirrored") to the location: not a user's key.
+        loc = [str(part) for part in item["loc"] if str(part) not in _TAGS]
+        key = ".".join(loc).replace("target", "_target_")
+        kind = item["type"]
+        received = item.get("input")
+        if kind == "extra_forbidden":
+            problems.append(f"{key}: unknown key (received {key}={received!r})")
+        elif kind == "missing":
+            problems.append(f"{key}: required value is missing (set {key}=...)")
+        elif kind == "union_tag_invalid":
+            allowed = item["ctx"]["expected_tags"]
+            problems.append(f"{key}.name: unknown option {item['ctx']['tag']!r}; allowed: {allowed}")
+        else:
+            problems.append(f"{key}: {item['msg'].lower()}, received {key}={received!r}")
+    return problems

@@ -1,0 +1,88 @@
+"""Builds the tf.distribute strategy: the first TensorFlow call of a run.
+
+Logical CPU devices must be configured before TensorFlow initializes its runtime, which is why
+the strategy comes before precision, data and model.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfrecipe import schema
+from tfrecipe.errors import ConfigError
+
+
+def configure_logical_cpus(count: int) -> list[str]:
+    """Splits the first CPU into `count` logical devices; returns their names.
+
+    Called again in the same process (tests, sweeps), an existing split of at least `count`
+    devices is reused; a larger split is impossible once TensorFlow has started.
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu) or []
+    if count > max(len(current), 1):
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+            )
+        except RuntimeError:
+            raise ConfigError(
+                f"strategy.logical_cpus={count}: TensorFlow already started in this process with "
+                f"{max(len(current), 1)} CPU device(s); logical devices must be set before the "
+                "first TensorFlow operation (run tfrecipe in a fresh process)"
+            ) from None
+    return [f"/cpu:{i}" for i in range(count)]
+
+
+def _local_devices(spec_devices: list[str] | None, logical_cpus: int) -> list[str] | None:
+    """Devices for the mirrored strategies: as configured, else all GPUs, else logical CPUs."""
+    if spec_devices is not None:
+        return list(spec_devices)
+    if tf.config.list_physical_devices("GPU"):
+        return None  # TensorFlow takes every visible GPU
+    return configure_logical_cpus(logical_cpus)
+
+
+def _cross_device_ops(name: str, num_packs: int) -> tf.distribute.CrossDeviceOps | None:
+    if name == "nccl" and not tf.config.list_physical_devices("GPU"):
+        raise ConfigError(
+            "strategy.cross_device_ops=nccl: NCCL needs GPUs and none is visible; "
+            "use auto, hierarchical_copy or reduction_to_one_device"
+        )
+    factories = {
+        "auto": lambda: None,
+        "nccl": lambda: tf.distribute.NcclAllReduce(num_packs=num_packs),
+        "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs),
+        "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+    }
+    return factories[name]()
+
+
+def build_strategy(spec: schema.Strategy) -> tf.distribute.Strategy:
+    """Returns the strategy `spec` describes (see conf/strategy/*.yaml)."""
+    if spec.name == "default":
+        configure_logical_cpus(spec.logical_cpus)
+        return tf.distribute.get_strategy()
+    if spec.name == "one_device":
+        configure_logical_cpus(spec.logical_cpus)
+        device = spec.device or ("/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0")
+        return tf.distribute.OneDeviceStrategy(device)
+    if spec.name == "mirrored":
+        return tf.distribute.MirroredStrategy(
+            devices=_local_devices(spec.devices, spec.logical_cpus),
+            cross_device_ops=_cross_device_ops(spec.cross_device_ops, spec.num_packs),
+        )
+    if spec.name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(
+            compute_devices=_local_devices(spec.devices, spec.logical_cpus),
+            parameter_device=spec.parameter_device,
+        )
+    raise ConfigError(f"strategy={spec.name}: not yet available in this version of tfrecipe")
+
+
+def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
+    """The kinds of device ("CPU", "GPU", "TPU") the strategy computes on."""
+    if strategy is tf.distribute.get_strategy():  # the default strategy places ops by itself
+        return {"GPU"} if tf.config.list_physical_devices("GPU") else {"CPU"}
+    devices = strategy.extended.worker_devices
+    return {tf.DeviceSpec.from_string(d).device_type or "CPU" for d in devices}

@@ -1,0 +1,278 @@
+"""`train(cfg)`: one training run, as a list of steps.
+
+cluster -> strategy -> precision -> data -> (in strategy.scope()) model, optimizer, metrics
+-> loop -> results in the run directory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from tfrecipe import rundir, schema
+from tfrecipe.errors import ConfigError
+
+log = logging.getLogger("tfrecipe")
+
+
+class TrainingError(RuntimeError):
+    """Training itself failed (not the configuration): exit code 1, summary status "failed"."""
+
+
+def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
+    """Returns (per_replica, global): global = per-replica x replicas, or the fixed global
+    batch split evenly over the replicas."""
+    if spec.global_batch_size is None:
+        return spec.per_replica_batch_size, spec.per_replica_batch_size * num_replicas
+    if spec.global_batch_size % num_replicas:
+        raise ConfigError(
+            f"batching.global_batch_size={spec.global_batch_size}: must divide evenly by the "
+            f"{num_replicas} replicas; use a multiple of {num_replicas}"
+        )
+    return spec.global_batch_size // num_replicas, spec.global_batch_size
+
+
+def ensure_fresh_run_dir(run_dir: Path) -> None:
+    """Refuses a run dir that already holds a finished run: its outputs are never overwritten."""
+    previous = rundir.read_summary(run_dir)
+    if previous and previous.get("status") == "completed":
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
+            "choose another hydra.run.dir"
+        )
+
+
+def seed_everything(seed: int, *, deterministic: bool) -> None:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
+    """Trains as `cfg` says; writes the run directory; returns the summary (summary.json).
+
+    Raises:
+      ConfigError: the configuration is invalid (nothing has been written).
+      TrainingError: training failed (summary.json says "failed").
+    """
+    started = time.perf_counter()
+    run = schema.validate(cfg)
+    run_dir = Path(run_dir)
+    ensure_fresh_run_dir(run_dir)
+
+    # The strategy first: logical devices must be set before any other TensorFlow call.
+    from tfrecipe.strategy import build_strategy, device_kinds
+
+    strategy = build_strategy(run.strategy)
+    from tfrecipe.precision import set_precision
+
+    set_precision(
+        run.precision.policy,
+        require_native=run.precision.require_native,
+        device_kinds=device_kinds(strategy),
+    )
+    seed_everything(run.seed, deterministic=run.deterministic)
+    per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
+
+    from tfrecipe import data
+    from tfrecipe.instantiate import instantiate
+
+    splits = instantiate(
+        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
+    )
+    steps_per_epoch = run.loop.steps_per_epoch or _steps_in(
+        splits.info.num_train, global_batch, run.batching.drop_remainder
+    )
+
+    def distribute(dataset, *, training: bool):
+        if dataset is None:
+            return None
+        return data.distribute(
+            strategy,
+            dataset,
+            global_batch_size=global_batch,
+            shuffle_seed=run.seed if training else None,
+            drop_remainder=run.batching.drop_remainder and training,
+            repeat=training and run.loop.steps_per_epoch is not None,
+        )
+
+    train_data = distribute(splits.train, training=True)
+    validation_data = distribute(splits.validation, training=False)
+    test_data = distribute(splits.test, training=False)
+
+    with strategy.scope():
+        model = instantiate(
+            run.model.model_dump(by_alias=True),
+            key="model",
+            allowed=run.allowed_targets,
+            input_shape=splits.info.input_shape,
+            num_classes=splits.info.num_classes,
+        )
+        optimizer = _build_optimizer(run, global_batch, total_steps=steps_per_epoch * run.loop.epochs)
+        _compile(model, optimizer, steps_per_execution=run.batching.steps_per_execution)
+
+    summary: dict[str, Any] = {
+        "status": "running",
+        "strategy": run.strategy.name,
+        "num_replicas": strategy.num_replicas_in_sync,
+        "loop": run.loop.name,
+        "model": run.model.target,
+        "dataset": run.dataset.target,
+        "precision": run.precision.policy,
+        "seed": run.seed,
+        "per_replica_batch_size": per_replica_batch,
+        "global_batch_size": global_batch,
+        "learning_rate": float(_initial_learning_rate(run, global_batch)),
+        "epochs_completed": 0,
+        "steps_completed": 0,
+        "resumed_from_step": None,
+        "metrics": {},
+        "test": {},
+        "examples_per_sec": None,
+        "wall_time_s": None,
+        "run_dir": str(run_dir.resolve()),
+    }
+    rundir.write_config(run_dir, cfg)
+    rundir.write_summary(run_dir, summary)
+
+    from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
+    from tfrecipe.loops.options import LoopOptions
+
+    history = EpochHistory(run_dir)
+    throughput = Throughput(
+        examples_per_step=global_batch,
+        examples_per_epoch=None if run.loop.steps_per_epoch else splits.info.num_train,
+    )
+    callbacks = [
+        history,
+        throughput,
+        *build_callbacks(
+            run.callbacks, run.logger, run_dir=run_dir, allowed_targets=run.allowed_targets
+        ),
+    ]
+    options = LoopOptions(
+        epochs=run.loop.epochs,
+        steps_per_epoch=run.loop.steps_per_epoch,
+        validation_freq=run.loop.validation_freq,
+        verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
+        steps_per_loop=run.loop.steps_per_loop,
+    )
+    loop = importlib.import_module(f"tfrecipe.loops.{run.loop.name}")
+    try:
+        loop.run(model, train_data, validation_data, options=options, callbacks=callbacks)
+        summary["steps_completed"] = int(model.optimizer.iterations)
+        summary["epochs_completed"] = len(history.rows)
+        summary["metrics"] = _final_metrics(history.rows)
+        _check_finite(summary["metrics"], history.rows)
+        if test_data is not None:
+            summary["test"] = _evaluate(model, test_data)
+        _export(model, run_dir)
+        rundir.plot_curves(run_dir, history.rows)
+    except BaseException as error:
+        summary.update(
+            status="failed",
+            error=f"{type(error).__name__}: {error}",
+            steps_completed=int(model.optimizer.iterations),
+            epochs_completed=len(history.rows),
+            metrics=_final_metrics(history.rows),
+            wall_time_s=round(time.perf_counter() - started, 3),
+        )
+        rundir.write_summary(run_dir, summary)
+        if isinstance(error, Exception) and not isinstance(error, TrainingError):
+            raise TrainingError(summary["error"]) from error
+        raise
+    summary.update(
+        status="completed",
+        examples_per_sec=throughput.examples_per_sec(),
+        wall_time_s=round(time.perf_counter() - started, 3),
+    )
+    rundir.write_summary(run_dir, summary)
+    return summary
+
+
+def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int:
+    steps = num_examples // global_batch if drop_remainder else math.ceil(num_examples / global_batch)
+    if steps == 0:
+        raise ConfigError(
+            f"batching: the global batch ({global_batch}) is larger than the training split "
+            f"({num_examples} examples) and drop_remainder=true leaves no steps"
+        )
+    return steps
+
+
+def _initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
+    from tfrecipe.optim import scaled_learning_rate
+
+    return scaled_learning_rate(
+        run.optimizer.learning_rate,
+        rule=run.batching.lr_scaling,
+        global_batch_size=global_batch,
+        reference_batch_size=run.batching.lr_reference_batch_size
+        or run.batching.per_replica_batch_size,
+    )
+
+
+def _build_optimizer(run: schema.RunConfig, global_batch: int, *, total_steps: int):
+    from tfrecipe.optim import build_optimizer, learning_rate_schedule
+
+    schedule = learning_rate_schedule(
+        run.optimizer,
+        learning_rate=_initial_learning_rate(run, global_batch),
+        total_steps=total_steps,
+    )
+    return build_optimizer(
+        run.optimizer,
+        learning_rate=schedule,
+        loss_scaling=run.precision.policy == "mixed_float16",
+    )
+
+
+def _compile(model, optimizer, *, steps_per_execution: int) -> None:
+    import keras
+
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        steps_per_execution=steps_per_execution,
+    )
+
+
+def _final_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The last epoch's metrics; validation metrics from the last epoch that validated."""
+    metrics: dict[str, float] = {}
+    for row in rows:
+        metrics.update({k: v for k, v in row.items() if k != "epoch"})
+    return metrics
+
+
+def _check_finite(metrics: dict[str, float], rows: list[dict[str, float]]) -> None:
+    loss = metrics.get("loss")
+    if loss is not None and not math.isfinite(loss):
+        raise TrainingError(
+            f"the training loss became {loss} in epoch {len(rows)}; lower "
+            "optimizer.learning_rate or enable optimizer.global_clipnorm"
+        )
+
+
+def _evaluate(model, dataset) -> dict[str, float]:
+    results = model.evaluate(dataset, verbose=0, return_dict=True)
+    return {name: float(value) for name, value in results.items()}
+
+
+def _export(model, run_dir: Path) -> None:
+    """model.keras, written under a temporary name and renamed: never half-written."""
+    import os
+
+    partial = run_dir / ".partial.keras"
+    model.save(partial)
+    os.replace(partial, run_dir / "model.keras")
