@@ -141,24 +141,17 @@ def distribute(
     drop_remainder: bool = False,
     repeat: bool = False,
 ) -> tf.distribute.DistributedDataset:
-    """Batches `dataset` for the strategy: each replica gets `global / replicas` examples.
+    """Batches `dataset` by the global batch and splits each batch over the replicas.
 
-    The dataset function runs once per input pipeline (one per worker); each pipeline reads its
-    own shard, shuffles it (when `shuffle_seed` is given) and batches per replica, so the
-    replicas of one step together see one global batch, exactly as a single replica would.
-    `repeat` makes it endless (for a fixed `steps_per_epoch`), reshuffled on each pass.
+    Every loop gets its data from here. The replicas of one step together see one global batch,
+    exactly as a single replica would, and the distributed dataset's cardinality counts global
+    steps (which `Model.fit` relies on). On several workers TensorFlow shards the input by its
+    auto-shard policy. `shuffle_seed` shuffles (reshuffled, reproducibly, on each pass); `repeat`
+    makes the data endless, for loops that count steps per epoch themselves.
     """
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        local = dataset
-        if context.num_input_pipelines > 1:
-            local = local.shard(context.num_input_pipelines, context.input_pipeline_id)
-        if shuffle_seed is not None:
-            local = local.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
-        local = local.batch(per_replica, drop_remainder=drop_remainder)
-        if repeat:
-            local = local.repeat()
-        return local.prefetch(tf.data.AUTOTUNE)
-
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    if shuffle_seed is not None:
+        dataset = dataset.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
+    dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
+    if repeat:
+        dataset = dataset.repeat()
+    return strategy.experimental_distribute_dataset(dataset.prefetch(tf.data.AUTOTUNE))

@@ -52,6 +52,7 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
     import keras
     import tensorflow as tf
 
+    keras.backend.clear_session()  # nothing left over from an earlier run in this process
     keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow
     if deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -102,7 +103,9 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
             global_batch_size=global_batch,
             shuffle_seed=run.seed if training else None,
             drop_remainder=run.batching.drop_remainder and training,
-            repeat=training and run.loop.steps_per_epoch is not None,
+            # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
+            # with the default (one pass per epoch) each epoch sees every example once.
+            repeat=training,
         )
 
     train_data = distribute(splits.train, training=True)
@@ -141,6 +144,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         "wall_time_s": None,
         "run_dir": str(run_dir.resolve()),
     }
+    run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_config(run_dir, cfg)
     rundir.write_summary(run_dir, summary)
 
@@ -161,7 +165,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     ]
     options = LoopOptions(
         epochs=run.loop.epochs,
-        steps_per_epoch=run.loop.steps_per_epoch,
+        steps_per_epoch=steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
         steps_per_loop=run.loop.steps_per_loop,
@@ -169,7 +173,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     loop = importlib.import_module(f"tfrecipe.loops.{run.loop.name}")
     try:
         loop.run(model, train_data, validation_data, options=options, callbacks=callbacks)
-        summary["steps_completed"] = int(model.optimizer.iterations)
+        summary["steps_completed"] = _optimizer_steps(model)
         summary["epochs_completed"] = len(history.rows)
         summary["metrics"] = _final_metrics(history.rows)
         _check_finite(summary["metrics"], history.rows)
@@ -181,7 +185,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         summary.update(
             status="failed",
             error=f"{type(error).__name__}: {error}",
-            steps_completed=int(model.optimizer.iterations),
+            steps_completed=_optimizer_steps(model),
             epochs_completed=len(history.rows),
             metrics=_final_metrics(history.rows),
             wall_time_s=round(time.perf_counter() - started, 3),
@@ -276,3 +280,9 @@ def _export(model, run_dir: Path) -> None:
     partial = run_dir / ".partial.keras"
     model.save(partial)
     os.replace(partial, run_dir / "model.keras")
+
+
+def _optimizer_steps(model) -> int:
+    import keras
+
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))

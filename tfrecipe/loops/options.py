@@ -9,14 +9,14 @@ import dataclasses
 class LoopOptions:
     """Args:
     epochs: passes over the training data (or over `steps_per_epoch` steps).
-    steps_per_epoch: optimizer steps per epoch; None runs each epoch over the whole split.
+    steps_per_epoch: optimizer steps per epoch (the training data is endless).
     validation_freq: validate every N epochs.
     verbose: 0 silent, 1 a progress bar per epoch, 2 one line per epoch.
     steps_per_loop: training steps per `tf.function` call (custom loop).
     """
 
     epochs: int
-    steps_per_epoch: int | None = None
+    steps_per_epoch: int
     validation_freq: int = 1
     verbose: int = 1
     steps_per_loop: int = 1

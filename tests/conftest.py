@@ -1,0 +1,82 @@
+"""Shared fixtures: the real config composed with tiny-run overrides, and the real command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small and fast, still the real code paths: 2 short epochs on the bundled digits.
+TINY = [
+    "loop.epochs=2",
+    "loop.steps_per_epoch=3",
+    "loop.verbose=0",
+    "batching.per_replica_batch_size=16",
+    "model.filters=[8]",
+    "model.dense_units=16",
+]
+
+
+def _split_cpu_in_two() -> None:
+    """In-process tests share one TensorFlow runtime: give it two logical CPUs up front, so
+    mirrored tests get two replicas (logical devices cannot be added once TensorFlow started)."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if not tf.config.get_logical_device_configuration(cpu):
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
+
+
+@pytest.fixture
+def compose_cfg() -> Callable[..., object]:
+    """compose_cfg(*overrides, tiny=True): the config `python -m tfrecipe` would run."""
+    from tfrecipe.configs import compose
+
+    def _compose(*overrides: str, tiny: bool = True):
+        return compose([*(TINY if tiny else []), *overrides])
+
+    return _compose
+
+
+@pytest.fixture
+def train_run(tmp_path, compose_cfg):
+    """train_run(*overrides, tiny=True) -> (summary, run_dir): one in-process training run."""
+    _split_cpu_in_two()
+    from tfrecipe.train import train
+
+    counter = iter(range(1000))
+
+    def _train(*overrides: str, tiny: bool = True):
+        run_dir = tmp_path / f"run{next(counter)}"
+        return train(compose_cfg(*overrides, tiny=tiny), run_dir=run_dir), run_dir
+
+    return _train
+
+
+@pytest.fixture
+def cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """cli(*args, cwd=tmp_path, env=None): runs `python -m tfrecipe ARGS` in a real process."""
+
+    def _cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
+        return subprocess.run(
+            [sys.executable, "-m", "tfrecipe", *args],
+            cwd=cwd or tmp_path,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return _cli
+
+
+def tiny(*extra: str) -> Sequence[str]:
+    return [*TINY, *extra]
