@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -119,6 +120,10 @@ def _describe_hydra_error(error: BaseException) -> str:
             f"{group}={option}: unknown option for group '{group}'; available: "
             f"{', '.join(error.options)}"
         )
+    override = re.match(r"Could not override '([^']+)'", str(error))
+    if override and "not in struct" in str(error.__cause__):
+        key = override.group(1)
+        return f"{key}: unknown key; to add a new key use +{key}=..."
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     # Hydra explains in several lines; keep the ones that say what is wrong.
     useful = [l for l in lines if not l.startswith(("full_key", "object_type", "Config search"))]

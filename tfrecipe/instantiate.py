@@ -27,10 +27,13 @@ def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> No
     """Raises `ConfigError` unless `target` is a dotted path under an allowed prefix."""
     if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")):
         raise ConfigError(f"{key}._target_: expected a dotted import path, received {target!r}")
+    if any(_matches(target, p) for p in FORBIDDEN_PREFIXES):
+        raise ConfigError(
+            f"{key}._target_: {target!r} is never allowed (modules that run programs or code: "
+            f"{', '.join(FORBIDDEN_PREFIXES)}); name a model, dataset or callback builder"
+        )
     prefixes = (*BUILTIN_PREFIXES, *allowed)
-    if any(_matches(target, p) for p in FORBIDDEN_PREFIXES) or not any(
-        _matches(target, p) for p in prefixes
-    ):
+    if not any(_matches(target, p) for p in prefixes):
         raise ConfigError(
             f"{key}._target_: {target!r} is not an allowed target; allowed prefixes: "
             f"{', '.join(prefixes)} (add your package to allowed_targets=[...])"

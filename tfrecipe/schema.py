@@ -204,12 +204,27 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 
 def _cross_checks(run: RunConfig) -> list[str]:
-    problems = []
+    problems = _target_problems(run)
     if run.strategy.name in NOT_YET_AVAILABLE:
         problems.append(
             f"strategy={run.strategy.name}: not yet available in this version of tfrecipe; "
             "available: default, one_device, mirrored, central_storage"
         )
+    return problems
+
+
+def _target_problems(run: RunConfig) -> list[str]:
+    """Every `_target_` must be under an allowed prefix (checked without importing it)."""
+    from tfrecipe.instantiate import check_target
+
+    nodes = {"model": run.model, "dataset": run.dataset}
+    nodes |= {f"callbacks.extra.{name}": node for name, node in run.callbacks.extra.items()}
+    problems = []
+    for key, node in nodes.items():
+        try:
+            check_target(node.target, key=key, allowed=run.allowed_targets)
+        except ConfigError as error:
+            problems += error.problems
     return problems
 
 
