@@ -136,17 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us: we report them, exit code 2
 
-    import hydra
+    from tfrecipe.commands import COMMANDS
 
-    from tfrecipe.configs import config_dir, register_recipes
-
-    register_recipes()
-    hydra_main = hydra.main(
-        config_path=str(config_dir()), config_name="config", version_base="1.3"
-    )(_task)
     try:
-        sys.argv = [sys.argv[0], *_precheck(argv)]
-        hydra_main()
+        if argv and argv[0] in COMMANDS:
+            COMMANDS[argv[0]](argv[1:])
+        else:
+            _run_hydra(argv)
     except ConfigError as error:
         _discard_new_run_dir()
         print(error.report(), file=sys.stderr)
@@ -155,6 +151,19 @@ def main(argv: list[str] | None = None) -> None:
         _discard_new_run_dir()
         print(f"tfrecipe: invalid configuration: {_describe_hydra_error(error)}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+
+
+def _run_hydra(argv: list[str]) -> None:
+    import hydra
+
+    from tfrecipe.configs import config_dir, register_recipes
+
+    register_recipes()
+    hydra_main = hydra.main(
+        config_path=str(config_dir()), config_name="config", version_base="1.3"
+    )(_task)
+    sys.argv = [sys.argv[0], *_precheck(argv)]
+    hydra_main()
 
 
 def _discard_new_run_dir() -> None:

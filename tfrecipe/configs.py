@@ -36,11 +36,17 @@ def register_recipes() -> None:
     Recipes live outside `conf/` (they are what users copy and edit), so they enter Hydra's
     search path through the ConfigStore as the `recipe` group, each at package `_global_`.
     """
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        register_recipe_file(path)
+
+
+def register_recipe_file(path: Path) -> None:
+    """Makes `recipe=STEM` select a recipe file outside `recipes/` (validate/cat a user's copy)."""
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
-    for path in sorted(recipes_dir().glob("*.yaml")):
-        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    ConfigStore.instance().store(
+        group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_"
+    )
 
 
 def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = False) -> DictConfig:

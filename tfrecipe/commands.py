@@ -1,0 +1,142 @@
+"""Subcommands that need no TensorFlow: `ls`, `cat`, `cp`, `validate` (and `compare`).
+
+    tfrecipe ls                          recipes and config groups, one line each
+    tfrecipe cat NAME [overrides]        the config a recipe composes to
+    tfrecipe cp NAME PATH                copy a recipe to edit it
+    tfrecipe validate [NAME|PATH] [overrides]   check everything without training
+    tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfrecipe import configs
+from tfrecipe.errors import ConfigError
+
+# Runtime arguments the factory passes to builders, besides the configured ones.
+_RUNTIME_ARGUMENTS = {"model": ("input_shape", "num_classes"), "dataset": ()}
+
+
+def _description(path: Path) -> str:
+    """The first comment line of a YAML file that is not a command line."""
+    for line in path.read_text().splitlines():
+        text = line.lstrip("# ").strip()
+        if line.startswith("#") and text and not text.startswith(("python ", "tfrecipe ", "@")):
+            return text
+    return ""
+
+
+def ls(args: list[str]) -> None:
+    print("recipes (recipe=NAME):")
+    for path in sorted(configs.recipes_dir().glob("*.yaml")):
+        print(f"  {path.stem:<24} {_description(path)}")
+    root = configs.config_dir()
+    defaults = OmegaConf.to_container(OmegaConf.load(root / "config.yaml").defaults)
+    chosen = {k: v for item in defaults if isinstance(item, dict) for k, v in item.items()}
+    for group in sorted(p for p in root.iterdir() if p.is_dir()):
+        print(f"{group.name}:")
+        for option in sorted(group.glob("*.yaml")):
+            default = chosen.get(group.name)
+            marker = "*" if option.stem == default or option.stem in (default or []) else " "
+            print(f" {marker}{option.stem:<24} {_description(option)}")
+    print("(* = default)")
+
+
+def _recipe_overrides(name_or_path: str) -> list[str]:
+    """`recipe=NAME` for a shipped recipe, or for a recipe file registered under its stem."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError(f"recipe={name_or_path}: no such file")
+        configs.register_recipe_file(path)
+        return [f"recipe={path.stem}"]
+    available = sorted(p.stem for p in configs.recipes_dir().glob("*.yaml"))
+    if name_or_path not in available:
+        raise ConfigError(
+            f"recipe={name_or_path}: unknown recipe; available: {', '.join(available)}"
+        )
+    return [f"recipe={name_or_path}"]
+
+
+def _split(args: list[str]) -> tuple[list[str], list[str]]:
+    """(recipe overrides, other overrides) from `[NAME|PATH] [key=value ...]`."""
+    if args and "=" not in args[0]:
+        return _recipe_overrides(args[0]), args[1:]
+    return [], args
+
+
+def cat(args: list[str]) -> None:
+    if not args:
+        raise ConfigError("cat: expected a recipe name, received nothing; see `tfrecipe ls`")
+    recipe, overrides = _split(args)
+    cfg = configs.compose([*recipe, *overrides])
+    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+
+
+def cp(args: list[str]) -> None:
+    if len(args) != 2:
+        raise ConfigError(f"cp: expected NAME PATH, received {' '.join(args) or 'nothing'}")
+    name, destination = args
+    _recipe_overrides(name)
+    target = Path(destination)
+    if target.is_dir():
+        target = target / f"{name}.yaml"
+    if target.exists():
+        raise ConfigError(f"cp: {target} already exists; choose another path (nothing copied)")
+    shutil.copyfile(configs.recipes_dir() / f"{name}.yaml", target)
+    print(f"copied recipe {name} to {target}; run it with: tfrecipe validate {target}")
+
+
+def target_problems(cfg: DictConfig) -> list[str]:
+    """Every `_target_` exists and accepts its configured arguments (read from source)."""
+    from tfrecipe.targets import Unresolvable, argument_problems
+
+    nodes = {key: cfg.get(key) for key in _RUNTIME_ARGUMENTS}
+    nodes |= {f"callbacks.extra.{k}": v for k, v in (cfg.callbacks.get("extra") or {}).items()}
+    problems = []
+    for key, node in nodes.items():
+        if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+            continue
+        given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
+        try:
+            problems += [f"{key}: {node._target_} {p}" for p in argument_problems(node._target_, given)]
+        except Unresolvable as error:
+            problems.append(f"{key}._target_: cannot find {node._target_!r} ({error})")
+    return problems
+
+
+def validate(args: list[str]) -> None:
+    from tfrecipe.schema import validate as validate_schema
+
+    recipe, overrides = _split(args)
+    cfg = configs.compose([*recipe, *overrides])
+    problems = []
+    try:
+        validate_schema(cfg)
+    except ConfigError as error:
+        problems += error.problems
+    reported = {p.split(":")[0].removesuffix("._target_") for p in problems}
+    problems += [p for p in target_problems(cfg) if p.split(":")[0].split("._")[0] not in reported]
+    if problems:
+        raise ConfigError(problems)
+    print(f"valid: {' '.join([*recipe, *overrides]) or 'the default config'}")
+
+
+def compare(args: list[str]) -> None:
+    from tfrecipe.compare import main as compare_main
+
+    compare_main(args)
+
+
+COMMANDS: dict[str, Callable[[list[str]], None]] = {
+    "ls": ls,
+    "cat": cat,
+    "cp": cp,
+    "validate": validate,
+    "compare": compare,
+}

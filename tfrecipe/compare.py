@@ -1,0 +1,167 @@
+"""`tfrecipe compare DIR... [--sort METRIC] [--out DIR]`: compare finished runs without an account.
+
+Reads every run directory under the given directories (a multirun dir or run dirs), prints one
+row per run (the overrides that differ between runs, status, final metrics, examples/sec, wall
+time) sorted by a metric, and writes `compare.csv` plus `compare.png` (learning curves overlaid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from tfrecipe.errors import ConfigError
+from tfrecipe.rundir import SUMMARY, atomic_write, read_summary
+
+_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
+# Metrics where bigger is better; everything else sorts ascending.
+_HIGHER_IS_BETTER = ("accuracy", "val_accuracy", "test_accuracy", "examples_per_sec")
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: dict[str, Any]
+    overrides: dict[str, str]
+
+    def value(self, metric: str) -> float | None:
+        if metric.startswith("test_"):
+            value = (self.summary.get("test") or {}).get(metric.removeprefix("test_"))
+        elif metric in ("examples_per_sec", "wall_time_s", "steps_completed"):
+            value = self.summary.get(metric)
+        else:
+            value = (self.summary.get("metrics") or {}).get(metric)
+        return float(value) if isinstance(value, int | float) else None
+
+
+def find_runs(directories: list[Path]) -> list[Run]:
+    runs = []
+    for directory in directories:
+        if not directory.is_dir():
+            raise ConfigError(f"compare: {directory} is not a directory")
+        for summary_path in sorted(directory.rglob(SUMMARY), key=_natural_key):
+            run_dir = summary_path.parent
+            summary = read_summary(run_dir)
+            if summary is None:
+                continue
+            overrides_file = run_dir / ".hydra" / "overrides.yaml"
+            overrides = OmegaConf.load(overrides_file) if overrides_file.exists() else []
+            pairs = dict(str(o).split("=", 1) for o in overrides if "=" in str(o))
+            runs.append(Run(run_dir, summary, pairs))
+    if not runs:
+        raise ConfigError(f"compare: no runs (summary.json) under {', '.join(map(str, directories))}")
+    return runs
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in path.parts]
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    keys = sorted({k for run in runs for k in run.overrides})
+    return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
+
+
+def _sorted(runs: list[Run], metric: str) -> list[Run]:
+    sign = -1 if metric in _HIGHER_IS_BETTER else 1
+
+    def key(run: Run) -> tuple[bool, float]:
+        value = run.value(metric)
+        missing = value is None or not math.isfinite(value)
+        return missing, 0.0 if missing else sign * value
+
+    return sorted(runs, key=key)
+
+
+def table(runs: list[Run], keys: list[str]) -> tuple[list[str], list[list[str]]]:
+    header = ["run", *keys, "status", *_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s"]
+    rows = []
+    common = _common_parent([run.path for run in runs])
+    for run in runs:
+        values = [run.value(m) for m in (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")]
+        rows.append(
+            [
+                str(run.path.relative_to(common)) if common else str(run.path),
+                *(run.overrides.get(k, "") for k in keys),
+                run.summary.get("status", "?"),
+                *("" if v is None else f"{v:.4g}" for v in values),
+            ]
+        )
+    return header, rows
+
+
+def _common_parent(paths: list[Path]) -> Path | None:
+    resolved = [p.resolve() for p in paths]
+    common = Path(*resolved[0].parts)
+    while not all(p.is_relative_to(common) for p in resolved):
+        common = common.parent
+    return common if len(paths) > 1 else common.parent
+
+
+def plot(runs: list[Run], keys: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        history = run.path / "history.csv"
+        if not history.exists():
+            continue
+        rows = list(csv.DictReader(history.open()))
+        label = " ".join(f"{k}={run.overrides.get(k, '')}" for k in keys) or run.path.name
+        for ax, metric in zip(axes, ("val_loss", "val_accuracy"), strict=True):
+            name = metric if rows and rows[0].get(metric) is not None else metric[4:]
+            points = [(int(r["epoch"]), float(r[name])) for r in rows if r.get(name)]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=label)
+                ax.set_title(name)
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(path, buffer.getvalue())
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="tfrecipe compare", description=__doc__)
+    parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run directories")
+    parser.add_argument("--sort", default="val_loss", help="metric to sort by (default val_loss)")
+    parser.add_argument("--out", type=Path, help="where compare.csv/png go (default: first DIR)")
+    options = parser.parse_args(args)
+    runs = find_runs(options.dirs)
+    keys = differing_keys(runs)
+    header, rows = table(_sorted(runs, options.sort), keys)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(title=f"{len(rows)} runs, sorted by {options.sort}")
+    for name in header:
+        view.add_column(name, justify="left" if name == "run" or name in keys else "right")
+    for row in rows:
+        view.add_row(*row)
+    Console(width=max(120, 14 * len(header))).print(view)
+
+    out = options.out or options.dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    atomic_write(out / "compare.csv", buffer.getvalue())
+    plot(runs, keys, out / "compare.png")
+    print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")

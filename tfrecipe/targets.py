@@ -1,0 +1,100 @@
+"""Checks that a `_target_` exists and accepts its arguments, without importing it.
+
+`tfrecipe validate` must answer in a fraction of a second, and importing a model builder imports
+TensorFlow (seconds). So the target is found by reading source: the module's file is located on
+`sys.path`, parsed with `ast`, and `from x import name` re-exports (how keras exposes its public
+API) are followed to the `def` or `class` that defines the name.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class Unresolvable(Exception):
+    """The target's source could not be found or read (e.g. a compiled extension)."""
+
+
+@functools.cache
+def _module_ast(module: str) -> ast.Module:
+    parts = module.split(".")
+    for entry in sys.path:
+        base = Path(entry or ".").joinpath(*parts)
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return ast.parse(path.read_text(), filename=str(path))
+    raise Unresolvable(f"module {module!r} not found")
+
+
+def _resolve_relative(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    package = package if is_package else package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _is_package(module: str) -> bool:
+    parts = module.split(".")
+    return any(Path(e or ".").joinpath(*parts, "__init__.py").is_file() for e in sys.path)
+
+
+def find_definition(target: str, _depth: int = 0) -> ast.FunctionDef | ast.ClassDef:
+    """The `def`/`class` that `target` ("pkg.module.name") names, following re-exports."""
+    if _depth > 10:
+        raise Unresolvable(f"too many re-exports for {target!r}")
+    module, _, name = target.rpartition(".")
+    if not module:
+        raise Unresolvable(f"{target!r} is not a dotted path")
+    try:
+        tree = _module_ast(module)
+    except Unresolvable:
+        # "pkg.module.Class.method" or a submodule attribute: not supported for targets.
+        raise Unresolvable(f"cannot find module {module!r}") from None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name == name:
+            return node
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = _resolve_relative(module, node, _is_package(module))
+                    return find_definition(f"{source}.{alias.name}", _depth + 1)
+    raise Unresolvable(f"{name!r} is not defined in module {module!r}")
+
+
+def _parameters(definition: ast.FunctionDef | ast.ClassDef) -> ast.arguments | None:
+    if isinstance(definition, ast.FunctionDef):
+        return definition.args
+    for node in definition.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            args = node.args
+            args.args = args.args[1:]  # self
+            return args
+    return None  # inherited __init__: not checked
+
+
+def argument_problems(target: str, given: Iterable[str]) -> list[str]:
+    """What is wrong with calling `target` with keyword arguments `given` (empty: nothing).
+
+    Raises:
+      Unresolvable: the target's source cannot be found.
+    """
+    args = _parameters(find_definition(target))
+    if args is None:
+        return []
+    given = set(given)
+    positional = [*args.posonlyargs, *args.args]
+    names = {a.arg for a in [*positional, *args.kwonlyargs]}
+    problems = []
+    if args.kwarg is None:
+        problems += [f"unexpected argument {name!r}" for name in sorted(given - names)]
+    required = [a.arg for a in positional[: len(positional) - len(args.defaults)]]
+    required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
+    problems += [f"missing argument {name!r}" for name in required if name not in given]
+    return problems
