@@ -28,6 +28,7 @@ class _Invocation:
 
     run_dir: Path | None = None
     run_dir_existed: bool = True
+    failed_jobs: list[str] = []  # noqa: RUF012 (one invocation per process)
 
 
 def _quote(value: str) -> str:
@@ -77,23 +78,23 @@ def _task(cfg) -> dict:
 
     from tfrecipe.display import print_config
 
+    from hydra.types import RunMode
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     print_config(cfg)
     from tfrecipe.train import TrainingError, train
 
     try:
         summary = train(cfg, run_dir=run_dir)
-    except ConfigError:
-        raise
     except Exception as error:
-        (run_dir / "traceback.txt").write_text(traceback.format_exc())
-        cause = error if isinstance(error, TrainingError) else f"{type(error).__name__}: {error}"
-        log.error(
-            "training failed: %s\nrun dir: %s (summary.json and traceback.txt have the details)",
-            cause,
-            run_dir,
-        )
-        raise SystemExit(EXIT_TRAINING) from None
+        if isinstance(error, ConfigError) and not sweeping:
+            raise
+        _record_failure(run_dir, error)
+        if not sweeping or cfg.sweep.fail_fast:
+            raise SystemExit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_TRAINING)
+        _Invocation.failed_jobs.append(str(run_dir))
+        return float("nan")
     log.info(
         "done: %s in %.1fs; test %s; run dir: %s",
         summary["status"],
@@ -101,7 +102,36 @@ def _task(cfg) -> dict:
         summary["test"] or "-",
         run_dir,
     )
-    return summary
+    return _objective(summary, cfg.sweep.objective)
+
+
+def _objective(summary: dict, metric: str) -> float:
+    """The value optimizing sweepers minimize/maximize (NaN when the run has no such metric)."""
+    if metric.startswith("test_"):
+        value = summary["test"].get(metric.removeprefix("test_"))
+    else:
+        value = summary["metrics"].get(metric, summary.get(metric))
+    return float("nan") if value is None else float(value)
+
+
+def _record_failure(run_dir: Path, error: Exception) -> None:
+    """Says what failed: on the console, in traceback.txt and (for config errors, which stop
+    before training writes one) in summary.json, so a sweep's failed job is visible."""
+    from tfrecipe.rundir import read_summary, write_summary
+    from tfrecipe.train import TrainingError
+
+    if isinstance(error, ConfigError):
+        log.error("%s\nrun dir: %s", error.report(), run_dir)
+        if read_summary(run_dir) is None:
+            write_summary(run_dir, {"status": "failed", "error": str(error)})
+        return
+    (run_dir / "traceback.txt").write_text(traceback.format_exc())
+    cause = error if isinstance(error, TrainingError) else f"{type(error).__name__}: {error}"
+    log.error(
+        "training failed: %s\nrun dir: %s (summary.json and traceback.txt have the details)",
+        cause,
+        run_dir,
+    )
 
 
 def _hydra_errors() -> tuple[type[BaseException], ...]:
@@ -164,6 +194,13 @@ def _run_hydra(argv: list[str]) -> None:
     )(_task)
     sys.argv = [sys.argv[0], *_precheck(argv)]
     hydra_main()
+    if _Invocation.failed_jobs:
+        print(
+            f"tfrecipe: {len(_Invocation.failed_jobs)} sweep job(s) failed: "
+            f"{', '.join(_Invocation.failed_jobs)}",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_TRAINING)
 
 
 def _discard_new_run_dir() -> None:

@@ -167,6 +167,11 @@ class Cluster(_Schema):
     name: Literal["none"]
 
 
+class Sweep(_Schema):
+    objective: str = "val_loss"
+    fail_fast: bool = False
+
+
 class RunConfig(_Schema):
     seed: int
     deterministic: bool
@@ -181,6 +186,7 @@ class RunConfig(_Schema):
     callbacks: Callbacks
     logger: Logger = Logger()
     cluster: Cluster
+    sweep: Sweep = Sweep()
 
 
 def validate(cfg: DictConfig) -> RunConfig:
