@@ -7,13 +7,14 @@ from rich import get_console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
+from tfrecipe.rundir import public_config
+
 _ORDER = ("strategy", "model", "dataset", "precision", "batching", "optimizer", "loop")
 
 
 def print_config(cfg: DictConfig) -> None:
     """Prints each top-level section of the resolved config as a branch of a tree."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved.pop("hydra", None)
+    resolved = public_config(cfg)
     tree = Tree("config", guide_style="dim")
     keys = [k for k in _ORDER if k in resolved] + [k for k in resolved if k not in _ORDER]
     for key in keys:

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,28 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_config(run_dir: Path, cfg: DictConfig) -> None:
-    """The fully resolved config (what actually ran), beside Hydra's `.hydra/` originals."""
+_SECRET = re.compile(r"api_?key|token|secret|password|credential", re.IGNORECASE)
+
+
+def public_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config without Hydra's node, secrets (keys that look like API keys, tokens
+    or passwords) redacted: what may be saved, printed or sent to a tracker."""
+
+    def redact(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: "***" if _SECRET.search(str(k)) else redact(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [redact(v) for v in node]
+        return node
+
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
-    atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+    return redact(resolved)
+
+
+def write_config(run_dir: Path, cfg: DictConfig) -> None:
+    """The fully resolved config (what actually ran), beside Hydra's `.hydra/` originals."""
+    atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(public_config(cfg)))
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:

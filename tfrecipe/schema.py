@@ -158,9 +158,23 @@ class TensorBoardLogger(_Schema):
     profile_batch: NonNegativeInt = 0
 
 
+class WandbLogger(_Schema):
+    mode: Literal["online", "offline", "disabled"] = "online"
+    project: str = "tfrecipe"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = []
+    notes: str | None = None
+    group: str | None = None
+    job_type: str = "train"
+    log_every_n_steps: PositiveInt | None = 50
+    log_model: bool = False
+
+
 class Logger(_Schema):
     csv: CsvLogger | None = None
     tensorboard: TensorBoardLogger | None = None
+    wandb: WandbLogger | None = None
 
 
 class Cluster(_Schema):

@@ -163,6 +163,9 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
             run.callbacks, run.logger, run_dir=run_dir, allowed_targets=run.allowed_targets
         ),
     ]
+    tracker = _start_tracking(run, cfg, run_dir)
+    if tracker is not None:
+        callbacks += tracker.callbacks()
     options = LoopOptions(
         epochs=run.loop.epochs,
         steps_per_epoch=steps_per_epoch,
@@ -191,6 +194,8 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
             wall_time_s=round(time.perf_counter() - started, 3),
         )
         rundir.write_summary(run_dir, summary)
+        if tracker is not None:
+            tracker.finish(summary)
         if isinstance(error, Exception) and not isinstance(error, TrainingError):
             raise TrainingError(summary["error"]) from error
         raise
@@ -200,7 +205,32 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         wall_time_s=round(time.perf_counter() - started, 3),
     )
     rundir.write_summary(run_dir, summary)
+    if tracker is not None:
+        tracker.finish(summary)
     return summary
+
+
+def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path):
+    """The W&B run, when `logger.wandb` is on (grouped by sweep in a multirun)."""
+    if run.logger.wandb is None:
+        return None
+    from tfrecipe.tracking import WandbTracker
+
+    return WandbTracker(
+        run.logger.wandb,
+        config=rundir.public_config(cfg),
+        run_dir=run_dir,
+        sweep_group=_sweep_group(),
+    )
+
+
+def _sweep_group() -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return "-".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
 
 
 def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int:

@@ -1,0 +1,58 @@
+"""W&B tracking for real, offline: the run files W&B writes are read back and checked."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import wandb_records
+
+from tfrecipe.train import TrainingError
+
+WANDB = ["logger=[wandb]", "logger.wandb.mode=offline", "logger.wandb.log_every_n_steps=1"]
+
+
+@pytest.fixture(autouse=True)
+def _wandb_offline_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+
+def test_offline_run_logs_resolved_config_and_summary(train_run):
+    summary, run_dir = train_run(*WANDB, "model=mlp", "batching.per_replica_batch_size=24")
+
+    config = wandb_records.config(run_dir)
+    assert config["strategy"]["name"] == "default"
+    assert config["model"]["_target_"] == "tfrecipe.models.mlp"
+    assert config["batching"]["per_replica_batch_size"] == 24
+    logged = wandb_records.summary(run_dir)
+    assert logged["status"] == "completed"
+    assert logged["metrics"]["val_loss"] == pytest.approx(summary["metrics"]["val_loss"])
+    assert logged["steps_completed"] == summary["steps_completed"] == 6
+    assert "epoch/loss" in logged  # per-epoch metrics from WandbMetricsLogger
+    assert wandb_records.exit_code(run_dir) == 0
+
+
+def test_failed_training_still_finishes_the_wandb_run(train_run, tmp_path):
+    with pytest.raises(TrainingError, match="deliberate failure"):
+        train_run(
+            *WANDB,
+            "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
+            "allowed_targets=[helpers]",
+        )
+    run_dir = tmp_path / "run0"  # train_run's first run
+    assert wandb_records.summary(run_dir)["status"] == "failed"
+    assert wandb_records.exit_code(run_dir) == 1
+
+
+def test_secrets_never_reach_saved_configs_logs_or_wandb(train_run, monkeypatch):
+    secret = "s3cr3t-token-value-42"
+    monkeypatch.setenv("TFRECIPE_TEST_TOKEN", secret)
+    _, run_dir = train_run(
+        *WANDB,
+        "+callbacks.extra.quiet._target_=helpers.failing_callback.Quiet",
+        "+callbacks.extra.quiet.api_key=${oc.env:TFRECIPE_TEST_TOKEN}",
+        "allowed_targets=[helpers]",
+    )
+    assert "api_key: '***'" in (run_dir / "config.yaml").read_text()
+    leaks = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaks == []

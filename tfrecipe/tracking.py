@@ -1,0 +1,69 @@
+"""Weights & Biases tracking: one W&B run per training run, started by the chief only.
+
+The run's config is the resolved config with secrets redacted (`rundir.public_config`); its
+summary is `summary.json`. The run is always finished, also when training fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from tfrecipe import schema
+
+
+class WandbTracker:
+    """Args:
+    spec: the `logger.wandb` config.
+    config: the public (redacted, resolved) config to log as the run's config.
+    run_dir: the run directory; W&B's files go to RUN_DIR/wandb.
+    sweep_group: the sweep's name when this run is a sweep job (the default `group`).
+    """
+
+    def __init__(
+        self,
+        spec: schema.WandbLogger,
+        *,
+        config: dict[str, Any],
+        run_dir: Path,
+        sweep_group: str | None = None,
+    ):
+        import wandb
+
+        self.spec = spec
+        self.run = wandb.init(
+            mode=spec.mode,
+            project=spec.project,
+            entity=spec.entity,
+            name=spec.name,
+            tags=list(spec.tags),
+            notes=spec.notes,
+            group=spec.group or sweep_group,
+            job_type=spec.job_type,
+            config=config,
+            dir=str(run_dir),
+            reinit="finish_previous",  # sweeps run several jobs in one process
+            settings=wandb.Settings(save_code=False, console="off"),
+        )
+        self.run_dir = run_dir
+
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        from wandb.integration.keras import WandbMetricsLogger
+
+        every = self.spec.log_every_n_steps
+        return [WandbMetricsLogger(log_freq=every if every else "epoch")]
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Copies the summary into the W&B run, uploads the model if asked, finishes the run."""
+        import wandb
+
+        self.run.summary.update(summary)
+        model = self.run_dir / "model.keras"
+        if self.spec.log_model and model.exists() and summary.get("status") == "completed":
+            artifact = wandb.Artifact(f"model-{self.run.id}", type="model")
+            artifact.add_file(str(model))
+            self.run.log_artifact(artifact)
+        self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+
