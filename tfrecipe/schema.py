@@ -122,6 +122,7 @@ class Loop(_Schema):
     validation_freq: PositiveInt = 1
     verbose: Literal[0, 1, 2] = 1
     steps_per_loop: PositiveInt = 1
+    gradient_accumulation_steps: PositiveInt = 1
 
 
 class _Switch(_Schema):
@@ -225,10 +226,32 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _cross_checks(run: RunConfig) -> list[str]:
     problems = _target_problems(run)
+    problems += _loop_problems(run)
     if run.strategy.name in NOT_YET_AVAILABLE:
         problems.append(
             f"strategy={run.strategy.name}: not yet available in this version of tfrecipe; "
             "available: default, one_device, mirrored, central_storage"
+        )
+    return problems
+
+
+def _loop_problems(run: RunConfig) -> list[str]:
+    """Each loop's own knobs: a knob the chosen loop would ignore is an error, not a no-op."""
+    loop, problems = run.loop, []
+    if loop.name == "fit" and loop.steps_per_loop != 1:
+        problems.append(
+            f"loop.steps_per_loop={loop.steps_per_loop}: a loop=custom knob; with loop=fit set "
+            "batching.steps_per_execution"
+        )
+    if loop.name == "fit" and loop.gradient_accumulation_steps != 1:
+        problems.append(
+            f"loop.gradient_accumulation_steps={loop.gradient_accumulation_steps}: only "
+            "loop=custom accumulates gradients; use loop=custom"
+        )
+    if loop.name == "custom" and run.batching.steps_per_execution != 1:
+        problems.append(
+            f"batching.steps_per_execution={run.batching.steps_per_execution}: a Model.fit knob; "
+            "with loop=custom set loop.steps_per_loop"
         )
     return problems
 

@@ -90,8 +90,11 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     splits = instantiate(
         run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
     )
-    steps_per_epoch = run.loop.steps_per_epoch or _steps_in(
-        splits.info.num_train, global_batch, run.batching.drop_remainder
+    # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
+    # default epoch stays about one pass.
+    steps_per_epoch = run.loop.steps_per_epoch or math.ceil(
+        _steps_in(splits.info.num_train, global_batch, run.batching.drop_remainder)
+        / run.loop.gradient_accumulation_steps
     )
 
     def distribute(dataset, *, training: bool):
@@ -153,7 +156,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
 
     history = EpochHistory(run_dir)
     throughput = Throughput(
-        examples_per_step=global_batch,
+        examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else splits.info.num_train,
     )
     callbacks = [
@@ -172,6 +175,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         validation_freq=run.loop.validation_freq,
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
         steps_per_loop=run.loop.steps_per_loop,
+        gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
     )
     loop = importlib.import_module(f"tfrecipe.loops.{run.loop.name}")
     try:
@@ -181,7 +185,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         summary["metrics"] = _final_metrics(history.rows)
         _check_finite(summary["metrics"], history.rows)
         if test_data is not None:
-            summary["test"] = _evaluate(model, test_data)
+            summary["test"] = loop.evaluate(model, test_data)
         _export(model, run_dir)
         rundir.plot_curves(run_dir, history.rows)
     except BaseException as error:
@@ -296,11 +300,6 @@ def _check_finite(metrics: dict[str, float], rows: list[dict[str, float]]) -> No
             f"the training loss became {loss} in epoch {len(rows)}; lower "
             "optimizer.learning_rate or enable optimizer.global_clipnorm"
         )
-
-
-def _evaluate(model, dataset) -> dict[str, float]:
-    results = model.evaluate(dataset, verbose=0, return_dict=True)
-    return {name: float(value) for name, value in results.items()}
 
 
 def _export(model, run_dir: Path) -> None:

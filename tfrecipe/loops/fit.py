@@ -26,3 +26,11 @@ def run(
         verbose=options.verbose,
         shuffle=False,  # the dataset shuffles itself (seeded)
     )
+
+
+def evaluate(
+    model: keras.Model, data: tf.distribute.DistributedDataset, steps: int | None = None
+) -> dict[str, float]:
+    """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
+    results = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
+    return {name: float(value) for name, value in results.items()}

@@ -13,6 +13,8 @@ class LoopOptions:
     validation_freq: validate every N epochs.
     verbose: 0 silent, 1 a progress bar per epoch, 2 one line per epoch.
     steps_per_loop: training steps per `tf.function` call (custom loop).
+    gradient_accumulation_steps: micro-batches per optimizer step (custom loop); steps per epoch
+      and per loop count optimizer steps.
     """
 
     epochs: int
@@ -20,3 +22,4 @@ class LoopOptions:
     validation_freq: int = 1
     verbose: int = 1
     steps_per_loop: int = 1
+    gradient_accumulation_steps: int = 1

@@ -1,0 +1,319 @@
+"""`loop=custom`: our own training loop on `strategy.run`, driven like `Model.fit`.
+
+One optimizer step, on each replica (the TensorFlow guide's custom loop):
+  forward pass -> per-example loss -> `tf.nn.compute_average_loss` over the examples the step
+  really has on all replicas (+ `tf.nn.scale_regularization_loss`) -> `optimizer.scale_loss`
+  -> gradients -> `optimizer.apply_gradients` (all-reduce, unscaling, clipping, weight decay,
+  learning-rate schedule, `iterations`: the Keras optimizer's own code, as in fit).
+
+How it matches `Model.fit`:
+- Training data is one endless iterator; an epoch is `steps_per_epoch` optimizer steps of it.
+- `steps_per_loop` steps run in one `tf.function` call; the callbacks' batch hooks run once per
+  call, `on_train_batch_begin(first step)` / `on_train_batch_end(last step, logs)`, as fit does
+  with `steps_per_execution`. Logs are the metrics' running values over the epoch (`loss` is the
+  mean per-example loss so far, as fit's loss tracker gives), validation adds `val_*`.
+- `model.stop_training` (EarlyStopping, TerminateOnNaN) ends training after the current call.
+
+Where it deliberately differs:
+- An epoch runs exactly `steps_per_epoch` steps; when that is not a multiple of `steps_per_loop`
+  the epoch's last call runs fewer steps (fit runs whole executions and so runs extra steps).
+  Batch-end indices are those of the last step or batch actually run.
+- With several replicas, a partial global batch (the end of a pass) is averaged over its real
+  number of examples; fit averages each replica's own mean.
+- Gradient accumulation (`gradient_accumulation_steps` = N): each optimizer step reads N
+  micro-batches of one global batch each and averages the loss over all their examples, so the
+  update equals one step on an N-times larger batch. `steps_per_epoch`, `steps_per_loop`, the
+  batch hooks, `iterations` and the learning-rate schedule all count optimizer steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfrecipe.loops.options import LoopOptions
+
+Logs = dict[str, Any]
+Evaluator = Callable[..., dict[str, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Objective:
+    """The compiled loss, unreduced (one value per example), and fresh metric objects.
+
+    Made under the model's strategy scope, so each replica updates its own copy of the metric
+    variables and reading a result sums the copies.
+    """
+
+    per_example_loss: keras.losses.Loss
+    loss: keras.metrics.Mean
+    metrics: tuple[keras.metrics.Metric, ...]
+
+    def update(self, labels: tf.Tensor, logits: tf.Tensor, losses: tf.Tensor) -> None:
+        self.loss.update_state(losses)  # a vector: the mean over examples, as fit's tracker
+        for metric in self.metrics:
+            metric.update_state(labels, logits)
+
+    def results(self) -> dict[str, tf.Tensor]:
+        return {metric.name: metric.result() for metric in (self.loss, *self.metrics)}
+
+    def reset(self) -> None:
+        for metric in (self.loss, *self.metrics):
+            metric.reset_state()
+
+
+def _objective(model: keras.Model) -> _Objective:
+    """Rebuilds the loss and metrics the model was compiled with (from its compile config)."""
+    config = model.get_compile_config() if model.compiled else None
+    if not config or not isinstance(config.get("loss"), dict) or config.get("weighted_metrics"):
+        raise ValueError(
+            "loop=custom expects a model compiled with one Keras Loss object and metric objects "
+            f"(no weighted_metrics), received compile config {config}"
+        )
+    loss = config["loss"]
+    loss = {**loss, "config": {**loss["config"], "reduction": None}}
+    with model.distribute_strategy.scope():
+        return _Objective(
+            per_example_loss=keras.losses.deserialize(loss),
+            loss=keras.metrics.Mean(name="loss"),
+            metrics=tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ()),
+        )
+
+
+def _regularization_loss(model: keras.Model) -> tf.Tensor:
+    """The model's regularization losses from its last call, summed (0 without any)."""
+    losses = [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in model.losses]
+    return tf.add_n(losses) if losses else tf.constant(0.0)
+
+
+def _global_examples(strategy: tf.distribute.Strategy, micro_batches: Sequence[Any]) -> tf.Tensor:
+    """How many examples these micro-batches hold on all replicas together.
+
+    Less than N x the global batch at the end of a pass; the loss is averaged over this number.
+    """
+    local = strategy.run(
+        lambda batches: tf.add_n([tf.shape(labels)[0] for _, labels in batches]),
+        args=(micro_batches,),
+    )
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None)
+
+
+def _train_replica_step(
+    model: keras.Model,
+    objective: _Objective,
+    micro_batches: Sequence[tuple[tf.Tensor, tf.Tensor]],
+    global_examples: tf.Tensor,
+) -> None:
+    """One optimizer step on this replica's share of the step's micro-batches (replica context).
+
+    Each micro-batch's loss is its summed per-example loss over `global_examples`, so the sum over
+    micro-batches and (through the optimizer's all-reduce) over replicas is the gradient of the
+    mean loss of all the step's examples.
+    """
+    optimizer, variables = model.optimizer, model.trainable_variables
+    gradients: list[tf.Tensor | None] = []
+    for features, labels in micro_batches:
+        # The next micro-batch starts once this one's gradients exist: one set of activations at
+        # a time, which is what accumulation is for.
+        with tf.control_dependencies([g for g in gradients if g is not None]):
+            with tf.GradientTape() as tape:
+                logits = model(features, training=True)
+                per_example = objective.per_example_loss(labels, logits)
+                regularization = _regularization_loss(model)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_examples)
+                # Regularization counts once per step: split over micro-batches and replicas.
+                loss += tf.nn.scale_regularization_loss(regularization) / len(micro_batches)
+                scaled_loss = optimizer.scale_loss(loss)  # dynamic loss scale for float16
+            step_gradients = tape.gradient(scaled_loss, variables)
+        gradients = step_gradients if not gradients else list(map(_add, gradients, step_gradients))
+        objective.update(labels, logits, per_example + regularization)
+    optimizer.apply_gradients(zip(gradients, variables, strict=True))
+
+
+def _add(a: tf.Tensor | None, b: tf.Tensor | None) -> tf.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _test_replica_step(model: keras.Model, objective: _Objective, batch: Any) -> None:
+    features, labels = batch
+    logits = model(features, training=False)
+    losses = objective.per_example_loss(labels, logits) + _regularization_loss(model)
+    objective.update(labels, logits, losses)
+
+
+def _make_train_function(
+    model: keras.Model, objective: _Objective, gradient_accumulation_steps: int
+) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
+    """`train_steps(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
+    `tf.function` call (a graph loop, so Python runs once per call, not once per step)."""
+    strategy = model.distribute_strategy
+
+    def replica_step(micro_batches, global_examples):
+        _train_replica_step(model, objective, micro_batches, global_examples)
+
+    @tf.function
+    def train_steps(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            micro_batches = [next(iterator) for _ in range(gradient_accumulation_steps)]
+            global_examples = _global_examples(strategy, micro_batches)
+            strategy.run(replica_step, args=(micro_batches, global_examples))
+        return objective.results()
+
+    return train_steps
+
+
+def _make_test_function(
+    model: keras.Model, objective: _Objective
+) -> Callable[[Any, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
+    """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
+    batches in one call; fewer when the (finite) data ends."""
+    strategy = model.distribute_strategy
+
+    def replica_step(batch):
+        _test_replica_step(model, objective, batch)
+
+    @tf.function
+    def test_steps(iterator, num_steps):
+        batches = tf.constant(0)
+        for _ in tf.range(num_steps):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            strategy.run(replica_step, args=(batch.get_value(),))
+            batches += 1
+        return batches, objective.results()
+
+    return test_steps
+
+
+def _num_batches(data: Any) -> int | None:
+    """The number of batches in finite `data`, or None when unknown (as Keras' adapter reads it:
+    a tf.data cardinality is a method, a distributed dataset's a value)."""
+    cardinality = getattr(data, "cardinality", None)
+    if cardinality is None:
+        return None
+    count = int(cardinality() if callable(cardinality) else cardinality)
+    return count if count >= 0 else None
+
+
+def _evaluator(model: keras.Model, *, steps_per_loop: int) -> Evaluator:
+    """`evaluate(data, *, steps=None, callbacks) -> metrics`, built once (metrics, traced graph)
+    and reused for every validation."""
+    objective = _objective(model)
+    test_steps = _make_test_function(model, objective)
+
+    def evaluate(
+        data: Any, *, steps: int | None = None, callbacks: keras.callbacks.CallbackList
+    ) -> dict[str, float]:
+        total = steps or _num_batches(data)
+        objective.reset()
+        model.stop_evaluating = False
+        callbacks.on_test_begin()
+        iterator, batch = iter(data), 0
+        while total is None or batch < total:
+            num_steps = steps_per_loop if total is None else min(steps_per_loop, total - batch)
+            callbacks.on_test_batch_begin(batch)
+            ran, logs = test_steps(iterator, tf.constant(num_steps))
+            ran = int(ran)
+            if ran == 0:  # data of unknown length ended with the previous call (fit alike)
+                break
+            batch += ran
+            callbacks.on_test_batch_end(batch - 1, logs)
+            if ran < num_steps or model.stop_evaluating:
+                break
+        results = {name: float(value) for name, value in objective.results().items()}
+        callbacks.on_test_end(results)
+        return results
+
+    return evaluate
+
+
+def evaluate(model: keras.Model, data: Any, steps: int | None = None) -> dict[str, float]:
+    """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
+    callbacks = keras.callbacks.CallbackList([], model=model)
+    return _evaluator(model, steps_per_loop=1)(data, steps=steps, callbacks=callbacks)
+
+
+def _build_optimizer(model: keras.Model) -> None:
+    """Creates the optimizer's variables up front (under the strategy's scope), as fit does:
+    variables cannot be created inside the training loop's graph."""
+    if model.optimizer is None:
+        raise ValueError("loop=custom expects a compiled model (model.compile(optimizer=...))")
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+
+
+def _train_epoch(
+    model: keras.Model,
+    train_steps: Callable[[Any, tf.Tensor], dict[str, tf.Tensor]],
+    iterator: Any,
+    callbacks: keras.callbacks.CallbackList,
+    options: LoopOptions,
+) -> None:
+    """`options.steps_per_epoch` steps, `steps_per_loop` per call, batch hooks around each call."""
+    for first in range(0, options.steps_per_epoch, options.steps_per_loop):
+        num_steps = min(options.steps_per_loop, options.steps_per_epoch - first)
+        callbacks.on_train_batch_begin(first)
+        logs = train_steps(iterator, tf.constant(num_steps))
+        callbacks.on_train_batch_end(first + num_steps - 1, logs)
+        if model.stop_training:
+            break
+
+
+def run(
+    model: keras.Model,
+    train_data: tf.distribute.DistributedDataset,
+    validation_data: tf.distribute.DistributedDataset | None,
+    *,
+    options: LoopOptions,
+    callbacks: list[keras.callbacks.Callback],
+) -> None:
+    """Trains `model` (compiled, built under the strategy's scope) on `train_data` (endless).
+
+    Args:
+      model: compiled with its optimizer, one Keras loss object and metric objects.
+      train_data: endless distributed training data, one global batch per element.
+      validation_data: finite distributed data, or None.
+      options: epochs, steps per epoch and per call, validation frequency, verbosity,
+        gradient accumulation.
+      callbacks: Keras callbacks, driven through their public hooks as fit drives them.
+    """
+    _build_optimizer(model)
+    objective = _objective(model)
+    train_steps = _make_train_function(model, objective, options.gradient_accumulation_steps)
+    validate = None
+    if validation_data is not None:
+        validate = _evaluator(model, steps_per_loop=options.steps_per_loop)
+    callbacks = keras.callbacks.CallbackList(
+        callbacks,
+        add_history=True,
+        add_progbar=options.verbose != 0,
+        verbose=options.verbose,
+        epochs=options.epochs,
+        steps=options.steps_per_epoch,
+        model=model,
+    )
+    model.stop_training = False
+    iterator = iter(train_data)  # one iterator for the whole run: epochs continue the stream
+    callbacks.on_train_begin()
+    training_logs = None
+    for epoch in range(options.epochs):
+        objective.reset()
+        callbacks.on_epoch_begin(epoch)
+        _train_epoch(model, train_steps, iterator, callbacks, options)
+        epoch_logs: Logs = {name: float(v) for name, v in objective.results().items()}
+        if validate and (epoch + 1) % options.validation_freq == 0:
+            val_logs = validate(validation_data, callbacks=callbacks)
+            epoch_logs |= {f"val_{name}": value for name, value in val_logs.items()}
+        callbacks.on_epoch_end(epoch, epoch_logs)
+        training_logs = epoch_logs
+        if model.stop_training:
+            break
+    if options.epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_variables)  # e.g. EMA weights
+    callbacks.on_train_end(logs=training_logs)
