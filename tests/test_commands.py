@@ -1,0 +1,154 @@
+"""Subcommands (ls, cat, cp, validate, compare), recipes and sweeps, through the real command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TINY
+
+RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+
+_NO_TF = """
+import sys
+from tfrecipe.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+else:
+    code = 0
+print("TENSORFLOW-IMPORTED" if "tensorflow" in sys.modules else "NO-TENSORFLOW", code)
+"""
+
+
+@pytest.mark.parametrize("args", [["ls"], ["cat", "digits_cnn_mirrored"], ["validate"]])
+def test_subcommands_answer_without_importing_tensorflow(args, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TF, *args], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.stdout.strip().endswith("NO-TENSORFLOW 0"), result.stdout + result.stderr
+
+
+def test_ls_lists_recipes_and_every_group_option(cli):
+    result = cli("ls")
+    assert result.returncode == 0, result.stderr
+    for recipe in RECIPES:
+        assert recipe in result.stdout
+    for option in (REPO / "conf").glob("*/*.yaml"):
+        assert f"{option.stem} " in result.stdout
+    assert " *cnn" in result.stdout  # the default is marked
+
+
+def test_cat_prints_the_composed_recipe(cli):
+    result = cli("cat", "digits_cnn_mirrored", "seed=7")
+    assert result.returncode == 0, result.stderr
+    assert "name: mirrored" in result.stdout and "seed: 7" in result.stdout
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_validates(recipe, capsys):
+    from tfrecipe.commands import validate
+
+    validate([recipe])
+    assert "valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_starts_with_the_command_that_runs_it(recipe):
+    first = (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
+    assert first.startswith("# python -m tfrecipe") and f"recipe={recipe}" in first
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_smoke_runs(recipe, train_run):
+    summary, _ = train_run(f"recipe={recipe}")
+    assert summary["status"] == "completed"
+
+
+def test_validate_reports_every_problem_at_once(cli):
+    result = cli(
+        "validate",
+        "batching.per_replica_batch_size=0",
+        "+model.nope=1",
+        "+callbacks.extra.log._target_=keras.callbacks.CSVLogger",
+    )
+    assert result.returncode == 2
+    assert "3 problems" in result.stderr
+    assert "batching.per_replica_batch_size" in result.stderr
+    assert "unexpected argument 'nope'" in result.stderr
+    assert "missing argument 'filename'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_finds_a_missing_target(cli):
+    result = cli("validate", "model._target_=tfrecipe.models.nothere")
+    assert result.returncode == 2
+    assert "model._target_" in result.stderr and "nothere" in result.stderr
+
+
+def test_cp_copies_a_recipe_and_never_overwrites(cli, tmp_path):
+    result = cli("cp", "digits_cnn_mirrored", "mine.yaml")
+    assert result.returncode == 0, result.stderr
+    copy = tmp_path / "mine.yaml"
+    assert copy.read_text() == (REPO / "recipes" / "digits_cnn_mirrored.yaml").read_text()
+    copy.write_text("# edited\n")
+    again = cli("cp", "digits_cnn_mirrored", "mine.yaml")
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert copy.read_text() == "# edited\n"
+    assert cli("validate", str(copy)).returncode == 0
+
+
+def test_unknown_recipe_is_a_clear_error(cli):
+    result = cli("cat", "nope")
+    assert result.returncode == 2
+    assert "recipe=nope" in result.stderr and "digits_cnn_mirrored" in result.stderr
+
+
+@pytest.mark.slow
+def test_sweep_2x2_then_compare(cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = cli("-m", *TINY, f"hydra.sweep.dir={sweep}", "model=mlp,cnn", "seed=1,2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(4)]
+    assert [s["status"] for s in summaries] == ["completed"] * 4
+
+    compared = cli("compare", str(sweep), "--sort", "val_accuracy")
+    assert compared.returncode == 0, compared.stderr
+    rows = list(csv.DictReader((sweep / "compare.csv").open()))
+    assert len(rows) == 4
+    assert {r["model"] for r in rows} == {"mlp", "cnn"} and {r["seed"] for r in rows} == {"1", "2"}
+    accuracies = [float(r["val_accuracy"]) for r in rows]
+    assert accuracies == sorted(accuracies, reverse=True)
+    assert (sweep / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert compared.stdout.count("completed") == 4
+
+
+@pytest.mark.slow
+def test_a_failing_sweep_job_does_not_stop_the_others(cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "-m", *TINY, f"hydra.sweep.dir={sweep}", "model=mlp", "batching.per_replica_batch_size=0,16"
+    )
+    assert result.returncode == 1
+    assert "1 sweep job(s) failed" in result.stderr
+    failed = json.loads((sweep / "0" / "summary.json").read_text())
+    assert failed["status"] == "failed" and "per_replica_batch_size" in failed["error"]
+    assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
+    result = cli("compare", str(tmp_path))
+    assert result.returncode == 2 and "no runs" in result.stderr
+
+
+def test_objective_is_returned_for_optimizing_sweepers():
+    from tfrecipe.cli import _objective
+
+    summary = {"metrics": {"val_loss": 0.5}, "test": {"accuracy": 0.9}, "examples_per_sec": 10.0}
+    assert _objective(summary, "val_loss") == 0.5
+    assert _objective(summary, "test_accuracy") == 0.9
+    assert _objective(summary, "examples_per_sec") == 10.0
