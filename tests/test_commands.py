@@ -152,3 +152,47 @@ def test_objective_is_returned_for_optimizing_sweepers():
     assert _objective(summary, "val_loss") == 0.5
     assert _objective(summary, "test_accuracy") == 0.9
     assert _objective(summary, "examples_per_sec") == 10.0
+
+
+@pytest.mark.slow
+def test_optuna_sweeper_optimizes_the_objective(cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "optuna"
+    result = cli(
+        "-m",
+        *TINY,
+        "model=mlp",
+        f"hydra.sweep.dir={sweep}",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.direction=minimize",
+        "optimizer.learning_rate=interval(0.0005,0.01)",
+        "sweep.objective=val_loss",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    from omegaconf import OmegaConf
+
+    best = OmegaConf.load(sweep / "optimization_results.yaml")
+    val_losses = [
+        json.loads((sweep / str(i) / "summary.json").read_text())["metrics"]["val_loss"]
+        for i in range(2)
+    ]
+    assert best.best_value == pytest.approx(min(val_losses))  # main returned the objective
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "joblib"
+    result = cli(
+        "-m",
+        *TINY,
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "model=mlp,cnn",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
+    assert [s["model"] for s in summaries] == ["tfrecipe.models.mlp", "tfrecipe.models.cnn"]
+    assert all(s["status"] == "completed" for s in summaries)
