@@ -217,6 +217,7 @@ def validate(cfg: DictConfig) -> RunConfig:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
         problems += [p for p in _describe(error) if p.split(":")[0] not in missing]
+        problems += _unvalidated_target_problems(container, reported=problems)
         raise ConfigError(problems) from None
     problems += _cross_checks(run)
     if problems:
@@ -266,6 +267,30 @@ def _target_problems(run: RunConfig) -> list[str]:
     for key, node in nodes.items():
         try:
             check_target(node.target, key=key, allowed=run.allowed_targets)
+        except ConfigError as error:
+            problems += error.problems
+    return problems
+
+
+def _unvalidated_target_problems(container: dict, *, reported: list[str]) -> list[str]:
+    """The `_target_` allow-list check when the schema failed elsewhere, so that every problem
+    is in the one report (targets the schema already complained about are skipped)."""
+    from tfrecipe.instantiate import check_target
+
+    allowed = container.get("allowed_targets")
+    if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
+        allowed = []
+    callbacks = container.get("callbacks")
+    extra = callbacks.get("extra") if isinstance(callbacks, dict) else None
+    nodes = {"model": container.get("model"), "dataset": container.get("dataset")}
+    if isinstance(extra, dict):
+        nodes |= {f"callbacks.extra.{name}": node for name, node in extra.items()}
+    problems = []
+    for key, node in nodes.items():
+        if not isinstance(node, dict) or any(p.startswith(f"{key}.") for p in reported):
+            continue
+        try:
+            check_target(node.get("_target_"), key=key, allowed=allowed)
         except ConfigError as error:
             problems += error.problems
     return problems
