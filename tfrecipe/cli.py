@@ -7,6 +7,7 @@ code 2 and one line per problem, and leaves no half-written run directory behind
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ class _Invocation:
 
     run_dir: Path | None = None
     run_dir_existed: bool = True
+    job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
     failed_jobs: list[str] = []  # noqa: RUF012 (one invocation per process)
 
 
@@ -81,6 +83,7 @@ def _task(cfg) -> dict:
     from hydra.types import RunMode
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    _Invocation.job_dir = run_dir
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     print_config(cfg)
     from tfrecipe.train import TrainingError, train
@@ -150,10 +153,11 @@ def _describe_hydra_error(error: BaseException) -> str:
             f"{group}={option}: unknown option for group '{group}'; available: "
             f"{', '.join(error.options)}"
         )
-    override = re.match(r"Could not override '([^']+)'", str(error))
+    # Hydra: "Could not override 'KEY'.\nTo append to your config use +KEY=VALUE"
+    override = re.match(r"Could not override '([^']+)'.*use \+(\S+)", str(error), re.DOTALL)
     if override and "not in struct" in str(error.__cause__):
-        key = override.group(1)
-        return f"{key}: unknown key; to add a new key use +{key}=..."
+        key, received = override.groups()
+        return f"{key}: unknown key (received {received}); to add a new key use +{key}=..."
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     # Hydra explains in several lines; keep the ones that say what is wrong.
     useful = [l for l in lines if not l.startswith(("full_key", "object_type", "Config search"))]
@@ -208,3 +212,16 @@ def _discard_new_run_dir() -> None:
     run_dir = _Invocation.run_dir
     if run_dir is not None and not _Invocation.run_dir_existed and run_dir.exists():
         shutil.rmtree(run_dir, ignore_errors=True)
+    elif _Invocation.job_dir is not None:
+        _discard_hydra_files(_Invocation.job_dir)
+
+
+def _discard_hydra_files(job_dir: Path) -> None:
+    """The dir was there before, or nothing pre-checked it (--config-dir, --config-name): remove
+    only what Hydra wrote for the job, and the dir when that leaves it empty."""
+    shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
+    for log_file in job_dir.glob("*.log"):
+        if log_file.stat().st_size == 0:
+            log_file.unlink()
+    with contextlib.suppress(OSError):
+        job_dir.rmdir()
