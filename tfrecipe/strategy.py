@@ -6,6 +6,9 @@ the strategy comes before precision, data and model.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import tensorflow as tf
 
 from tfrecipe import schema
@@ -86,3 +89,27 @@ def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
         return {"GPU"} if tf.config.list_physical_devices("GPU") else {"CPU"}
     devices = strategy.extended.worker_devices
     return {tf.DeviceSpec.from_string(d).device_type or "CPU" for d in devices}
+
+
+@contextlib.contextmanager
+def model_scope(strategy: tf.distribute.Strategy) -> Iterator[None]:
+    """`strategy.scope()`, for building the model and optimizer.
+
+    Keras creates the state its layers update while training (BatchNormalization's moving
+    statistics, the seed of Dropout and other random layers) with aggregation NONE, which
+    CentralStorageStrategy cannot update in a replica context: training would fail. Under that
+    strategy such variables get ONLY_FIRST_REPLICA, keeping what MirroredStrategy keeps in effect
+    (the first replica's copy).
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(strategy.scope())
+        if isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
+            stack.enter_context(tf.variable_creator_scope(_first_replica_state))
+        yield
+
+
+def _first_replica_state(next_creator, **kwargs):
+    aggregation = kwargs.get("aggregation") or tf.VariableAggregation.NONE
+    if aggregation == tf.VariableAggregation.NONE and not kwargs.get("trainable", True):
+        kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    return next_creator(**kwargs)

@@ -71,7 +71,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     ensure_fresh_run_dir(run_dir)
 
     # The strategy first: logical devices must be set before any other TensorFlow call.
-    from tfrecipe.strategy import build_strategy, device_kinds
+    from tfrecipe.strategy import build_strategy, device_kinds, model_scope
 
     strategy = build_strategy(run.strategy)
     from tfrecipe.precision import set_precision
@@ -115,7 +115,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     validation_data = distribute(splits.validation, training=False)
     test_data = distribute(splits.test, training=False)
 
-    with strategy.scope():
+    with model_scope(strategy):
         model = instantiate(
             run.model.model_dump(by_alias=True),
             key="model",
