@@ -29,7 +29,7 @@ class Splits:
     info: DatasetInfo
 
 
-def _split_indices(
+def split_indices(
     labels: np.ndarray, validation_fraction: float, test_fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A stratified, seeded train/validation/test split of example indices."""
@@ -68,7 +68,7 @@ def from_arrays(
     split_seed: int,
 ) -> Splits:
     """Splits in-memory arrays into train/validation/test datasets."""
-    train, validation, test = _split_indices(labels, validation_fraction, test_fraction, split_seed)
+    train, validation, test = split_indices(labels, validation_fraction, test_fraction, split_seed)
 
     def make(idx: np.ndarray) -> tf.data.Dataset | None:
         if len(idx) == 0:
@@ -137,21 +137,36 @@ def distribute(
     dataset: tf.data.Dataset,
     *,
     global_batch_size: int,
-    shuffle_seed: int | None = None,
     drop_remainder: bool = False,
     repeat: bool = False,
+    auto_shard_policy: str = "auto",
 ) -> tf.distribute.DistributedDataset:
     """Batches `dataset` by the global batch and splits each batch over the replicas.
 
-    Every loop gets its data from here. The replicas of one step together see one global batch,
+    Every loop gets its data from here; shuffling, augmentation and normalization happen before
+    (`tfrecipe.pipeline.prepare`). The replicas of one step together see one global batch,
     exactly as a single replica would, and the distributed dataset's cardinality counts global
-    steps (which `Model.fit` relies on). On several workers TensorFlow shards the input by its
-    auto-shard policy. `shuffle_seed` shuffles (reshuffled, reproducibly, on each pass); `repeat`
-    makes the data endless, for loops that count steps per epoch themselves.
+    steps (which `Model.fit` relies on; `distribute_datasets_from_function` would count
+    per-replica batches). `repeat` makes the data endless, for loops that count steps per epoch
+    themselves.
+
+    On several workers TensorFlow shards the input by `auto_shard_policy` (docs/data.md):
+    "file" gives each worker its own files (needs at least as many files as workers), "data"
+    has every worker read everything and keep every N-th element, "auto" tries files and falls
+    back to data, "off" gives every worker all the data.
     """
-    if shuffle_seed is not None:
-        dataset = dataset.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
     if repeat:
         dataset = dataset.repeat()
-    return strategy.experimental_distribute_dataset(dataset.prefetch(tf.data.AUTOTUNE))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = _AUTO_SHARD[auto_shard_policy]
+    dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+_AUTO_SHARD = {
+    "auto": tf.data.experimental.AutoShardPolicy.AUTO,
+    "file": tf.data.experimental.AutoShardPolicy.FILE,
+    "data": tf.data.experimental.AutoShardPolicy.DATA,
+    "off": tf.data.experimental.AutoShardPolicy.OFF,
+}

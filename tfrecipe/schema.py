@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tfrecipe.errors import ConfigError
+from tfrecipe.pipeline import PipelineOptions
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -194,6 +195,7 @@ class RunConfig(_Schema):
     strategy: Strategy
     model: Target
     dataset: Target
+    pipeline: PipelineOptions = PipelineOptions()
     precision: Precision
     batching: Batching
     optimizer: Optimizer

@@ -86,6 +86,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
 
     from tfrecipe import data
     from tfrecipe.instantiate import instantiate
+    from tfrecipe.pipeline import prepare
 
     splits = instantiate(
         run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
@@ -97,23 +98,25 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         / run.loop.gradient_accumulation_steps
     )
 
-    def distribute(dataset, *, training: bool):
+    def distribute(dataset, *, split: str):
         if dataset is None:
             return None
+        training = split == "train"
+        dataset = prepare(dataset, run.pipeline, split=split, training=training, seed=run.seed)
         return data.distribute(
             strategy,
             dataset,
             global_batch_size=global_batch,
-            shuffle_seed=run.seed if training else None,
             drop_remainder=run.batching.drop_remainder and training,
             # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
+            auto_shard_policy=run.pipeline.auto_shard_policy,
         )
 
-    train_data = distribute(splits.train, training=True)
-    validation_data = distribute(splits.validation, training=False)
-    test_data = distribute(splits.test, training=False)
+    train_data = distribute(splits.train, split="train")
+    validation_data = distribute(splits.validation, split="validation")
+    test_data = distribute(splits.test, split="test")
 
     with model_scope(strategy):
         model = instantiate(

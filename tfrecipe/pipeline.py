@@ -1,0 +1,127 @@
+"""The input pipeline between a dataset builder and the strategy: cache, shuffle, augment, normalize.
+
+Builders (tfrecipe.data, tfrecipe.datasets) return unbatched `(features, label)` datasets,
+already read and decoded; `prepare` turns one split into what the model eats, in the order the
+tf.data performance guide recommends::
+
+    decoded split -> cache -> shuffle (training) -> augment (training) + normalize -> [distribute]
+
+`tfrecipe.data.distribute` then batches, repeats, prefetches and shards it. Importing this module
+does not import TensorFlow (the schema validates `PipelineOptions` before TensorFlow starts).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tfrecipe.errors import ConfigError
+
+
+class PipelineOptions(BaseModel):
+    """The `pipeline` config group (conf/pipeline/default.yaml documents each knob): a small
+    frozen record, validated with the rest of the schema."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # scale: integer images -> float32 in [0, 1] (floats unchanged); per_example: zero mean and
+    # unit variance per example; none: as the builder gives them.
+    normalize: Literal["scale", "per_example", "none"] = "scale"
+    augment_flip: bool = False
+    augment_crop_padding: Annotated[int, Field(ge=0)] = 0
+    shuffle_buffer: Annotated[int, Field(ge=0)] = 10_000
+    # "memory", a file path prefix, or None.
+    cache: str | None = "memory"
+    num_parallel_calls: Literal["autotune"] | Annotated[int, Field(gt=0)] = "autotune"
+    auto_shard_policy: Literal["auto", "file", "data", "off"] = "auto"
+
+
+def prepare(
+    dataset,
+    options: PipelineOptions,
+    *,
+    split: str,
+    training: bool,
+    seed: int,
+):
+    """Caches, shuffles, augments and normalizes one unbatched split.
+
+    Args:
+      dataset: unbatched `(features, label)` `tf.data.Dataset` from a builder.
+      options: the pipeline options.
+      split: "train", "validation" or "test" (names the cache file of a file cache).
+      training: shuffle and augment (evaluation data is only cached and normalized).
+      seed: seeds the shuffle and the augmentation. Every worker must use the same seed: with
+        `auto_shard_policy=data` each worker keeps every N-th element of the same order.
+
+    Raises:
+      ConfigError: augmentation asked for data that are not images.
+    """
+    import tensorflow as tf
+
+    if options.cache == "memory":
+        dataset = dataset.cache()
+    elif options.cache:
+        dataset = dataset.cache(f"{options.cache}.{split}")
+    if training and options.shuffle_buffer:
+        dataset = dataset.shuffle(options.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    augment = training and (options.augment_flip or options.augment_crop_padding)
+    if augment:
+        _require_images(dataset.element_spec[0].shape, options)
+        # Per-example seeds from a seeded stream: stateless ops stay reproducible under a
+        # parallel map, and differ on every epoch.
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        dataset = tf.data.Dataset.zip(dataset, seeds)
+    transform = _transform(options, augment=augment)
+    parallel = tf.data.AUTOTUNE if options.num_parallel_calls == "autotune" else (
+        options.num_parallel_calls
+    )
+    return dataset.map(transform, num_parallel_calls=parallel, deterministic=True)
+
+
+def _require_images(shape, options: PipelineOptions) -> None:
+    if shape.rank != 3:
+        raise ConfigError(
+            f"pipeline.augment_flip={options.augment_flip}, pipeline.augment_crop_padding="
+            f"{options.augment_crop_padding}: augmentation needs images [height, width, channels], "
+            f"received examples of shape {shape.as_list()}; turn augmentation off"
+        )
+
+
+def _transform(options: PipelineOptions, *, augment: bool):
+    """The per-example map: (augment), normalize, labels as int32."""
+    import tensorflow as tf
+
+    def normalize(x):
+        if options.normalize == "none":
+            return x
+        if x.dtype.is_integer:
+            x = tf.cast(x, tf.float32) / x.dtype.max
+        else:
+            x = tf.cast(x, tf.float32)
+        if options.normalize == "per_example":
+            mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank)))
+            # The floor keeps constant examples finite (as tf.image.per_image_standardization).
+            floor = tf.math.rsqrt(tf.cast(tf.size(x), tf.float32))
+            x = (x - mean) / tf.maximum(tf.sqrt(variance), floor)
+        return x
+
+    def augmented(x, seed):
+        flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        if options.augment_flip:
+            x = tf.image.stateless_random_flip_left_right(x, flip_seed)
+        if options.augment_crop_padding:
+            # Pad by N pixels, crop back at a random offset (the CIFAR recipe: N=4).
+            pad = options.augment_crop_padding
+            height, width, _ = x.shape
+            padded = tf.image.resize_with_crop_or_pad(x, height + 2 * pad, width + 2 * pad)
+            x = tf.image.stateless_random_crop(padded, tf.shape(x), crop_seed)
+        return x
+
+    if augment:
+        return lambda example, seed: (
+            normalize(augmented(example[0], seed)),
+            tf.cast(example[1], tf.int32),
+        )
+    return lambda x, y: (normalize(x), tf.cast(y, tf.int32))
