@@ -1,0 +1,232 @@
+"""Datasets and the input pipeline through the real loading code, offline: TFDS under
+`tfds.testing.mock_data`, and TFRecord / NPZ / image-folder files written by the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import _split_cpu_in_two
+from helpers.datafiles import write_image_folder, write_npz, write_tfrecord
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _two_logical_cpus():
+    # Before this module's first TensorFlow op: train_run needs the split, and it can only be
+    # made before the runtime starts.
+    _split_cpu_in_two()
+
+
+@pytest.fixture
+def mock_tfds():
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=48):
+        yield
+
+
+def _first(dataset):
+    return next(iter(dataset.as_numpy_iterator()))
+
+
+# --- the pipeline -------------------------------------------------------------------------------
+def _images(n=32):
+    import tensorflow as tf
+
+    pixels = np.arange(n * 4 * 4 * 3, dtype="uint32").reshape(n, 4, 4, 3) % 256
+    return tf.data.Dataset.from_tensor_slices((pixels.astype("uint8"), np.arange(n)))
+
+
+def _prepare(dataset, *, training=True, seed=1, **options):
+    from tfrecipe.pipeline import PipelineOptions, prepare
+
+    return prepare(
+        dataset, PipelineOptions(**options), split="train", training=training, seed=seed
+    )
+
+
+def test_scale_normalizes_integer_images_to_unit_range_and_labels_to_int32():
+    x, y = _first(_prepare(_images(), training=False))
+    assert x.dtype == np.float32 and y.dtype == np.int32
+    assert x.min() >= 0 and x.max() <= 1 and x.max() > 0.01
+
+
+def test_per_example_normalization_has_zero_mean_unit_variance():
+    import tensorflow as tf
+
+    pixels = np.random.default_rng(0).integers(0, 256, size=(2, 8, 8, 3), dtype="uint8")
+    dataset = tf.data.Dataset.from_tensor_slices((pixels, np.zeros(2)))
+    x, _ = _first(_prepare(dataset, training=False, normalize="per_example"))
+    assert abs(x.mean()) < 1e-5 and abs(x.std() - 1) < 1e-3
+
+
+def test_shuffle_is_seeded_and_evaluation_data_keep_their_order():
+    def labels(**kw):
+        return [int(y) for _, y in _prepare(_images(), **kw).as_numpy_iterator()]
+
+    assert labels(seed=3) == labels(seed=3) != list(range(32))
+    assert labels(seed=3) != labels(seed=4)
+    assert labels(training=False) == list(range(32))
+    assert labels(shuffle_buffer=0) == list(range(32))
+
+
+def test_augmentation_flips_and_crops_reproducibly_and_differs_each_epoch():
+    dataset = _prepare(_images(), shuffle_buffer=0, augment_flip=True, augment_crop_padding=2)
+    first, again = list(dataset.as_numpy_iterator()), list(dataset.as_numpy_iterator())
+    plain = list(_prepare(_images(), shuffle_buffer=0).as_numpy_iterator())
+    assert first[0][0].shape == (4, 4, 3)
+    assert any(not np.array_equal(a[0], p[0]) for a, p in zip(first, plain, strict=True))
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    rerun = list(_prepare(_images(), shuffle_buffer=0, augment_flip=True,
+                          augment_crop_padding=2).as_numpy_iterator())
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(first, rerun, strict=True))
+
+
+def test_augmenting_vectors_is_a_config_error():
+    import tensorflow as tf
+
+    from tfrecipe.errors import ConfigError
+
+    vectors = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3)), np.zeros(4)))
+    with pytest.raises(ConfigError, match="augmentation needs images"):
+        _prepare(vectors, augment_flip=True)
+
+
+def test_file_cache_writes_the_split_to_the_given_prefix(tmp_path):
+    dataset = _prepare(_images(), training=False, cache=str(tmp_path / "cache"))
+    assert len(list(dataset.as_numpy_iterator())) == 32
+    assert any(p.name.startswith("cache.train") for p in tmp_path.iterdir())
+
+
+# --- builders -----------------------------------------------------------------------------------
+def test_tfrecord_reads_decoded_images_and_counts_every_file(tmp_path):
+    from tfrecipe.datasets.tfrecord import load
+
+    for i in range(3):
+        write_tfrecord(tmp_path / f"train-{i}.tfrecord", 5, first_id=10 * i)
+    write_tfrecord(tmp_path / "test.tfrecord", 4)
+    splits = load(
+        train_files=str(tmp_path / "train-*.tfrecord"),
+        test_files=str(tmp_path / "test.tfrecord"),
+        feature_shape=[8, 8, 1],
+        num_classes=2,
+    )
+    assert (splits.info.num_train, splits.info.num_validation, splits.info.num_test) == (15, 0, 4)
+    assert splits.validation is None
+    image, label = _first(splits.train)
+    assert image.shape == (8, 8, 1) and image.dtype == np.uint8 and label in (0, 1)
+    assert len(list(splits.train.as_numpy_iterator())) == 15
+
+
+def test_tfrecord_reads_float_tensors(tmp_path):
+    from tfrecipe.datasets.tfrecord import load
+
+    write_tfrecord(tmp_path / "t.tfrecord", 6, kind="float", feature_key="features")
+    splits = load(
+        train_files=[str(tmp_path / "t.tfrecord")],
+        feature_key="features",
+        feature_kind="float",
+        feature_shape=[2],
+        num_classes=2,
+    )
+    features, label = _first(splits.train)
+    assert features.tolist() == [0.0, float(label)] and splits.info.input_shape == (2,)
+
+
+def test_npz_splits_one_file_or_reads_separate_ones(tmp_path):
+    from tfrecipe.datasets.npz import load
+
+    write_npz(tmp_path / "train.npz", 40, x_key="images", y_key="labels")
+    write_npz(tmp_path / "test.npz", 6, x_key="images", y_key="labels")
+    splits = load(
+        path=str(tmp_path / "train.npz"),
+        x_key="images",
+        y_key="labels",
+        test_path=str(tmp_path / "test.npz"),
+        validation_fraction=0.25,
+        test_fraction=0.5,  # not used: the test split has its own file
+    )
+    info = splits.info
+    assert (info.num_train, info.num_validation, info.num_test) == (30, 10, 6)
+    assert info.input_shape == (8, 8, 1) and info.num_classes == 2
+    assert _first(splits.train)[0].dtype == np.uint8
+
+
+def test_image_folder_labels_by_sorted_subfolder_and_resizes(tmp_path):
+    from tfrecipe.datasets.image_folder import load
+
+    write_image_folder(tmp_path / "pics")
+    splits = load(
+        path=str(tmp_path / "pics"), image_size=[6, 5], validation_fraction=0.34, test_fraction=0
+    )
+    assert splits.info.num_classes == 2 and splits.info.input_shape == (6, 5, 3)
+    assert (splits.info.num_train, splits.info.num_validation) == (7, 5)
+    pairs = list(splits.train.as_numpy_iterator())
+    assert all(x.shape == (6, 5, 3) and x.dtype == np.uint8 for x, _ in pairs)
+    # "dark" sorts first: label 0 is the dark class.
+    assert all((x.mean() < 128) == (y == 0) for x, y in pairs)
+
+
+def test_tfds_reads_mocked_mnist_with_configured_splits(mock_tfds):
+    from tfrecipe.datasets.tfds import load
+
+    splits = load(name="mnist", train_split="train[:90%]", validation_split="train[90%:]")
+    assert splits.info.input_shape == (28, 28, 1) and splits.info.num_classes == 10
+    assert splits.info.num_train == 48 and splits.validation is not None
+    image, label = _first(splits.train)
+    assert image.shape == (28, 28, 1) and 0 <= label < 10
+
+
+def test_tfds_without_prepared_data_says_how_to_prepare_it(tmp_path):
+    from tfrecipe.datasets.tfds import load
+
+    with pytest.raises(ValueError) as error:
+        load(name="cifar10", data_dir=str(tmp_path))
+    message = str(error.value)
+    assert "'cifar10'" in message and str(tmp_path) in message and "tfds build cifar10" in message
+
+
+def test_tfds_unknown_name_or_key_is_a_value_error(mock_tfds):
+    from tfrecipe.datasets.tfds import load
+
+    with pytest.raises(ValueError, match="not a TensorFlow Datasets dataset"):
+        load(name="no_such_dataset_anywhere")
+    with pytest.raises(ValueError, match=r"feature_key='features'.*\['image', 'label'\]"):
+        load(name="mnist", feature_key="features")
+
+
+# --- every dataset option trains, through the real config ----------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["dataset=mnist", "model=mlp"],
+        ["dataset=fashion_mnist", "model=mlp"],
+        ["dataset=cifar10", "model=cnn", "pipeline.augment_flip=true",
+         "pipeline.augment_crop_padding=4"],
+        ["dataset=tfds", "dataset.name=cifar10", "dataset.validation_split='train[:10%]'"],
+    ],
+    ids=["mnist", "fashion_mnist", "cifar10", "tfds"],
+)
+def test_tfds_options_train(overrides, train_run, mock_tfds):
+    summary, _ = train_run(*overrides)
+    assert summary["status"] == "completed" and "val_loss" in summary["metrics"]
+    assert summary["test"]
+
+
+def test_user_file_options_train(tmp_path, train_run):
+    write_tfrecord(tmp_path / "a.tfrecord", 20)
+    write_tfrecord(tmp_path / "b.tfrecord", 20, first_id=20)
+    write_npz(tmp_path / "d.npz", 40)
+    write_image_folder(tmp_path / "pics", per_class=10)
+    runs = {
+        "tfrecord": ["dataset=tfrecord", f"dataset.train_files={tmp_path}/*.tfrecord",
+                     f"dataset.validation_files=[{tmp_path}/a.tfrecord]",
+                     "dataset.feature_shape=[8,8,1]", "dataset.num_classes=2",
+                     "pipeline.cache=null"],
+        "npz": ["dataset=npz", f"dataset.path={tmp_path}/d.npz", "dataset.test_fraction=0.2"],
+        "image_folder": ["dataset=image_folder", f"dataset.path={tmp_path}/pics",
+                         "dataset.image_size=[8,8]", "pipeline.augment_flip=true"],
+    }
+    for name, overrides in runs.items():
+        summary, _ = train_run(*overrides, "model=mlp")
+        assert summary["status"] == "completed", name
+        assert summary["dataset"] == f"tfrecipe.datasets.{name}.load"

@@ -1,0 +1,120 @@
+"""The user's NumPy arrays: `dataset=npz` reads `.npz` (or `.npy`-in-zip) files of inputs and
+integer labels, held in memory (data that fit in memory; use TFRecord files for more)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tfrecipe.data import DatasetInfo, Splits, split_indices
+
+
+def load(
+    *,
+    path: str,
+    x_key: str = "x",
+    y_key: str = "y",
+    validation_path: str | None = None,
+    test_path: str | None = None,
+    num_classes: int | None = None,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.0,
+    split_seed: int = 0,
+) -> Splits:
+    """Reads arrays `x_key` (inputs, first axis = examples) and `y_key` (int labels).
+
+    Args:
+      path: the training file; its examples are split by the fractions below.
+      x_key, y_key: the array names inside each file.
+      validation_path, test_path: separate files for those splits; when given, the
+        corresponding fraction of `path` is not held out (the file is that split).
+      num_classes: labels must lie in [0, num_classes); None: the largest label + 1.
+      validation_fraction, test_fraction, split_seed: a seeded stratified split of `path`.
+
+    Raises:
+      ValueError: a file is missing or unreadable, lacks a key, or its arrays do not fit.
+    """
+    x, y = _read(path, x_key, y_key)
+    extra = {
+        split: _read(file, x_key, y_key) if file else None
+        for split, file in (("validation", validation_path), ("test", test_path))
+    }
+    for split, arrays in extra.items():
+        if arrays is not None and arrays[0].shape[1:] != x.shape[1:]:
+            raise ValueError(
+                f"{validation_path if split == 'validation' else test_path}: {x_key} has "
+                f"examples of shape {list(arrays[0].shape[1:])}, {path} of {list(x.shape[1:])}"
+            )
+    num_classes = num_classes or int(max(a[1].max() for a in [(x, y), *extra.values()] if a)) + 1
+    for file, arrays in ((path, (x, y)), (validation_path, extra["validation"]),
+                         (test_path, extra["test"])):
+        if arrays is not None:
+            _check_labels(file, y_key, arrays[1], num_classes)
+    train, validation, test = split_indices(
+        y,
+        0.0 if validation_path else validation_fraction,
+        0.0 if test_path else test_fraction,
+        split_seed,
+    )
+    datasets = {
+        "train": (x[train], y[train]),
+        "validation": extra["validation"] or ((x[validation], y[validation]) if len(validation)
+                                              else None),
+        "test": extra["test"] or ((x[test], y[test]) if len(test) else None),
+    }
+    info = DatasetInfo(
+        input_shape=tuple(x.shape[1:]),
+        num_classes=num_classes,
+        num_train=len(train),
+        num_validation=len(datasets["validation"][1]) if datasets["validation"] else 0,
+        num_test=len(datasets["test"][1]) if datasets["test"] else 0,
+    )
+    return Splits(
+        *(tf.data.Dataset.from_tensor_slices(arrays) if arrays else None
+          for arrays in datasets.values()),
+        info,
+    )
+
+
+def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file (path={path!r})")
+    try:
+        # No pickles: a data file must not be able to run code.
+        with np.load(path, allow_pickle=False) as arrays:
+            missing = [k for k in (x_key, y_key) if k not in arrays.files]
+            if missing:
+                raise ValueError(
+                    f"{path}: has no array {', '.join(map(repr, missing))} (its arrays: "
+                    f"{', '.join(arrays.files) or 'none'}); set dataset.x_key / dataset.y_key"
+                )
+            x, y = arrays[x_key], arrays[y_key]
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"{path}: not a readable .npz file ({error})") from None
+    except ValueError as error:
+        if str(error).startswith(path):
+            raise
+        raise ValueError(f"{path}: cannot read its arrays ({error})") from None
+    if x.ndim < 1 or y.ndim != 1 or len(x) != len(y) or len(y) == 0:
+        raise ValueError(
+            f"{path}: expected {x_key} of shape [N, ...] and {y_key} of shape [N] with N > 0, "
+            f"received {x_key}{list(x.shape)} and {y_key}{list(y.shape)}"
+        )
+    if not np.issubdtype(x.dtype, np.number) or x.dtype.kind == "c":
+        raise ValueError(f"{path}: {x_key} must hold real numbers, received dtype {x.dtype}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{path}: {y_key} must hold integer class labels, received {y.dtype}")
+    return x if x.dtype == np.uint8 else x.astype("float32"), y.astype("int32")
+
+
+def _check_labels(path: str, key: str, labels: np.ndarray, num_classes: int) -> None:
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ValueError(
+            f"{path}: label {key}[{first}]={int(labels[first])} is out of range; labels must be "
+            f"in [0, num_classes={num_classes})"
+        )

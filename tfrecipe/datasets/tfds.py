@@ -1,0 +1,107 @@
+"""TensorFlow Datasets: `dataset=mnist|fashion_mnist|cifar10`, or any catalog dataset with
+`dataset=tfds dataset.name=NAME`.
+
+Only data prepared beforehand are read: this never downloads (many training machines have no
+network, and a download that cannot finish would hang the run). Without prepared data the user
+gets one line saying how to prepare them elsewhere and where to copy them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tfrecipe.data import DatasetInfo, Splits
+
+
+def load(
+    *,
+    name: str,
+    data_dir: str | None = None,
+    train_split: str = "train",
+    validation_split: str | None = None,
+    test_split: str | None = "test",
+    feature_key: str = "image",
+    label_key: str = "label",
+) -> Splits:
+    """Reads prepared TFDS splits (split strings as in TFDS, e.g. "train[:90%]").
+
+    Args:
+      name: a TFDS catalog name, optionally with config and version ("mnist", "cifar10:3.0.2").
+      data_dir: where the prepared data are; None: TFDS' default ($TFDS_DATA_DIR or
+        ~/tensorflow_datasets).
+      train_split, validation_split, test_split: TFDS split strings; None or "" for none.
+      feature_key, label_key: the features and the integer class label in each example
+        ("image"/"label" for image datasets; "features"/"label" for tabular ones).
+
+    Raises:
+      ValueError: unknown dataset, data not prepared in `data_dir`, missing keys or splits.
+    """
+    import tensorflow_datasets as tfds
+
+    builder = _builder(tfds, name, data_dir)
+    features = builder.info.features
+    for key, value in (("feature_key", feature_key), ("label_key", label_key)):
+        if value not in features:
+            raise ValueError(
+                f"dataset {name!r} has no feature {key}={value!r}; its features are "
+                f"{sorted(features.keys())}"
+            )
+    label = features[label_key]
+    if not hasattr(label, "num_classes"):
+        raise ValueError(
+            f"dataset {name!r}: label_key={label_key!r} is not a class label "
+            f"({type(label).__name__}); name an integer class label"
+        )
+    if not train_split:
+        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
+    train, validation, test = (
+        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
+        for split in (train_split, validation_split, test_split)
+    )
+    info = DatasetInfo(
+        input_shape=tuple(features[feature_key].shape),
+        num_classes=int(label.num_classes),
+        num_train=_count(train),
+        num_validation=_count(validation),
+        num_test=_count(test),
+    )
+    return Splits(train, validation, test, info)
+
+
+def _builder(tfds, name: str, data_dir: str | None):
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(
+            f"name={name!r} is not a TensorFlow Datasets dataset; see "
+            "https://www.tensorflow.org/datasets/catalog (e.g. mnist, cifar10)"
+        ) from None
+
+
+def _read(builder, name: str, split: str, data_dir: str | None, feature_key: str, label_key: str):
+    """One split as unbatched (features, label); never downloads."""
+    try:
+        dataset = builder.as_dataset(split=split, shuffle_files=False)
+    except AssertionError:  # TFDS' way of saying "not prepared" (as_dataset never downloads)
+        raise ValueError(_not_prepared(name, data_dir)) from None
+    except (ValueError, KeyError) as error:  # an unknown split or bad slice
+        raise ValueError(f"dataset {name!r}: cannot read split={split!r} ({error})") from None
+    return dataset.map(lambda example: (example[feature_key], example[label_key]))
+
+
+def _not_prepared(name: str, data_dir: str | None) -> str:
+    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    return (
+        f"TFDS dataset {name!r} is not prepared in data_dir={where} and tfrecipe never "
+        f"downloads. On a machine with network run `tfds build {name.split(':')[0]} "
+        f"--data_dir=DIR`, copy DIR here and set dataset.data_dir=DIR"
+    )
+
+
+def _count(dataset) -> int:
+    if dataset is None:
+        return 0
+    count = int(dataset.cardinality())
+    if count < 0:  # unknown: count once (TFDS knows its split sizes, so rarely needed)
+        count = int(dataset.reduce(0, lambda n, _: n + 1))
+    return count
