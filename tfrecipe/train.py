@@ -74,6 +74,8 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     from tfrecipe.strategy import build_strategy, device_kinds, model_scope
 
     strategy = build_strategy(run.strategy)
+    # Seeding clears the Keras session, which resets the dtype policy: seed first.
+    seed_everything(run.seed, deterministic=run.deterministic)
     from tfrecipe.precision import set_precision
 
     set_precision(
@@ -81,7 +83,6 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
         require_native=run.precision.require_native,
         device_kinds=device_kinds(strategy),
     )
-    seed_everything(run.seed, deterministic=run.deterministic)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
 
     from tfrecipe import data
