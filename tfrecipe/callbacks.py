@@ -95,7 +95,8 @@ class StepCSVLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.every_n_steps:
             return
-        step = int(self.model.optimizer.iterations)
+        # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         row = {"step": step, "epoch": self._epoch + 1, "learning_rate": _learning_rate(self.model)}
         row |= {k: float(v) for k, v in (logs or {}).items()}
         if self._writer is None:
