@@ -191,6 +191,67 @@ def test_mixed_precision_trains_under_the_custom_loop(train_run, policy):
     assert summary["metrics"]["loss"] < 2.3  # below chance level (ln 10): it learned
 
 
+def _compiled_model_and_data(*, jit_compile: bool, steps_per_execution: int):
+    """A seeded tiny model compiled as train.py compiles it, with endless training data."""
+    import keras
+    import tensorflow as tf
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    features = np.random.default_rng(0).normal(size=(96, 6)).astype("float32")
+    labels = (np.arange(96) % 3).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels))
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(8, "relu")(inputs)))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
+    return model, dataset.shuffle(96, seed=1).batch(16).repeat(), dataset.batch(32)
+
+
+@pytest.fixture
+def without_op_determinism():
+    """Keras refuses XLA while op determinism is on, and an earlier `deterministic=true` run in
+    this process leaves it on (TensorFlow has no public switch back)."""
+    from tensorflow.python.framework import config
+
+    was_on = config.is_op_determinism_enabled()
+    config.disable_op_determinism()
+    yield
+    if was_on:
+        config.enable_op_determinism()
+
+
+@pytest.mark.usefixtures("without_op_determinism")
+def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
+    """Keras turns `jit_compile` on for a model on a GPU without a strategy, and fit then
+    XLA-compiles each step; the custom loop does too (forced on here, XLA runs on CPUs)."""
+    from conftest import _split_cpu_in_two
+
+    from tfrecipe.loops import custom, fit
+    from tfrecipe.loops.options import LoopOptions
+
+    _split_cpu_in_two()  # before TensorFlow starts, for the mirrored tests in this session
+    options = LoopOptions(epochs=2, steps_per_epoch=6, verbose=0, steps_per_loop=3)
+    results = []
+    for loop in (fit, custom):
+        model, train_data, validation_data = _compiled_model_and_data(
+            jit_compile=True, steps_per_execution=options.steps_per_loop
+        )
+        loop.run(model, train_data, validation_data, options=options, callbacks=[])
+        assert model.jit_compile
+        results.append((model.history.history, int(model.optimizer.iterations)))
+    (fit_history, fit_steps), (custom_history, custom_steps) = results
+    assert custom_steps == fit_steps == 12
+    assert custom_history.keys() == fit_history.keys()
+    for name, values in fit_history.items():
+        assert custom_history[name] == pytest.approx(values, rel=1e-4), name
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

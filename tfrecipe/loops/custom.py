@@ -13,6 +13,8 @@ How it matches `Model.fit`:
   with `steps_per_execution`. Logs are the metrics' running values over the epoch (`loss` is the
   mean per-example loss so far, as fit's loss tracker gives), validation adds `val_*`.
 - `model.stop_training` (EarlyStopping, TerminateOnNaN) ends training after the current call.
+- With `model.jit_compile` (Keras' choice on a GPU without a strategy) each step is compiled by
+  XLA, as in fit.
 
 Where it deliberately differs:
 - An epoch runs exactly `steps_per_epoch` steps; when that is not a multiple of `steps_per_loop`
@@ -145,6 +147,14 @@ def _test_replica_step(model: keras.Model, objective: _Objective, batch: Any) ->
     objective.update(labels, logits, losses)
 
 
+def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
+    """With `model.jit_compile` (Keras turns it on for a model on a GPU without a strategy), XLA
+    compiles each step, as in fit; the loop around the steps stays a plain graph."""
+    if not model.jit_compile:
+        return lambda step: step
+    return lambda step: tf.function(step, jit_compile=True, reduce_retracing=True)
+
+
 def _make_train_function(
     model: keras.Model, objective: _Objective, gradient_accumulation_steps: int
 ) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
@@ -155,12 +165,15 @@ def _make_train_function(
     def replica_step(micro_batches, global_examples):
         _train_replica_step(model, objective, micro_batches, global_examples)
 
+    @_compiled_like_fit(model)
+    def step(micro_batches):
+        global_examples = _global_examples(strategy, micro_batches)
+        strategy.run(replica_step, args=(micro_batches, global_examples))
+
     @tf.function
     def train_steps(iterator, num_steps):
         for _ in tf.range(num_steps):
-            micro_batches = [next(iterator) for _ in range(gradient_accumulation_steps)]
-            global_examples = _global_examples(strategy, micro_batches)
-            strategy.run(replica_step, args=(micro_batches, global_examples))
+            step([next(iterator) for _ in range(gradient_accumulation_steps)])
         return objective.results()
 
     return train_steps
@@ -176,6 +189,10 @@ def _make_test_function(
     def replica_step(batch):
         _test_replica_step(model, objective, batch)
 
+    @_compiled_like_fit(model)
+    def step(batch):
+        strategy.run(replica_step, args=(batch,))
+
     @tf.function
     def test_steps(iterator, num_steps):
         batches = tf.constant(0)
@@ -183,7 +200,7 @@ def _make_test_function(
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
-            strategy.run(replica_step, args=(batch.get_value(),))
+            step(batch.get_value())
             batches += 1
         return batches, objective.results()
 
