@@ -31,6 +31,7 @@ class _Invocation:
     run_dir_existed: bool = True
     job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
     failed_jobs: list[str] = []  # noqa: RUF012 (one invocation per process)
+    cluster = None  # the validated `cluster` config of a single run (schema.Cluster)
 
 
 def _quote(value: str) -> str:
@@ -54,7 +55,10 @@ def _precheck(argv: list[str]) -> list[str]:
     from tfrecipe.train import ensure_fresh_run_dir
 
     cfg = compose(args.overrides, return_hydra_config=True)
-    validate(cfg)
+    from tfrecipe.cluster import check_environment
+
+    _Invocation.cluster = validate(cfg).cluster
+    check_environment(_Invocation.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
     _check_writable(run_dir)
     ensure_fresh_run_dir(run_dir)
@@ -120,9 +124,13 @@ def _objective(summary: dict, metric: str) -> float:
 def _record_failure(run_dir: Path, error: Exception) -> None:
     """Says what failed: on the console, in traceback.txt and (for config errors, which stop
     before training writes one) in summary.json, so a sweep's failed job is visible."""
+    from tfrecipe.cluster import is_chief_process
     from tfrecipe.rundir import read_summary, write_summary
     from tfrecipe.train import TrainingError
 
+    if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
+        log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)
+        return
     if isinstance(error, ConfigError):
         log.error("%s\nrun dir: %s", error.report(), run_dir)
         if read_summary(run_dir) is None:
@@ -197,6 +205,10 @@ def _run_hydra(argv: list[str]) -> None:
         config_path=str(config_dir()), config_name="config", version_base="1.3"
     )(_task)
     sys.argv = [sys.argv[0], *_precheck(argv)]
+    if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
+        from tfrecipe.launcher import run_local_cluster
+
+        raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster, run_task=hydra_main))
     hydra_main()
     if _Invocation.failed_jobs:
         print(

@@ -53,17 +53,43 @@ class CentralStorageStrategy(_StrategyBase):
     parameter_device: str | None = None
 
 
-NOT_YET_AVAILABLE = ("multi_worker_mirrored", "parameter_server", "tpu")
+class MultiWorkerMirroredStrategy(_StrategyBase):
+    name: Literal["multi_worker_mirrored"]
+    # tf.distribute.experimental.CommunicationOptions
+    implementation: Literal["auto", "ring", "nccl"] = "auto"
+    bytes_per_pack: NonNegativeInt = 0
+    timeout_seconds: PositiveFloat | None = None
 
 
-class UnavailableStrategy(_StrategyBase):
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-    name: Literal[NOT_YET_AVAILABLE]
+class ParameterServerStrategy(_StrategyBase):
+    name: Literal["parameter_server"]
+    variable_partitioner: Literal["none", "min_size", "max_size", "fixed_shards"] = "none"
+    # min_size: shards of at least this many bytes; max_size: of at most this many bytes.
+    min_shard_bytes: PositiveInt = 256 << 10
+    max_shard_bytes: PositiveInt = 256 << 10
+    # max_size and min_size: at most this many shards (null = one per parameter server).
+    max_shards: PositiveInt | None = None
+    # fixed_shards: exactly this many shards.
+    num_shards: PositiveInt = 1
 
+
+class TPUStrategy(_StrategyBase):
+    name: Literal["tpu"]
+    # TPU name or grpc:// address for TPUClusterResolver; "local" = a TPU VM's own TPU.
+    tpu: str = "local"
+    zone: str | None = None
+    project: str | None = None
+
+
+NOT_YET_AVAILABLE: tuple[str, ...] = ()
+STRATEGY_NAMES = (
+    "default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
+    "parameter_server", "tpu",
+)
 
 Strategy = Annotated[
     DefaultStrategy | OneDeviceStrategy | MirroredStrategy | CentralStorageStrategy
-    | UnavailableStrategy,
+    | MultiWorkerMirroredStrategy | ParameterServerStrategy | TPUStrategy,
     Field(discriminator="name"),
 ]
 
@@ -179,8 +205,33 @@ class Logger(_Schema):
     wandb: WandbLogger | None = None
 
 
-class Cluster(_Schema):
+class NoCluster(_Schema):
     name: Literal["none"]
+
+
+class TFConfigCluster(_Schema):
+    name: Literal["tf_config"]
+
+
+class LocalCluster(_Schema):
+    name: Literal["local"]
+    num_workers: PositiveInt = 2
+    num_ps: NonNegativeInt = 0
+    max_restarts: NonNegativeInt = 0
+    # Seconds a stopping process gets after SIGTERM before it is killed.
+    grace_period_s: PositiveFloat = 10.0
+
+
+class SlurmCluster(_Schema):
+    name: Literal["slurm"]
+    port_base: Annotated[int, Field(ge=1024, le=65535)] = 8888
+    tasks_per_node: PositiveInt | None = None
+    gpus_per_node: NonNegativeInt | None = None
+
+
+Cluster = Annotated[
+    NoCluster | TFConfigCluster | LocalCluster | SlurmCluster, Field(discriminator="name")
+]
 
 
 class Sweep(_Schema):
@@ -229,12 +280,8 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _cross_checks(run: RunConfig) -> list[str]:
     problems = _target_problems(run)
+    problems += _cluster_problems(run)
     problems += _loop_problems(run)
-    if run.strategy.name in NOT_YET_AVAILABLE:
-        problems.append(
-            f"strategy={run.strategy.name}: not yet available in this version of tfrecipe; "
-            "available: default, one_device, mirrored, central_storage"
-        )
     return problems
 
 
@@ -255,6 +302,37 @@ def _loop_problems(run: RunConfig) -> list[str]:
         problems.append(
             f"batching.steps_per_execution={run.batching.steps_per_execution}: a Model.fit knob; "
             "with loop=custom set loop.steps_per_loop"
+        )
+    return problems
+
+
+def _cluster_problems(run: RunConfig) -> list[str]:
+    """Strategy, loop and cluster must fit together."""
+    strategy, cluster, problems = run.strategy.name, run.cluster, []
+    if strategy == "parameter_server" and run.loop.name == "fit":
+        problems.append(
+            "loop=fit: Keras 3 Model.fit does not support strategy=parameter_server; use "
+            "loop=custom (ClusterCoordinator schedule/join)"
+        )
+    if strategy == "parameter_server" and cluster.name == "none":
+        problems.append(
+            "strategy=parameter_server: needs a cluster with parameter servers; use "
+            "cluster=local cluster.num_ps=1 (or cluster=tf_config / cluster=slurm)"
+        )
+    if cluster.name == "local" and strategy == "parameter_server" and cluster.num_ps == 0:
+        problems.append(
+            "cluster.num_ps=0: strategy=parameter_server needs at least one parameter server; "
+            "set cluster.num_ps=1"
+        )
+    if cluster.name == "local" and strategy != "parameter_server" and cluster.num_ps:
+        problems.append(
+            f"cluster.num_ps={cluster.num_ps}: parameter servers serve only "
+            f"strategy=parameter_server (received strategy={strategy}); set cluster.num_ps=0"
+        )
+    if cluster.name == "local" and strategy not in ("multi_worker_mirrored", "parameter_server"):
+        problems.append(
+            f"cluster=local: starts several workers, which only strategy=multi_worker_mirrored "
+            f"and strategy=parameter_server use (received strategy={strategy})"
         )
     return problems
 
@@ -298,8 +376,7 @@ def _unvalidated_target_problems(container: dict, *, reported: list[str]) -> lis
     return problems
 
 
-_TAGS = {"default", "one_device", "mirrored", "central_storage", "adam", "adamw", "sgd"}
-_TAGS.update(NOT_YET_AVAILABLE)
+_TAGS = {*STRATEGY_NAMES, "adam", "adamw", "sgd", "none", "tf_config", "local", "slurm"}
 
 
 def _describe(error: ValidationError) -> list[str]:

@@ -61,8 +61,86 @@ def _cross_device_ops(name: str, num_packs: int) -> tf.distribute.CrossDeviceOps
     return factories[name]()
 
 
-def build_strategy(spec: schema.Strategy) -> tf.distribute.Strategy:
-    """Returns the strategy `spec` describes (see conf/strategy/*.yaml)."""
+def _communication_options(
+    spec: schema.MultiWorkerMirroredStrategy,
+) -> tf.distribute.experimental.CommunicationOptions:
+    if spec.implementation == "nccl" and not tf.config.list_physical_devices("GPU"):
+        raise ConfigError(
+            "strategy.implementation=nccl: NCCL needs GPUs and none is visible; use auto or ring"
+        )
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=spec.bytes_per_pack,
+        timeout_seconds=spec.timeout_seconds,
+        implementation=getattr(
+            tf.distribute.experimental.CommunicationImplementation, spec.implementation.upper()
+        ),
+    )
+
+
+def _multi_worker_mirrored(spec, cluster_resolver) -> tf.distribute.Strategy:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver, communication_options=_communication_options(spec)
+    )
+    from tfrecipe.keras_fixes import fix_multi_worker_fit
+
+    fix_multi_worker_fit(strategy)  # keras-team/keras#20585, only where Keras needs it
+    return strategy
+
+
+def _variable_partitioner(spec: schema.ParameterServerStrategy, num_ps: int):
+    partitioners = tf.distribute.experimental.partitioners
+    max_shards = spec.max_shards or num_ps
+    factories = {
+        "none": lambda: None,
+        "min_size": lambda: partitioners.MinSizePartitioner(
+            min_shard_bytes=spec.min_shard_bytes, max_shards=max_shards
+        ),
+        "max_size": lambda: partitioners.MaxSizePartitioner(
+            max_shard_bytes=spec.max_shard_bytes, max_shards=max_shards
+        ),
+        "fixed_shards": lambda: partitioners.FixedShardsPartitioner(num_shards=spec.num_shards),
+    }
+    return factories[spec.variable_partitioner]()
+
+
+def _parameter_server(spec, cluster_resolver) -> tf.distribute.Strategy:
+    num_ps = len(cluster_resolver.cluster_spec().as_dict().get("ps", []))
+    return tf.distribute.experimental.ParameterServerStrategy(
+        cluster_resolver, variable_partitioner=_variable_partitioner(spec, num_ps)
+    )
+
+
+def _tpu(spec: schema.TPUStrategy) -> tf.distribute.Strategy:
+    """Resolver, then connect, then initialize the TPU system (this order: initialization runs
+    on the TPU the connection reaches), then the strategy."""
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=spec.tpu, zone=spec.zone, project=spec.project
+        )
+        if spec.tpu != "local":
+            tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"strategy=tpu: no TPU reachable at strategy.tpu={spec.tpu!r} ({first_line}); "
+            "run on a TPU VM, or set strategy.tpu to your TPU's name or grpc:// address"
+        ) from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def build_strategy(
+    spec: schema.Strategy,
+    *,
+    cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+) -> tf.distribute.Strategy:
+    """Returns the strategy `spec` describes (see conf/strategy/*.yaml).
+
+    Args:
+      spec: the strategy config.
+      cluster_resolver: the cluster (tfrecipe.cluster.build_resolver) for multi-worker and
+        parameter-server strategies; None = this process alone.
+    """
     if spec.name == "default":
         configure_logical_cpus(spec.logical_cpus)
         return tf.distribute.get_strategy()
@@ -80,6 +158,17 @@ def build_strategy(spec: schema.Strategy) -> tf.distribute.Strategy:
             compute_devices=_local_devices(spec.devices, spec.logical_cpus),
             parameter_device=spec.parameter_device,
         )
+    if spec.name == "multi_worker_mirrored":
+        configure_logical_cpus(spec.logical_cpus)
+        return _multi_worker_mirrored(spec, cluster_resolver)
+    if spec.name == "parameter_server":
+        if cluster_resolver is None:
+            raise ConfigError(
+                "strategy=parameter_server: needs a cluster; use cluster=local cluster.num_ps=1"
+            )
+        return _parameter_server(spec, cluster_resolver)
+    if spec.name == "tpu":
+        return _tpu(spec)
     raise ConfigError(f"strategy={spec.name}: not yet available in this version of tfrecipe")
 
 

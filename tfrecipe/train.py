@@ -9,13 +9,14 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe import rundir, schema
+from tfrecipe import cluster, rundir, schema
 from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
@@ -65,15 +66,40 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
       ConfigError: the configuration is invalid (nothing has been written).
       TrainingError: training failed (summary.json says "failed").
     """
-    started = time.perf_counter()
     run = schema.validate(cfg)
-    run_dir = Path(run_dir)
+    task = _join_cluster(run)
+    if task.is_chief:
+        return _train(cfg, run, task, run_dir=Path(run_dir))
+    # Only the chief writes the run dir; the others write the same files (every worker must
+    # take part in saving synchronized variables) to a scratch dir they delete.
+    with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
+        return _train(cfg, run, task, run_dir=Path(scratch))
+
+
+def _join_cluster(run: schema.RunConfig) -> cluster.Task:
+    """Who this process is; parameter servers and their workers serve here and never return."""
+    if run.cluster.name == "local":
+        raise ConfigError(
+            "cluster=local: the local launcher runs from the command line (python -m tfrecipe "
+            "... cluster=local), not inside a sweep or train(); use cluster=tf_config here"
+        )
+    task = cluster.current_task(run.cluster)
+    if run.strategy.name == "parameter_server" and task.type in ("ps", "worker"):
+        cluster.serve(run.cluster)
+    return task
+
+
+def _train(
+    cfg: DictConfig, run: schema.RunConfig, task: cluster.Task, *, run_dir: Path
+) -> dict[str, Any]:
+    started = time.perf_counter()
     ensure_fresh_run_dir(run_dir)
 
     # The strategy first: logical devices must be set before any other TensorFlow call.
     from tfrecipe.strategy import build_strategy, device_kinds, model_scope
 
-    strategy = build_strategy(run.strategy)
+    strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
+    cluster.maybe_crash_for_test(task)
     # Seeding clears the Keras session, which resets the dtype policy: seed first.
     seed_everything(run.seed, deterministic=run.deterministic)
     from tfrecipe.precision import set_precision

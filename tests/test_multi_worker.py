@@ -1,0 +1,177 @@
+"""`strategy=multi_worker_mirrored cluster=local`: real worker processes on loopback gRPC.
+
+Each test runs the real command line and watches every process it starts: none may outlive the
+test, passed or failed. Training is tiny (a few steps): the workers share two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import TINY
+
+from tfrecipe.cluster import CRASH_TIMES_ENV, CRASH_WORKER_ENV
+
+pytestmark = pytest.mark.slow
+
+MWMS = ["strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2"]
+
+
+class Launch:
+    """`python -m tfrecipe ARGS` in a real process, with every descendant it ever had recorded."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tfrecipe", *args],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.seen: dict[int, psutil.Process] = {}
+        self.output = ""
+
+    def _record(self) -> None:
+        try:
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait_for(self, predicate, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate() and time.monotonic() < deadline:
+            self._record()
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 300) -> int:
+        """Waits for the launcher (reading its output), then checks nothing it started is left."""
+        import threading
+
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.append(self.process.stdout.read()))
+        reader.start()
+        self.wait_for(lambda: self.process.poll() is not None, timeout)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        reader.join(timeout=30)
+        self.output = "".join(chunks)
+        return self.process.returncode
+
+    def leftovers(self) -> list[psutil.Process]:
+        alive = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def cleanup(self) -> list[psutil.Process]:
+        """Kills whatever is left (so a failing test leaves nothing); returns what was left."""
+        left = self.leftovers()
+        for proc in left:
+            proc.kill()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        return left
+
+
+@pytest.fixture
+def launch(tmp_path):
+    launches: list[Launch] = []
+
+    def _launch(*args: str, env: dict[str, str] | None = None) -> Launch:
+        # Workers' scratch dirs go to a temp dir of our own, to check they are deleted.
+        scratch = tmp_path / "tmp"
+        scratch.mkdir(exist_ok=True)
+        run = Launch(*args, cwd=tmp_path, env={"TMPDIR": str(scratch), **(env or {})})
+        launches.append(run)
+        return run
+
+    yield _launch
+    left = [proc for run in launches for proc in run.cleanup()]
+    assert not left, f"processes left running: {left}"
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_chief_wrote_a_complete_run(run_dir: Path, loop: str, tmp_path: Path) -> dict:
+    result = summary(run_dir)
+    assert result["status"] == "completed"
+    assert result["num_replicas"] == 2 and result["loop"] == loop
+    assert result["strategy"] == "multi_worker_mirrored"
+    assert result["steps_completed"] == 2 * 3  # loop.epochs=2 x loop.steps_per_epoch=3
+    assert result["global_batch_size"] == 2 * 16
+    assert result["run_dir"] == str(run_dir.resolve())  # written by the chief, not a scratch dir
+    for name in ("history.csv", "curves.png", "model.keras", "config.yaml", "tfrecipe.log"):
+        assert (run_dir / name).is_file(), name
+    # The other worker kept Hydra's and its own files out of the run dir, and deleted its scratch.
+    assert "[worker 1]" not in (run_dir / "tfrecipe.log").read_text()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    return result
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_two_workers_train_together(launch, tmp_path, loop):
+    """loop=fit across workers needs tfrecipe.keras_fixes (keras-team/keras#20585): this test
+    fails with "Attempt to convert a value (PerReplica...)" when that fix stops working."""
+    run_dir = tmp_path / "run"
+    run = launch(*MWMS, f"loop={loop}", *TINY, f"hydra.run.dir={run_dir}")
+    code = run.finish()
+    assert code == 0, run.output[-4000:]
+    assert "[worker 0]" in run.output and "[worker 1]" in run.output
+    assert_chief_wrote_a_complete_run(run_dir, loop, tmp_path)
+
+
+def test_a_crashed_worker_restarts_the_cluster(launch, tmp_path):
+    run_dir = tmp_path / "run"
+    run = launch(
+        *MWMS, "cluster.max_restarts=1", *TINY, f"hydra.run.dir={run_dir}",
+        env={CRASH_WORKER_ENV: "1", CRASH_TIMES_ENV: "1"},
+    )  # fmt: skip
+    code = run.finish()
+    assert code == 0, run.output[-4000:]
+    assert "worker 1 exited with code 3" in run.output
+    assert "restarting the cluster (1 of 1 restarts)" in run.output
+    assert "attempt 2 of 2" in run.output
+    assert_chief_wrote_a_complete_run(run_dir, "fit", tmp_path)
+
+
+def test_the_launcher_fails_when_restarts_are_exhausted(launch, tmp_path):
+    run_dir = tmp_path / "run"
+    run = launch(
+        *MWMS, "cluster.max_restarts=1", *TINY, f"hydra.run.dir={run_dir}",
+        env={CRASH_WORKER_ENV: "1", CRASH_TIMES_ENV: "99"},
+    )  # fmt: skip
+    code = run.finish()
+    assert code != 0
+    assert run.output.count("worker 1 exited with code 3") == 2
+    assert "the cluster could not finish after 1 restart(s)" in run.output
+    assert not (run_dir / "summary.json").exists() or summary(run_dir)["status"] != "completed"
+
+
+def test_sigterm_stops_every_worker(launch, tmp_path):
+    run = launch(*MWMS, *TINY, "loop.epochs=50", f"hydra.run.dir={tmp_path / 'run'}")
+    run.wait_for(lambda: len(run.seen) >= 2, timeout=60)
+    assert len(run.seen) >= 2, "the workers did not start"
+    time.sleep(3)  # inside TensorFlow start-up or training
+    run.process.send_signal(signal.SIGTERM)
+    code = run.finish(timeout=60)
+    assert code == 128 + signal.SIGTERM, run.output[-3000:]
+    assert "SIGTERM: stopping every task" in run.output
+    assert not run.leftovers()

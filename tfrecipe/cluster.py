@@ -1,0 +1,240 @@
+"""Who this process is in a training cluster: TF_CONFIG validation, cluster resolvers, the chief.
+
+Reading and checking TF_CONFIG needs no TensorFlow (the local launcher and the command line's
+pre-check use it before anything is imported); only `build_resolver` imports TensorFlow.
+
+Roles follow TensorFlow's TF_CONFIG: `chief`, `worker`, `ps` and `evaluator`. Without a `chief`
+entry, worker 0 is the chief (MultiWorkerMirroredStrategy's convention); with parameter servers
+the coordinator is the `chief`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NoReturn
+
+from tfrecipe import schema
+from tfrecipe.errors import ConfigError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+
+# Test hooks (documented in docs/strategies.md), read by `maybe_crash_for_test`: worker
+# TFRECIPE_TEST_CRASH_WORKER exits with CRASH_EXIT_CODE on the first TFRECIPE_TEST_CRASH_TIMES
+# attempts of a local cluster (the launcher numbers its attempts in TFRECIPE_CLUSTER_ATTEMPT).
+CRASH_WORKER_ENV = "TFRECIPE_TEST_CRASH_WORKER"
+CRASH_TIMES_ENV = "TFRECIPE_TEST_CRASH_TIMES"
+ATTEMPT_ENV = "TFRECIPE_CLUSTER_ATTEMPT"
+CRASH_EXIT_CODE = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """This process's place in the cluster.
+
+    Attributes:
+      type: "chief", "worker", "ps" or "evaluator"; None for a single process (no cluster).
+      index: the task's index within its role.
+      cluster: role -> list of "host:port" addresses (empty for a single process).
+    """
+
+    type: str | None = None
+    index: int = 0
+    cluster: Mapping[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_chief(self) -> bool:
+        """The one process that writes the run directory."""
+        if self.type is None:
+            return True
+        if "chief" in self.cluster:
+            return self.type == "chief"
+        return self.type == "worker" and self.index == 0
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.cluster.get("worker", [])) + len(self.cluster.get("chief", []))
+
+
+SINGLE_PROCESS = Task()
+
+
+def parse_tf_config(raw: str | None) -> Task:
+    """Checks a TF_CONFIG value; returns the task it describes.
+
+    Raises:
+      ConfigError: TF_CONFIG is unset, not JSON, or describes no valid task of its cluster.
+    """
+    where = "cluster=tf_config: TF_CONFIG"
+    if not raw:
+        raise ConfigError(
+            f"{where} is not set; set it to the JSON TensorFlow expects "
+            '({"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}) '
+            "or use cluster=local"
+        )
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where} is not valid JSON ({error}); received TF_CONFIG={raw!r}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where} must be a JSON object; received TF_CONFIG={raw!r}")
+    cluster = _parse_cluster(config.get("cluster"), where)
+    task = config.get("task")
+    if not isinstance(task, dict) or "type" not in task:
+        raise ConfigError(
+            f'{where} has no task; add "task": {{"type": "worker", "index": 0}} '
+            f"(received task={task!r})"
+        )
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type not in ROLES:
+        raise ConfigError(
+            f"{where}: task.type must be one of {', '.join(ROLES)}; received task.type={task_type!r}"
+        )
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ConfigError(
+            f"{where}: task.index must be a non-negative integer; received task.index={index!r}"
+        )
+    members = cluster.get(task_type, [])
+    if task_type != "evaluator" and index >= len(members):  # the evaluator is outside the cluster
+        raise ConfigError(
+            f"{where}: task.index={index} is out of range for task.type={task_type!r}, which has "
+            f"{len(members)} address(es) in cluster.{task_type}"
+        )
+    return Task(type=task_type, index=index, cluster=cluster)
+
+
+def _parse_cluster(cluster: object, where: str) -> dict[str, list[str]]:
+    if not isinstance(cluster, dict) or not cluster:
+        raise ConfigError(
+            f'{where} has no cluster; add "cluster": {{"worker": ["host:port", ...]}} '
+            f"(received cluster={cluster!r})"
+        )
+    parsed = {}
+    for role, addresses in cluster.items():
+        if role not in ROLES:
+            raise ConfigError(
+                f"{where}: unknown role cluster.{role}; roles are {', '.join(ROLES)}"
+            )
+        if not isinstance(addresses, list) or not all(_is_address(a) for a in addresses):
+            raise ConfigError(
+                f'{where}: cluster.{role} must be a list of "host:port" strings; '
+                f"received {addresses!r}"
+            )
+        parsed[role] = list(addresses)
+    if "worker" not in parsed and "chief" not in parsed:
+        raise ConfigError(f"{where}: the cluster has no worker (cluster.worker is missing)")
+    return parsed
+
+
+def _is_address(address: object) -> bool:
+    if not isinstance(address, str):
+        return False
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
+def current_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None) -> Task:
+    """This process's task, from the config and the environment (no TensorFlow needed except
+    for SLURM, whose resolver computes it)."""
+    environ = os.environ if environ is None else environ
+    if spec.name == "tf_config":
+        return parse_tf_config(environ.get("TF_CONFIG"))
+    if spec.name == "slurm":
+        resolver = build_resolver(spec)
+        return Task(
+            type=resolver.task_type,
+            index=resolver.task_id,
+            cluster=resolver.cluster_spec().as_dict(),
+        )
+    return SINGLE_PROCESS
+
+
+def check_environment(spec: schema.Cluster) -> None:
+    """Raises `ConfigError` when the environment does not give the cluster the config asks for."""
+    if spec.name == "tf_config":
+        parse_tf_config(os.environ.get("TF_CONFIG"))
+    elif spec.name == "slurm" and "SLURM_JOB_ID" not in os.environ:
+        raise ConfigError(
+            "cluster=slurm: not inside a SLURM job (SLURM_JOB_ID is not set); submit with sbatch "
+            "(see scripts/slurm_multi_worker.sbatch) or use cluster=local"
+        )
+
+
+def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.ClusterResolver | None:
+    """TensorFlow's cluster resolver for the config; None for a single process."""
+    import tensorflow as tf
+
+    if spec.name == "tf_config":
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if spec.name == "slurm":
+        try:
+            return tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=spec.port_base,
+                tasks_per_node=spec.tasks_per_node,
+                gpus_per_node=spec.gpus_per_node,
+            )
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(f"cluster=slurm: cannot read the SLURM allocation ({error})") from None
+    return None
+
+
+def is_chief_process(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process writes the run directory, judged from TF_CONFIG alone (for code that
+    runs before or after `train`, e.g. the command line's error handler)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return parse_tf_config(environ.get("TF_CONFIG")).is_chief
+    except ConfigError:
+        return True  # no (valid) cluster: a single process is its own chief
+
+
+def maybe_crash_for_test(task: Task, environ: Mapping[str, str] | None = None) -> None:
+    """Test hook: exits this worker with CRASH_EXIT_CODE when the test environment asks for it
+    (see the *_ENV names above). Does nothing unless TFRECIPE_TEST_CRASH_WORKER is set."""
+    environ = os.environ if environ is None else environ
+    target = environ.get(CRASH_WORKER_ENV)
+    if target is None or task.type != "worker" or task.index != int(target):
+        return
+    if int(environ.get(ATTEMPT_ENV, "0")) < int(environ.get(CRASH_TIMES_ENV, "1")):
+        print(f"test hook {CRASH_WORKER_ENV}: worker {task.index} exits", flush=True)
+        os._exit(CRASH_EXIT_CODE)
+
+
+# Worker servers of an in-process-scheduled cluster deadlock on a 2-core machine with TensorFlow's
+# default inter-op pool (measured; see DESIGN.md): give them at least this many threads.
+WORKER_INTER_OP_THREADS = 4
+
+
+def serve(spec: schema.Cluster) -> NoReturn:
+    """Runs this process as a parameter server or worker server until it is stopped.
+
+    The coordinator (the chief) drives training through these servers; they run no Python
+    training code themselves.
+    """
+    # gRPC reads this at start-up: fail calls to a dead task at once instead of waiting, so the
+    # coordinator can reschedule its steps elsewhere.
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    import tensorflow as tf
+
+    resolver = build_resolver(spec)
+    config = tf.compat.v1.ConfigProto()
+    if resolver.task_type == "worker":
+        config.inter_op_parallelism_threads = max(
+            WORKER_INTER_OP_THREADS, config.inter_op_parallelism_threads
+        )
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        config=config,
+        start=True,
+    )
+    print(f"{resolver.task_type} {resolver.task_id} serving at {server.target}", flush=True)
+    server.join()
+    raise SystemExit(0)  # join() returns only if the server is stopped
