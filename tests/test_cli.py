@@ -17,8 +17,6 @@ import pytest
 from conftest import REPO, TINY
 
 CONF = REPO / "conf"
-# The tiny overrides without the cnn-specific model keys (for runs with another model).
-TINY_ANY_MODEL = [o for o in TINY if not o.startswith("model.")]
 SUMMARY_FIELDS = {
     "status",
     "strategy",
@@ -217,7 +215,7 @@ def test_missing_required_value_in_a_users_config(cli, tmp_path):
         str(conf),
         "model=tiny_dense",
         "allowed_targets=[tests.helpers]",
-        *TINY_ANY_MODEL,
+        *TINY,
         f"hydra.run.dir={run_dir}",
         env=USER_ENV,
     )
@@ -331,8 +329,7 @@ def test_two_replicas_on_two_logical_cpus(cli, tmp_path, strategy):
 def test_the_same_command_twice_gives_the_same_metrics(cli, tmp_path):
     runs = [tmp_path / "first", tmp_path / "second"]
     summaries = [
-        assert_trained(cli(*TINY, "loop.steps_per_epoch=5", f"hydra.run.dir={d}"), d)
-        for d in runs
+        assert_trained(cli(*TINY, "loop.steps_per_epoch=5", f"hydra.run.dir={d}"), d) for d in runs
     ]
     first, second = summaries
     assert first["metrics"] == second["metrics"]
@@ -351,7 +348,7 @@ def test_a_users_own_model_from_their_package(cli, tmp_path):
         str(conf),
         "model=tiny_dense",
         "allowed_targets=[tests.helpers]",
-        *TINY_ANY_MODEL,
+        *TINY,
         f"hydra.run.dir={run_dir}",
         env=USER_ENV,
     )
@@ -368,7 +365,7 @@ def test_a_users_model_needs_its_package_allowed(cli, tmp_path):
         "--config-dir",
         str(conf),
         "model=tiny_dense",
-        *TINY_ANY_MODEL,
+        *TINY,
         f"hydra.run.dir={run_dir}",
         env=USER_ENV,
     )
