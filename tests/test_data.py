@@ -37,11 +37,12 @@ def _images(n=32):
 
 
 def _prepare(dataset, *, training=True, seed=1, **options):
-    from tfrecipe.pipeline import PipelineOptions, prepare
+    """prepare() and the batch transform that distribute() applies, unbatched again."""
+    from tfrecipe.pipeline import PipelineOptions, batch_transform, prepare
 
-    return prepare(
-        dataset, PipelineOptions(**options), split="train", training=training, seed=seed
-    )
+    options = PipelineOptions(**options)
+    dataset = prepare(dataset, options, split="train", training=training, seed=seed)
+    return dataset.batch(3).map(batch_transform(options)).unbatch()
 
 
 def test_scale_normalizes_integer_images_to_unit_range_and_labels_to_int32():

@@ -4,7 +4,7 @@ batches and distributes them with the strategy (used by every loop)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -140,6 +140,7 @@ def distribute(
     drop_remainder: bool = False,
     repeat: bool = False,
     auto_shard_policy: str = "auto",
+    batch_map: Callable | None = None,
 ) -> tf.distribute.DistributedDataset:
     """Batches `dataset` by the global batch and splits each batch over the replicas.
 
@@ -148,7 +149,7 @@ def distribute(
     exactly as a single replica would, and the distributed dataset's cardinality counts global
     steps (which `Model.fit` relies on; `distribute_datasets_from_function` would count
     per-replica batches). `repeat` makes the data endless, for loops that count steps per epoch
-    themselves.
+    themselves. `batch_map` transforms each global batch (normalization, vectorized).
 
     On several workers TensorFlow shards the input by `auto_shard_policy` (docs/data.md):
     "file" gives each worker its own files (needs at least as many files as workers), "data"
@@ -156,11 +157,15 @@ def distribute(
     back to data, "off" gives every worker all the data.
     """
     dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
+    if batch_map is not None:
+        dataset = dataset.map(batch_map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if repeat:
         dataset = dataset.repeat()
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = _AUTO_SHARD[auto_shard_policy]
     dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    if not repeat and isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return dataset  # the coordinator evaluates inline, on the plain batched dataset
     return strategy.experimental_distribute_dataset(dataset)
 
 

@@ -113,7 +113,7 @@ def _train(
 
     from tfrecipe import data
     from tfrecipe.instantiate import instantiate
-    from tfrecipe.pipeline import prepare
+    from tfrecipe.pipeline import batch_transform, prepare
 
     splits = instantiate(
         run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
@@ -139,6 +139,7 @@ def _train(
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
             auto_shard_policy=run.pipeline.auto_shard_policy,
+            batch_map=batch_transform(run.pipeline),
         )
 
     train_data = distribute(splits.train, split="train")
