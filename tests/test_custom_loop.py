@@ -61,6 +61,20 @@ def test_custom_loop_matches_fit_on_one_replica(train_run, steps_per_loop, optim
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= custom["metrics"].keys()
 
 
+def test_regularization_losses_count_as_in_fit(train_run):
+    """Kernel and activity L2 (model.losses) are added to the loss once per step, and to the
+    reported loss, as fit adds them: the same results with two steps per call."""
+    regularized = [
+        "model._target_=helpers.regularized_model.regularized_mlp",
+        "+model.l2=0.01",
+        "allowed_targets=[helpers]",
+        "loop.steps_per_epoch=6",
+    ]
+    fit, _ = train_run(*COMMON, *regularized, *loop("fit", 2), tiny=False)
+    custom, _ = train_run(*COMMON, *regularized, *loop("custom", 2), tiny=False)
+    assert_same_results(custom, fit)
+
+
 def test_two_replicas_train_like_one_with_the_same_global_batch(train_run):
     """MirroredStrategy on two logical CPUs, global batch 64 (2 x 32): the same results as one
     replica. Each pass ends on a partial batch of 41 split 21/20: the loss is averaged over 41
