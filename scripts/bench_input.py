@@ -21,13 +21,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-from tfrecipe import data, models  # noqa: E402
-from tfrecipe.datasets.tfrecord import load  # noqa: E402
-from tfrecipe.pipeline import PipelineOptions, batch_transform, prepare  # noqa: E402
+from tfrecipe import data, models
+from tfrecipe.datasets.tfrecord import load
+from tfrecipe.pipeline import PipelineOptions, batch_transform, prepare
 
 # model -> image shape of its default-ish data (mlp: MNIST-like, cnn: digits-like, resnet: CIFAR)
 CASES = {"mlp": (28, 28, 1), "cnn": (8, 8, 1), "resnet": (32, 32, 3)}
@@ -79,7 +79,7 @@ def main() -> None:
         augment_crop_padding=4 if args.augment else 0,
         cache=None if args.no_cache else "memory",
     )
-    print(f"| model | data | input ex/s | train ex/s | headroom |\n|---|---|---|---|---|")
+    print("| model | data | input ex/s | train ex/s | headroom |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in CASES.items():
             pattern = write_images(Path(tmp), shape, args.examples)

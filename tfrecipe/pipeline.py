@@ -91,10 +91,9 @@ def batch_transform(options: PipelineOptions):
     def normalize(x):
         if options.normalize == "none":
             return x
-        if x.dtype.is_integer:
-            x = tf.cast(x, tf.float32) / x.dtype.max
-        else:
-            x = tf.cast(x, tf.float32)
+        # Integers (images) scale by their dtype's range; floats are taken as they are.
+        scale = 1.0 / x.dtype.max if x.dtype.is_integer else 1.0
+        x = tf.cast(x, tf.float32) * scale
         if options.normalize == "per_example":
             axes = list(range(1, x.shape.rank))
             mean, variance = tf.nn.moments(x, axes=axes, keepdims=True)
