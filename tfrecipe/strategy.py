@@ -6,6 +6,7 @@ the strategy comes before precision, data and model.
 
 from __future__ import annotations
 
+import itertools
 import contextlib
 from collections.abc import Iterator
 
@@ -44,6 +45,20 @@ def _local_devices(spec_devices: list[str] | None, logical_cpus: int) -> list[st
     if tf.config.list_physical_devices("GPU"):
         return None  # TensorFlow takes every visible GPU
     return configure_logical_cpus(logical_cpus)
+
+
+_strategies_built = itertools.count()
+
+
+def _fresh_collective_keys(strategy_class: type) -> None:
+    """Gives the next strategy of `strategy_class` its own range of collective keys.
+
+    Every MirroredStrategy starts its collective keys at the same value, so a second one in the
+    same process (a sweep, the tests) whose all-reduces have other shapes fails with "Shape
+    mismatch in the collective instance". TensorFlow's own tests move the same class attribute
+    for each strategy they build (tensorflow/python/distribute/strategy_combinations.py).
+    """
+    strategy_class._collective_key_base = 100_000 * next(_strategies_built)
 
 
 def _cross_device_ops(name: str, num_packs: int) -> tf.distribute.CrossDeviceOps | None:
@@ -149,6 +164,7 @@ def build_strategy(
         device = spec.device or ("/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0")
         return tf.distribute.OneDeviceStrategy(device)
     if spec.name == "mirrored":
+        _fresh_collective_keys(tf.distribute.MirroredStrategy)
         return tf.distribute.MirroredStrategy(
             devices=_local_devices(spec.devices, spec.logical_cpus),
             cross_device_ops=_cross_device_ops(spec.cross_device_ops, spec.num_packs),
