@@ -159,7 +159,9 @@ def test_train_refuses_the_local_launcher_inside_a_process(compose_cfg, tmp_path
     from tfrecipe.train import train
 
     cfg = compose_cfg("strategy=multi_worker_mirrored", "cluster=local")
-    with pytest.raises(ConfigError, match="cluster=local: the local launcher runs from the command"):
+    with pytest.raises(
+        ConfigError, match="cluster=local: the local launcher runs from the command"
+    ):
         train(cfg, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 

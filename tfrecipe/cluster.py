@@ -80,7 +80,9 @@ def parse_tf_config(raw: str | None) -> Task:
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{where} is not valid JSON ({error}); received TF_CONFIG={raw!r}") from None
+        raise ConfigError(
+            f"{where} is not valid JSON ({error}); received TF_CONFIG={raw!r}"
+        ) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{where} must be a JSON object; received TF_CONFIG={raw!r}")
     cluster = _parse_cluster(config.get("cluster"), where)
@@ -117,9 +119,7 @@ def _parse_cluster(cluster: object, where: str) -> dict[str, list[str]]:
     parsed = {}
     for role, addresses in cluster.items():
         if role not in ROLES:
-            raise ConfigError(
-                f"{where}: unknown role cluster.{role}; roles are {', '.join(ROLES)}"
-            )
+            raise ConfigError(f"{where}: unknown role cluster.{role}; roles are {', '.join(ROLES)}")
         if not isinstance(addresses, list) or not all(_is_address(a) for a in addresses):
             raise ConfigError(
                 f'{where}: cluster.{role} must be a list of "host:port" strings; '
@@ -179,7 +179,9 @@ def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.Clust
                 gpus_per_node=spec.gpus_per_node,
             )
         except (RuntimeError, ValueError, KeyError) as error:
-            raise ConfigError(f"cluster=slurm: cannot read the SLURM allocation ({error})") from None
+            raise ConfigError(
+                f"cluster=slurm: cannot read the SLURM allocation ({error})"
+            ) from None
     return None
 
 

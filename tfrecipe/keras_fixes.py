@@ -54,9 +54,11 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         batch = next(it)
         # The first local replica's batch: shapes are all the build needs, no collective.
         data_batch = tf.nest.map_structure(
-            lambda x: strategy.experimental_local_results(x)[0]
-            if isinstance(x, tf.distribute.DistributedValues)
-            else x,
+            lambda x: (
+                strategy.experimental_local_results(x)[0]
+                if isinstance(x, tf.distribute.DistributedValues)
+                else x
+            ),
             batch,
         )
         break

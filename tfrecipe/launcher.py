@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -306,7 +307,8 @@ def _exit_code(run: Callable[[], None]) -> int:
 
 
 def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]) -> int:
-    """`cluster=local` from the command line: returns the exit code of the whole cluster.
+    """`cluster=local` from the command line: returns the exit code of the whole cluster (with
+    parameter servers this process is the coordinator, and it exits with that code itself).
 
     Args:
       argv: the command line's overrides, `hydra.run.dir` pinned.
@@ -334,4 +336,10 @@ def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]
         sys.argv = [sys.argv[0], *task_argv(argv, chief=True)[3:]]
         return _exit_code(run_task)
 
-    return launch(argv, options, coordinator=coordinator)
+    code = launch(argv, options, coordinator=coordinator)
+    # This process's TensorFlow runtime would now try to reach the servers just stopped, and
+    # print a page of gRPC errors while exiting: skip its teardown.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

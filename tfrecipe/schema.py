@@ -314,6 +314,13 @@ def _cluster_problems(run: RunConfig) -> list[str]:
             "loop=fit: Keras 3 Model.fit does not support strategy=parameter_server; use "
             "loop=custom (ClusterCoordinator schedule/join)"
         )
+    if strategy == "parameter_server" and run.strategy.variable_partitioner != "none":
+        problems.append(
+            f"strategy.variable_partitioner={run.strategy.variable_partitioner}: Keras 3 "
+            "optimizers cannot update partitioned (sharded) variables (apply_gradients fails "
+            "with \"ShardedVariable doesn't support being used as a reference\"); use "
+            "strategy.variable_partitioner=none"
+        )
     if strategy == "parameter_server" and cluster.name == "none":
         problems.append(
             "strategy=parameter_server: needs a cluster with parameter servers; use "

@@ -208,7 +208,9 @@ def _train(
         steps_per_loop=run.loop.steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
     )
-    loop = importlib.import_module(f"tfrecipe.loops.{run.loop.name}")
+    # Parameter servers train through a ClusterCoordinator: their own custom loop.
+    loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
+    loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
     try:
         loop.run(model, train_data, validation_data, options=options, callbacks=callbacks)
         summary["steps_completed"] = _optimizer_steps(model)

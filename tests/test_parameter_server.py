@@ -1,0 +1,74 @@
+"""`strategy=parameter_server cluster=local`: real tf.distribute.Server processes (parameter
+servers and workers) and this launcher process as the ClusterCoordinator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY
+from helpers.launch import launching
+
+from tfrecipe.errors import ConfigError
+from tfrecipe.schema import validate
+
+PS = ["strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1"]
+PS += ["loop=custom"]
+
+
+@pytest.fixture
+def launch(tmp_path):
+    yield from launching(tmp_path)
+
+
+@pytest.mark.slow
+def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, tmp_path):
+    """The acceptance run (bundled digits, the default model), a little shorter."""
+    run_dir = tmp_path / "run"
+    run = launch(*PS, "loop.epochs=8", "loop.steps_per_epoch=25", "loop.verbose=2",
+                 f"hydra.run.dir={run_dir}")  # fmt: skip
+    code = run.finish(timeout=400)
+    assert code == 0, run.output[-4000:]
+    for task in ("[ps 0]", "[worker 0]", "[worker 1]"):
+        assert f"{task} {task[1:-1]} serving at grpc://127.0.0.1:" in run.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["strategy"] == "parameter_server"
+    assert summary["steps_completed"] == 8 * 25  # counted by the loop, not optimizer.iterations
+    assert summary["epochs_completed"] == 8
+    assert summary["test"]["accuracy"] >= 0.95, summary["test"]
+    assert (run_dir / "model.keras").is_file() and (run_dir / "history.csv").is_file()
+    # The coordinator exits without TensorFlow's teardown reaching for the stopped servers.
+    assert "Failed to remove function remotely" not in run.output
+
+
+@pytest.mark.slow
+def test_a_tiny_parameter_server_run_leaves_no_process(launch, tmp_path):
+    run = launch(*PS, *TINY, f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.finish(timeout=300) == 0, run.output[-4000:]
+    assert not run.leftovers()
+
+
+@pytest.mark.parametrize("partitioner", ["min_size", "max_size", "fixed_shards"])
+def test_variable_partitioners_are_refused_until_keras_supports_them(compose_cfg, partitioner):
+    cfg = compose_cfg(*PS, f"strategy.variable_partitioner={partitioner}")
+    with pytest.raises(ConfigError, match="Keras 3 optimizers cannot update partitioned"):
+        validate(cfg)
+
+
+def test_the_partitioners_build(compose_cfg):
+    """The builder behind the option, ready for a Keras that updates sharded variables."""
+    import tensorflow as tf
+
+    from tfrecipe.schema import ParameterServerStrategy
+    from tfrecipe.strategy import _variable_partitioner
+
+    partitioners = tf.distribute.experimental.partitioners
+    expected = {
+        "none": type(None),
+        "min_size": partitioners.MinSizePartitioner,
+        "max_size": partitioners.MaxSizePartitioner,
+        "fixed_shards": partitioners.FixedShardsPartitioner,
+    }
+    for name, kind in expected.items():
+        spec = ParameterServerStrategy(name="parameter_server", variable_partitioner=name)
+        assert isinstance(_variable_partitioner(spec, num_ps=2), kind)

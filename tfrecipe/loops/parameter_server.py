@@ -1,0 +1,152 @@
+"""`loop=custom` under `strategy=parameter_server`: ClusterCoordinator schedule/join.
+
+The coordinator (this process, the chief) schedules `steps_per_epoch` training steps per epoch as
+closures on whichever worker is free; each worker reads its own copy of the training data
+(`create_per_worker_dataset`) and updates the variables on the parameter servers asynchronously.
+`join()` ends the epoch. Validation and test run inline on the coordinator, over the whole
+(plain, batched) dataset, so they are exact.
+
+Step counts: Keras 3's `optimizer.iterations` can lose increments under parameter servers
+(DESIGN.md: 60 scheduled steps counted 52), so this loop counts the steps whose closures finished
+and writes that exact count back into `optimizer.iterations` after every epoch (the run's
+`steps_completed`, checkpoints and learning-rate schedule then agree with it).
+
+Callbacks see one batch per epoch (the scheduled steps run asynchronously on the workers):
+`on_train_batch_begin(0)` before scheduling, `on_train_batch_end(steps - 1, logs)` after join.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfrecipe.loops.custom import _objective  # the compiled loss and metrics, rebuilt
+from tfrecipe.loops.options import LoopOptions
+
+
+def _make_train_step(model: keras.Model, objective) -> tf.types.experimental.GenericFunction:
+    strategy = model.distribute_strategy
+
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            per_example = objective.per_example_loss(labels, logits)
+            regularization = tf.add_n([tf.reduce_sum(x) for x in model.losses] or [0.0])
+            # Asynchronous training: each step is one worker's own batch, averaged over its
+            # examples (there is no all-reduce to divide by the replicas).
+            loss = tf.reduce_mean(per_example) + regularization
+            scaled_loss = model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        objective.update(labels, logits, per_example + regularization)
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        features, labels = next(iterator)
+        return strategy.run(replica_step, args=(features, labels))
+
+    return train_step
+
+
+def _train_epoch(coordinator, train_step, iterator, steps: int) -> int:
+    """Schedules `steps` steps, waits for all; returns how many finished (join raises if one
+    failed for good; a step lost with a worker is retried by the coordinator)."""
+    results = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    return sum(1 for result in results if result.fetch() is not None)
+
+
+def run(
+    model: keras.Model,
+    train_data: tf.distribute.DistributedDataset,
+    validation_data: tf.data.Dataset | None,
+    *,
+    options: LoopOptions,
+    callbacks: list[keras.callbacks.Callback],
+) -> None:
+    """Trains `model` (compiled under a ParameterServerStrategy scope) with a ClusterCoordinator.
+
+    Args:
+      model: compiled with its optimizer, one Keras loss object and metric objects.
+      train_data: endless training data distributed by the strategy (one batch per step).
+      validation_data: a plain batched dataset (evaluated on the coordinator), or None.
+      options: epochs, steps per epoch, validation frequency, verbosity.
+      callbacks: Keras callbacks (one batch per epoch, see the module docstring).
+    """
+    if options.gradient_accumulation_steps != 1:
+        raise ValueError("strategy=parameter_server does not support gradient accumulation")
+    strategy = model.distribute_strategy
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+    objective = _objective(model)
+    train_step = _make_train_step(model, objective)
+    iterator = iter(coordinator.create_per_worker_dataset(train_data))
+    callbacks = keras.callbacks.CallbackList(
+        callbacks, add_history=True, add_progbar=False, epochs=options.epochs, model=model
+    )
+    model.stop_training = False
+    steps_done = 0
+    callbacks.on_train_begin()
+    logs: dict[str, float] = {}
+    for epoch in range(options.epochs):
+        objective.reset()
+        callbacks.on_epoch_begin(epoch)
+        callbacks.on_train_batch_begin(0)
+        steps_done += _train_epoch(coordinator, train_step, iterator, options.steps_per_epoch)
+        model.optimizer.iterations.assign(steps_done)  # the exact count (see the docstring)
+        logs = {name: float(value) for name, value in objective.results().items()}
+        callbacks.on_train_batch_end(options.steps_per_epoch - 1, logs)
+        if validation_data is not None and (epoch + 1) % options.validation_freq == 0:
+            logs |= {f"val_{k}": v for k, v in evaluate(model, validation_data).items()}
+        callbacks.on_epoch_end(epoch, logs)
+        if options.verbose:
+            print(f"epoch {epoch + 1}/{options.epochs}: {_format(logs)}", flush=True)
+        if model.stop_training:
+            break
+    callbacks.on_train_end(logs=logs)
+
+
+def evaluate(model: keras.Model, data: tf.data.Dataset, steps: int | None = None) -> dict[str, Any]:
+    """The compiled loss and metrics on `data`, computed inline on the coordinator."""
+    evaluator = _EVALUATORS.get(model)
+    if evaluator is None:
+        evaluator = _EVALUATORS[model] = _Evaluator(model)
+    return evaluator(data.take(steps) if steps else data)
+
+
+class _Evaluator:
+    """The compiled loss (averaged per example) and metrics, with one traced step."""
+
+    def __init__(self, model: keras.Model):
+        config = model.get_compile_config()
+        self.loss_fn = keras.losses.deserialize(config["loss"])
+        self.metrics = [keras.metrics.Mean(name="loss")]
+        self.metrics += [keras.metrics.deserialize(m) for m in config.get("metrics") or ()]
+        self.model = weakref.ref(model)  # the cache must not keep the model alive
+        self.step = tf.function(self._step, reduce_retracing=True)
+
+    def _step(self, features, labels):
+        logits = self.model()(features, training=False)
+        loss, *metrics = self.metrics
+        loss.update_state(self.loss_fn(labels, logits), sample_weight=tf.shape(labels)[0])
+        for metric in metrics:
+            metric.update_state(labels, logits)
+
+    def __call__(self, data: tf.data.Dataset) -> dict[str, float]:
+        for metric in self.metrics:
+            metric.reset_state()
+        for features, labels in data:
+            self.step(features, labels)
+        return {m.name: float(m.result()) for m in self.metrics}
+
+
+_EVALUATORS: weakref.WeakKeyDictionary[keras.Model, _Evaluator] = weakref.WeakKeyDictionary()
+
+
+def _format(logs: dict[str, float]) -> str:
+    return " - ".join(f"{name}: {value:.4f}" for name, value in logs.items())
