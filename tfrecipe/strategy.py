@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import tensorflow as tf
@@ -125,17 +126,27 @@ def _parameter_server(spec, cluster_resolver) -> tf.distribute.Strategy:
     )
 
 
+def _check_reachable(tpu: str, timeout_s: float = 10.0) -> None:
+    """A grpc:// TPU address must accept connections: TensorFlow would wait for it forever."""
+    if not tpu.startswith("grpc://"):
+        return
+    host, _, port = tpu.removeprefix("grpc://").rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s):
+        pass
+
+
 def _tpu(spec: schema.TPUStrategy) -> tf.distribute.Strategy:
     """Resolver, then connect, then initialize the TPU system (this order: initialization runs
     on the TPU the connection reaches), then the strategy."""
     try:
+        _check_reachable(spec.tpu)
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu=spec.tpu, zone=spec.zone, project=spec.project
         )
         if spec.tpu != "local":
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+    except (ValueError, RuntimeError, OSError, tf.errors.OpError) as error:  # OSError: URLError
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(
             f"strategy=tpu: no TPU reachable at strategy.tpu={spec.tpu!r} ({first_line}); "
