@@ -28,18 +28,21 @@ DEFAULTS = {"strategy": "default", "model": "cnn", "loop": "fit"}
 # Strategies the core issue ships as configs that fail with "not yet available"; the multi-worker
 # issue makes them real (and runs them on real local clusters in its own tests). Delete a name
 # here once it is available: the generic tests below then cover it like any other option.
-NOT_YET_AVAILABLE = {"multi_worker_mirrored", "parameter_server", "tpu"}
+NOT_YET_AVAILABLE: set[str] = set()
 # Options that cannot train inside this one test process, and why.
 _WITH_MULTI_WORKER = "tested with the multi-worker strategies, on real local clusters"
 NOT_IN_PROCESS = {
     ("cluster", "local"): f"starts a cluster of worker processes ({_WITH_MULTI_WORKER})",
     ("cluster", "slurm"): f"joins the processes of a SLURM job ({_WITH_MULTI_WORKER})",
     ("cluster", "tf_config"): f"joins the cluster TF_CONFIG describes ({_WITH_MULTI_WORKER})",
+    ("strategy", "parameter_server"): "needs parameter servers (tests/test_parameter_server.py)",
+    ("strategy", "tpu"): "needs a TPU (tests/test_tpu.py: refused without one)",
 }
 # Values an option needs before it validates: cluster options only make sense with a strategy
 # that spans workers; the user's own data formats need the user's files (`???` in their YAML).
 VALIDATE_WITH = {
-    **{(c, name): ["strategy=multi_worker_mirrored"] for c, name in NOT_IN_PROCESS},
+    **{(c, name): ["strategy=multi_worker_mirrored"] for c, name in NOT_IN_PROCESS if c == "cluster"},
+    ("strategy", "parameter_server"): ["loop=custom", "cluster=local", "cluster.num_ps=1"],
     ("dataset", "npz"): ["dataset.path=/data/train.npz"],
     ("dataset", "image_folder"): ["dataset.path=/data/pictures"],
     ("dataset", "tfds"): ["dataset.name=mnist"],
