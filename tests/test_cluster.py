@@ -175,3 +175,48 @@ def test_keras_fix_covers_the_installed_keras():
 
     assert needs_fix(keras.__version__)
     assert not needs_fix("3.16.0") and not needs_fix("2.15.0")
+
+
+# --- SLURM (the resolver on a SLURM job's environment; the sbatch script runs it for real) -------
+SLURM_JOB = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_NODELIST": "node[01-02]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+}
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_slurm_tasks_become_workers_on_cpu_nodes(monkeypatch, compose_cfg, rank):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: CPU nodes
+    for name, value in {**SLURM_JOB, "SLURM_PROCID": str(rank)}.items():
+        monkeypatch.setenv(name, value)
+    run = validate(compose_cfg("strategy=multi_worker_mirrored", "cluster=slurm",
+                               "cluster.port_base=9000"))  # fmt: skip
+    task = cluster.current_task(run.cluster)
+    assert task.cluster == {"worker": ["node01:9000", "node01:9001", "node02:9000", "node02:9001"]}
+    assert (task.type, task.index, task.is_chief) == ("worker", rank, rank == 0)
+
+
+def test_slurm_outside_a_job_is_refused(cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run_dir = tmp_path / "run"
+    result = cli("strategy=multi_worker_mirrored", "cluster=slurm", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2 and "cluster=slurm: not inside a SLURM job" in result.stderr
+    assert not run_dir.exists()
+
+
+def test_the_tfjob_manifest_runs_a_valid_tf_config_cluster(compose_cfg):
+    """scripts/k8s_tfjob.yaml's command validates, with a TF_CONFIG as the operator writes it."""
+    import yaml
+    from conftest import REPO
+
+    job = yaml.safe_load((REPO / "scripts" / "k8s_tfjob.yaml").read_text())
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    container = worker["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "tfrecipe"]
+    run = validate(compose_cfg(*container["args"]))
+    assert run.cluster.name == "tf_config"
+    addresses = [f"tfrecipe-mnist-worker-{i}.default.svc:2222" for i in range(worker["replicas"])]
+    task = cluster.parse_tf_config(tf_config({"worker": addresses}, "worker", 0))
+    assert task.is_chief and task.num_workers == worker["replicas"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NoReturn
 
@@ -146,11 +147,8 @@ def current_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None)
         return parse_tf_config(environ.get("TF_CONFIG"))
     if spec.name == "slurm":
         resolver = build_resolver(spec)
-        return Task(
-            type=resolver.task_type,
-            index=resolver.task_id,
-            cluster=resolver.cluster_spec().as_dict(),
-        )
+        members = resolver.cluster_spec().as_dict()  # resolves the task type and id as well
+        return Task(type=resolver.task_type, index=resolver.task_id, cluster=members)
     return SINGLE_PROCESS
 
 
@@ -165,6 +163,9 @@ def check_environment(spec: schema.Cluster) -> None:
         )
 
 
+_CPU_TASK_SLOTS = 4096  # more tasks per node than any machine runs
+
+
 def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.ClusterResolver | None:
     """TensorFlow's cluster resolver for the config; None for a single process."""
     import tensorflow as tf
@@ -172,13 +173,22 @@ def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.Clust
     if spec.name == "tf_config":
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if spec.name == "slurm":
+        gpus = spec.gpus_per_node
+        if gpus is None and shutil.which("nvidia-smi") is None:
+            gpus = 0  # TensorFlow would count GPUs with nvidia-smi, absent on CPU nodes
+        # TensorFlow's resolver pairs each task's port with a slice of GPUs and so finds no task
+        # on a node without GPUs: there, give it one placeholder slot per task and never set
+        # CUDA_VISIBLE_DEVICES from it (auto_set_gpu=False).
+        gpu_args = (
+            {"gpus_per_node": gpus}
+            if gpus != 0
+            else {"gpus_per_node": _CPU_TASK_SLOTS, "gpus_per_task": 1, "auto_set_gpu": False}
+        )
         try:
             return tf.distribute.cluster_resolver.SlurmClusterResolver(
-                port_base=spec.port_base,
-                tasks_per_node=spec.tasks_per_node,
-                gpus_per_node=spec.gpus_per_node,
+                port_base=spec.port_base, tasks_per_node=spec.tasks_per_node, **gpu_args
             )
-        except (RuntimeError, ValueError, KeyError) as error:
+        except (RuntimeError, ValueError, KeyError, OSError) as error:
             raise ConfigError(
                 f"cluster=slurm: cannot read the SLURM allocation ({error})"
             ) from None
