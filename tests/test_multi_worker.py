@@ -97,3 +97,20 @@ def test_sigterm_stops_every_worker(launch, tmp_path):
     assert code == 128 + signal.SIGTERM, run.output[-3000:]
     assert "SIGTERM: stopping every task" in run.output
     assert not run.leftovers()
+
+
+def test_a_sidecar_evaluator_scores_every_epochs_checkpoint(launch, tmp_path):
+    run_dir = tmp_path / "run"
+    run = launch(
+        *MWMS, "cluster.evaluator=true", *TINY, "loop.epochs=3", f"hydra.run.dir={run_dir}"
+    )
+    code = run.finish()
+    assert code == 0, run.output[-4000:]
+    assert summary(run_dir)["num_replicas"] == 2  # the evaluator did not join the workers
+    for epoch in (1, 2, 3):
+        assert f"[evaluator 0] evaluated epoch-{epoch:03d}.weights.h5" in run.output
+    rows = (run_dir / "evaluator" / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("checkpoint,") and len(rows) == 1 + 3
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        f"epoch-{epoch:03d}.weights.h5" for epoch in (1, 2, 3)
+    ]

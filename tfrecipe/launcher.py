@@ -50,6 +50,7 @@ class LaunchOptions:
     num_ps: int = 0
     max_restarts: int = 0
     grace_period_s: float = 10.0
+    evaluator: bool = False
 
 
 class Interrupted(Exception):
@@ -89,7 +90,7 @@ def _is_cluster_override(arg: str) -> bool:
     return key == "cluster" or key.startswith("cluster.")
 
 
-def task_argv(overrides: Sequence[str], *, chief: bool) -> list[str]:
+def task_argv(overrides: Sequence[str], *, chief: bool, evaluator: bool = False) -> list[str]:
     """The command of one task: the same overrides, but joining the cluster through TF_CONFIG.
 
     Non-chief tasks keep Hydra from writing into the shared run directory (its `.hydra/` copy of
@@ -97,6 +98,8 @@ def task_argv(overrides: Sequence[str], *, chief: bool) -> list[str]:
     """
     argv = [a for a in overrides if not _is_cluster_override(a)]
     argv.append("cluster=tf_config")
+    if evaluator:
+        argv.append("cluster.evaluator=true")
     if not chief:
         argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     return [sys.executable, "-m", "tfrecipe", *argv]
@@ -226,9 +229,15 @@ def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: in
             chief = task_type == "worker" and index == 0 and not options.num_ps
             group.start(
                 f"{task_type} {index}",
-                task_argv(overrides, chief=chief),
+                task_argv(overrides, chief=chief, evaluator=options.evaluator),
                 _task_env(spec, task_type, index, attempt),
             )
+    if options.evaluator:  # outside the cluster spec: it joins no collective
+        group.start(
+            "evaluator 0",
+            task_argv(overrides, chief=False, evaluator=True),
+            _task_env(spec, "evaluator", 0, attempt),
+        )
 
 
 def _watch(group: _Cluster, coordinator: Callable[[], int] | None) -> int:
@@ -321,6 +330,7 @@ def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]
         num_ps=spec.num_ps,
         max_restarts=spec.max_restarts,
         grace_period_s=spec.grace_period_s,
+        evaluator=spec.evaluator,
     )
     if not options.num_ps:
         return launch(argv, options)
@@ -333,7 +343,7 @@ def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]
     def coordinator(spec: dict[str, list[str]]) -> int:
         os.environ["TF_CONFIG"] = tf_config(spec, "chief", 0)
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-        sys.argv = [sys.argv[0], *task_argv(argv, chief=True)[3:]]
+        sys.argv = [sys.argv[0], *task_argv(argv, chief=True, evaluator=options.evaluator)[3:]]
         return _exit_code(run_task)
 
     code = launch(argv, options, coordinator=coordinator)

@@ -211,6 +211,8 @@ class NoCluster(_Schema):
 
 class TFConfigCluster(_Schema):
     name: Literal["tf_config"]
+    # Workers save per-epoch weights for a sidecar evaluator task (tfrecipe/evaluator.py).
+    evaluator: bool = False
 
 
 class LocalCluster(_Schema):
@@ -220,6 +222,8 @@ class LocalCluster(_Schema):
     max_restarts: NonNegativeInt = 0
     # Seconds a stopping process gets after SIGTERM before it is killed.
     grace_period_s: PositiveFloat = 10.0
+    # Also start an evaluator task that scores each epoch's checkpoint (sidecar evaluation).
+    evaluator: bool = False
 
 
 class SlurmCluster(_Schema):

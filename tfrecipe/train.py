@@ -68,6 +68,10 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     """
     run = schema.validate(cfg)
     task = _join_cluster(run)
+    if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
+        from tfrecipe.evaluator import evaluate_checkpoints
+
+        return evaluate_checkpoints(run, run_dir=Path(run_dir))
     if task.is_chief:
         return _train(cfg, run, task, run_dir=Path(run_dir))
     # Only the chief writes the run dir; the others write the same files (every worker must
@@ -197,6 +201,10 @@ def _train(
             run.callbacks, run.logger, run_dir=run_dir, allowed_targets=run.allowed_targets
         ),
     ]
+    if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
+        from tfrecipe.evaluator import checkpoint_callbacks
+
+        callbacks += checkpoint_callbacks(run_dir)
     tracker = _start_tracking(run, cfg, run_dir)
     if tracker is not None:
         callbacks += tracker.callbacks()

@@ -1,0 +1,115 @@
+"""Sidecar evaluation: an `evaluator` task scores each checkpoint the workers write, as it appears.
+
+Writer side: with `cluster.evaluator=true` every worker saves the model's weights after each
+epoch (`checkpoint_callbacks`): the chief into `RUN_DIR/checkpoints/epoch-NNN.weights.h5`, the
+others into their scratch dirs (every worker takes part in saving synchronized variables).
+
+Reader side (`evaluate_checkpoints`): the evaluator task builds the same model on the default
+strategy (it never constructs the workers' strategy, so it joins no collective), waits for new
+checkpoint files, evaluates each on the validation split (the test split when there is none),
+prints one line per checkpoint and appends it to `RUN_DIR/evaluator/metrics.csv` (a file only the
+evaluator writes). It stops once the chief's summary.json says training ended and every
+checkpoint has been scored.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import Any
+
+from tfrecipe import rundir, schema
+
+CHECKPOINTS = "checkpoints"
+PATTERN = "epoch-{epoch:03d}.weights.h5"
+
+
+def checkpoint_callbacks(run_dir: Path) -> list:
+    """The per-epoch weight checkpoints a sidecar evaluator reads."""
+    import keras
+
+    (run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+    return [
+        keras.callbacks.ModelCheckpoint(
+            str(run_dir / CHECKPOINTS / PATTERN), save_weights_only=True, save_freq="epoch"
+        )
+    ]
+
+
+def _training_ended(run_dir: Path) -> bool:
+    summary = rundir.read_summary(run_dir)
+    return bool(summary) and summary.get("status") in ("completed", "failed", "preempted")
+
+
+def _build(run: schema.RunConfig):
+    """The run's model (compiled like training) and its evaluation data, on the default strategy."""
+    import keras
+
+    from tfrecipe.instantiate import instantiate
+
+    splits = instantiate(
+        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
+    )
+    model = instantiate(
+        run.model.model_dump(by_alias=True),
+        key="model",
+        allowed=run.allowed_targets,
+        input_shape=splits.info.input_shape,
+        num_classes=splits.info.num_classes,
+    )
+    model.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    data = splits.validation if splits.validation is not None else splits.test
+    return model, data.batch(run.batching.per_replica_batch_size)
+
+
+def _load(model, path: Path, attempts: int = 5) -> None:
+    """Loads weights, retrying while the writer may still be writing the file."""
+    for attempt in range(attempts):
+        try:
+            model.load_weights(path)
+            return
+        except (OSError, ValueError):
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(1.0)
+
+
+def evaluate_checkpoints(
+    run: schema.RunConfig, *, run_dir: Path, poll_s: float = 1.0
+) -> dict[str, Any]:
+    """Scores every checkpoint of the run in `run_dir` until training ends; returns a summary."""
+    started = time.perf_counter()
+    model, data = _build(run)
+    out = run_dir / "evaluator"
+    out.mkdir(parents=True, exist_ok=True)
+    seen: set[Path] = set()
+    last: dict[str, float] = {}
+    with (out / "metrics.csv").open("w", newline="") as file:
+        writer = None
+        while True:
+            ended = _training_ended(run_dir)  # before listing: the last checkpoint is not missed
+            for path in sorted(set((run_dir / CHECKPOINTS).glob("epoch-*.weights.h5")) - seen):
+                _load(model, path)
+                last = model.evaluate(data, verbose=0, return_dict=True)
+                last = {name: float(value) for name, value in last.items()}
+                print(f"evaluated {path.name}: {last}", flush=True)
+                if writer is None:
+                    writer = csv.DictWriter(file, fieldnames=["checkpoint", *last])
+                    writer.writeheader()
+                writer.writerow({"checkpoint": path.name, **last})
+                file.flush()
+                seen.add(path)
+            if ended:
+                break
+            time.sleep(poll_s)
+    return {
+        "status": "completed",
+        "checkpoints_evaluated": len(seen),
+        "metrics": {f"val_{k}": v for k, v in last.items()},
+        "test": {},
+        "wall_time_s": round(time.perf_counter() - started, 3),
+    }
