@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY
+from conftest import REPO, TINY, _split_cpu_in_two
 
 CONF = REPO / "conf"
 SUMMARY_FIELDS = {
@@ -257,6 +257,7 @@ def test_informational_commands_do_not_import_tensorflow(cli, tmp_path, args, ex
 # --- training through the command line ---------------------------------------------------------
 @pytest.mark.slow
 def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_path):
+    _split_cpu_in_two()  # TensorFlow starts in this process below: as the in-process tests need
     import keras
     import numpy as np
     from omegaconf import OmegaConf
@@ -339,6 +340,7 @@ def test_the_same_command_twice_gives_the_same_metrics(cli, tmp_path):
 
 @pytest.mark.slow
 def test_a_users_own_model_from_their_package(cli, tmp_path):
+    _split_cpu_in_two()  # TensorFlow starts in this process below: as the in-process tests need
     import keras
 
     conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\nwidth: 12\n")
