@@ -212,15 +212,17 @@ def _log(message: str) -> None:
 
 
 def _task_env(spec, task_type: str, index: int, attempt: int) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "TF_CONFIG": tf_config(spec, task_type, index),
         cluster.ATTEMPT_ENV: str(attempt),
         "PYTHONUNBUFFERED": "1",
+    }
+    if "ps" in spec:
         # Parameter-server clusters: fail RPCs to a dead task at once, so the coordinator can
         # reschedule (TensorFlow's guidance for ClusterCoordinator).
-        "GRPC_FAIL_FAST": "use_caller",
-    }
+        env["GRPC_FAIL_FAST"] = "use_caller"
+    return env
 
 
 def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: int) -> None:
