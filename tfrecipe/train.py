@@ -55,8 +55,11 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
 
     keras.backend.clear_session()  # nothing left over from an earlier run in this process
     keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow
+    # Set both ways: an earlier run in this process (a sweep job, a test) may have turned it on.
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+    else:
+        tf.config.experimental.disable_op_determinism()
 
 
 def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
