@@ -49,16 +49,9 @@ def _final_loss(summary: dict) -> float:
     return summary["test"]["loss"]
 
 
-# Measured: central_storage ends 20 steps at test loss 2.3028 (fit) / 2.3033 (custom) where every
-# other strategy reaches 2.3004; a halved or doubled learning rate does not explain it. Strict:
-# this fails as soon as central_storage matches, so the mark is removed with the fix.
-CENTRAL_STORAGE_DIFFERS = pytest.mark.xfail(
-    strict=True, reason="central_storage does not train like the other strategies yet"
-)
-STRATEGIES = [
-    pytest.param(name, marks=CENTRAL_STORAGE_DIFFERS) if name == "central_storage" else name
-    for name in IN_PROCESS
-]
+# central_storage matches only with tfrecipe.keras_fixes.fix_central_storage_metrics: without it
+# Keras' metric updates double-count and the reported test loss was 2.3028 instead of 2.3004.
+STRATEGIES = list(IN_PROCESS)
 
 
 @pytest.mark.parametrize("loop", LOOPS)

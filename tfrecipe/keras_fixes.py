@@ -107,3 +107,52 @@ def fix_multi_worker_fit(strategy: tf.distribute.Strategy) -> bool:
 
 def is_installed() -> bool:
     return bool(_original)
+
+
+# --- CentralStorageStrategy: Keras' assign_add double-counts on aggregating variables ----------
+#
+# Keras 3 implements `Variable.assign_add(v)` as `assign(self + v)`. Under CentralStorageStrategy
+# variables live on one device as `AggregatingVariable`s, and an assign in a replica context is
+# aggregated over the replicas: with two replicas the metric total becomes 2*old + v0 + v1 instead
+# of old + v0 + v1 (a Mean's count over 100 examples read 620). Training is unaffected (gradients
+# go through the optimizer), but every reported metric, `loss` included, was wrong. TensorFlow's
+# own `assign_add` aggregates the increments, which is what a metric update means.
+
+_central_original: dict[str, object] = {}
+
+
+def _aggregating(variable) -> bool:
+    from tensorflow.python.distribute.ps_values import AggregatingVariable
+
+    return isinstance(getattr(variable, "_value", None), AggregatingVariable)
+
+
+def _make_increment(name: str):
+    def increment(self, value):
+        from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+        if in_stateless_scope() or not _aggregating(self):
+            return _central_original[name](self, value)
+        value = self._convert_to_tensor(value, dtype=self._dtype)
+        getattr(self._value, name)(tf.cast(value, self._value.dtype))
+        return value
+
+    increment.__name__ = name
+    return increment
+
+
+def fix_central_storage_metrics(strategy: tf.distribute.Strategy) -> bool:
+    """Makes Keras variables under CentralStorageStrategy add with TensorFlow's `assign_add`.
+
+    Idempotent; other variables keep Keras' own code. Returns whether the fix is installed.
+    tests/test_strategy_equivalence.py fails for central_storage if it stops working.
+    """
+    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
+        return False
+    from keras.src.backend.tensorflow.core import Variable
+
+    if not _central_original:
+        for name in ("assign_add", "assign_sub"):
+            _central_original[name] = getattr(Variable, name)
+            setattr(Variable, name, _make_increment(name))
+    return True

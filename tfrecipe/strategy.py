@@ -181,10 +181,14 @@ def build_strategy(
             cross_device_ops=_cross_device_ops(spec.cross_device_ops, spec.num_packs),
         )
     if spec.name == "central_storage":
-        return tf.distribute.experimental.CentralStorageStrategy(
+        strategy = tf.distribute.experimental.CentralStorageStrategy(
             compute_devices=_local_devices(spec.devices, spec.logical_cpus),
             parameter_device=spec.parameter_device,
         )
+        from tfrecipe.keras_fixes import fix_central_storage_metrics
+
+        fix_central_storage_metrics(strategy)  # Keras metrics double-count otherwise
+        return strategy
     if spec.name == "multi_worker_mirrored":
         configure_logical_cpus(spec.logical_cpus)
         return _multi_worker_mirrored(spec, cluster_resolver)
