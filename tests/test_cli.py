@@ -80,7 +80,7 @@ BAD_INPUTS = {
         ["model=nope"],
         ["model=nope", *options("model")],
     ),
-    "unknown_key": (["loop.nope=1"], ["loop.nope", "=1", "unknown key"]),
+    "unknown_key": (["loop.nope=1"], ["loop.nope=1", "unknown key"]),
     "unknown_key_appended": (["+loop.nope=1"], ["loop.nope=1", "unknown key"]),
     "wrong_type": (
         ["batching.per_replica_batch_size=abc"],
