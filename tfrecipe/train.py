@@ -6,6 +6,7 @@ cluster -> strategy -> precision -> data -> (in strategy.scope()) model, optimiz
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import math
@@ -104,23 +105,57 @@ def _train(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     ensure_fresh_run_dir(run_dir)
+    strategy = _setup_strategy(run, task)
+    per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
+    inputs = _build_inputs(run, strategy, global_batch)
+    model = _build_model(run, strategy, inputs, global_batch)
 
-    # The strategy first: logical devices must be set before any other TensorFlow call.
-    from tfrecipe.strategy import build_strategy, device_kinds, model_scope
+    summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.write_config(run_dir, cfg)
+    rundir.write_summary(run_dir, summary)
+
+    monitors = _monitors(run, cfg, task, run_dir, inputs, global_batch)
+    try:
+        _run_loop(run, model, inputs, monitors, summary, run_dir)
+    except BaseException as error:
+        _finish(summary, monitors, run_dir, started, model, status="failed", error=error)
+        if isinstance(error, Exception) and not isinstance(error, TrainingError):
+            raise TrainingError(summary["error"]) from error
+        raise
+    _finish(summary, monitors, run_dir, started, model, status="completed")
+    return summary
+
+
+def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
+    """The strategy (first: logical devices must be set before any other TensorFlow call),
+    then seeds, then the precision policy (seeding clears the Keras session, which resets it)."""
+    from tfrecipe.precision import set_precision
+    from tfrecipe.strategy import build_strategy, device_kinds
 
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
     cluster.maybe_crash_for_test(task)
-    # Seeding clears the Keras session, which resets the dtype policy: seed first.
     seed_everything(run.seed, deterministic=run.deterministic)
-    from tfrecipe.precision import set_precision
-
     set_precision(
         run.precision.policy,
         require_native=run.precision.require_native,
         device_kinds=device_kinds(strategy),
     )
-    per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
+    return strategy
 
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The distributed splits (validation and test may be None) and what the loop needs of them."""
+
+    train: Any
+    validation: Any
+    test: Any
+    info: Any  # data.DatasetInfo
+    steps_per_epoch: int
+
+
+def _build_inputs(run: schema.RunConfig, strategy, global_batch: int) -> _Inputs:
     from tfrecipe import data
     from tfrecipe.instantiate import instantiate
     from tfrecipe.pipeline import batch_transform, prepare
@@ -152,22 +187,39 @@ def _train(
             batch_map=batch_transform(run.pipeline),
         )
 
-    train_data = distribute(splits.train, split="train")
-    validation_data = distribute(splits.validation, split="validation")
-    test_data = distribute(splits.test, split="test")
+    return _Inputs(
+        train=distribute(splits.train, split="train"),
+        validation=distribute(splits.validation, split="validation"),
+        test=distribute(splits.test, split="test"),
+        info=splits.info,
+        steps_per_epoch=steps_per_epoch,
+    )
+
+
+def _build_model(run: schema.RunConfig, strategy, inputs: _Inputs, global_batch: int):
+    """Model, optimizer, loss and metrics, created under the strategy's scope."""
+    from tfrecipe.instantiate import instantiate
+    from tfrecipe.strategy import model_scope
 
     with model_scope(strategy):
         model = instantiate(
             run.model.model_dump(by_alias=True),
             key="model",
             allowed=run.allowed_targets,
-            input_shape=splits.info.input_shape,
-            num_classes=splits.info.num_classes,
+            input_shape=inputs.info.input_shape,
+            num_classes=inputs.info.num_classes,
         )
-        optimizer = _build_optimizer(run, global_batch, total_steps=steps_per_epoch * run.loop.epochs)
+        total_steps = inputs.steps_per_epoch * run.loop.epochs
+        optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         _compile(model, optimizer, steps_per_execution=run.batching.steps_per_execution)
+    return model
 
-    summary: dict[str, Any] = {
+
+def _initial_summary(
+    run: schema.RunConfig, strategy, per_replica_batch: int, global_batch: int, run_dir: Path
+) -> dict[str, Any]:
+    """summary.json as it stands when training starts (the contract in DESIGN.md)."""
+    return {
         "status": "running",
         "strategy": run.strategy.name,
         "num_replicas": strategy.num_replicas_in_sync,
@@ -188,17 +240,32 @@ def _train(
         "wall_time_s": None,
         "run_dir": str(run_dir.resolve()),
     }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.write_config(run_dir, cfg)
-    rundir.write_summary(run_dir, summary)
 
+
+@dataclasses.dataclass(frozen=True)
+class _Monitors:
+    """The callbacks every loop drives, and the ones train() reads results from."""
+
+    callbacks: list
+    history: Any  # callbacks.EpochHistory
+    throughput: Any  # callbacks.Throughput
+    tracker: Any  # tracking.WandbTracker | None
+
+
+def _monitors(
+    run: schema.RunConfig,
+    cfg: DictConfig,
+    task: cluster.Task,
+    run_dir: Path,
+    inputs: _Inputs,
+    global_batch: int,
+) -> _Monitors:
     from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
-    from tfrecipe.loops.options import LoopOptions
 
     history = EpochHistory(run_dir)
     throughput = Throughput(
         examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
-        examples_per_epoch=None if run.loop.steps_per_epoch else splits.info.num_train,
+        examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
     callbacks = [
         history,
@@ -211,12 +278,27 @@ def _train(
         from tfrecipe.evaluator import checkpoint_callbacks
 
         callbacks += checkpoint_callbacks(run_dir)
-    tracker = _start_tracking(run, cfg, run_dir)
+    # One W&B run per training run: the chief's (other workers train into a scratch dir).
+    tracker = _start_tracking(run, cfg, run_dir) if task.is_chief else None
     if tracker is not None:
         callbacks += tracker.callbacks()
+    return _Monitors(callbacks, history, throughput, tracker)
+
+
+def _run_loop(
+    run: schema.RunConfig,
+    model,
+    inputs: _Inputs,
+    monitors: _Monitors,
+    summary: dict[str, Any],
+    run_dir: Path,
+) -> None:
+    """Trains with the configured loop, then evaluates the test split and exports the model."""
+    from tfrecipe.loops.options import LoopOptions
+
     options = LoopOptions(
         epochs=run.loop.epochs,
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
         steps_per_loop=run.loop.steps_per_loop,
@@ -225,40 +307,41 @@ def _train(
     # Parameter servers train through a ClusterCoordinator: their own custom loop.
     loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
-    try:
-        loop.run(model, train_data, validation_data, options=options, callbacks=callbacks)
-        summary["steps_completed"] = _optimizer_steps(model)
-        summary["epochs_completed"] = len(history.rows)
-        summary["metrics"] = _final_metrics(history.rows)
-        _check_finite(summary["metrics"], history.rows)
-        if test_data is not None:
-            summary["test"] = loop.evaluate(model, test_data)
-        _export(model, run_dir)
-        rundir.plot_curves(run_dir, history.rows)
-    except BaseException as error:
-        summary.update(
-            status="failed",
-            error=f"{type(error).__name__}: {error}",
-            steps_completed=_optimizer_steps(model),
-            epochs_completed=len(history.rows),
-            metrics=_final_metrics(history.rows),
-            wall_time_s=round(time.perf_counter() - started, 3),
-        )
-        rundir.write_summary(run_dir, summary)
-        if tracker is not None:
-            tracker.finish(summary)
-        if isinstance(error, Exception) and not isinstance(error, TrainingError):
-            raise TrainingError(summary["error"]) from error
-        raise
+    loop.run(model, inputs.train, inputs.validation, options=options, callbacks=monitors.callbacks)
+    rows = monitors.history.rows
+    _check_finite(_final_metrics(rows), rows)
+    if inputs.test is not None:
+        summary["test"] = loop.evaluate(model, inputs.test)
+    _export(model, run_dir)
+    rundir.plot_curves(run_dir, rows)
+
+
+def _finish(
+    summary: dict[str, Any],
+    monitors: _Monitors,
+    run_dir: Path,
+    started: float,
+    model,
+    *,
+    status: str,
+    error: BaseException | None = None,
+) -> None:
+    """Writes the final summary.json (also after a failure) and finishes the W&B run."""
+    rows = monitors.history.rows
     summary.update(
-        status="completed",
-        examples_per_sec=throughput.examples_per_sec(),
+        status=status,
+        steps_completed=_optimizer_steps(model),
+        epochs_completed=len(rows),
+        metrics=_final_metrics(rows),
         wall_time_s=round(time.perf_counter() - started, 3),
     )
+    if error is not None:
+        summary["error"] = f"{type(error).__name__}: {error}"
+    else:
+        summary["examples_per_sec"] = monitors.throughput.examples_per_sec()
     rundir.write_summary(run_dir, summary)
-    if tracker is not None:
-        tracker.finish(summary)
-    return summary
+    if monitors.tracker is not None:
+        monitors.tracker.finish(summary)
 
 
 def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path):
@@ -285,7 +368,9 @@ def _sweep_group() -> str | None:
 
 
 def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int:
-    steps = num_examples // global_batch if drop_remainder else math.ceil(num_examples / global_batch)
+    steps = (
+        num_examples // global_batch if drop_remainder else math.ceil(num_examples / global_batch)
+    )
     if steps == 0:
         raise ConfigError(
             f"batching: the global batch ({global_batch}) is larger than the training split "
