@@ -56,3 +56,29 @@ def test_secrets_never_reach_saved_configs_logs_or_wandb(train_run, monkeypatch)
     assert "api_key: '***'" in (run_dir / "config.yaml").read_text()
     leaks = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert leaks == []
+
+
+@pytest.mark.slow
+def test_two_workers_make_exactly_one_wandb_run(tmp_path):
+    from conftest import TINY
+    from helpers.launch import launching
+
+    run_dir = tmp_path / "run"
+    for launch in launching(tmp_path):
+        run = launch(
+            "strategy=multi_worker_mirrored",
+            "cluster=local",
+            "cluster.num_workers=2",
+            *TINY,
+            *WANDB,
+            f"hydra.run.dir={run_dir}",
+            env={"WANDB_SILENT": "false"},  # each W&B run then says where its files are
+        )
+        assert run.finish() == 0, run.output[-4000:]
+    announced = [line for line in run.output.splitlines() if "wandb sync" in line]
+    assert len(announced) == 1 and announced[0].startswith("[worker 0]"), announced
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
+    assert wandb_records.summary(run_dir)["num_replicas"] == 2
+    # The other worker trained into a scratch dir it deleted, and started no W&B run anywhere.
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "wandb").exists()
