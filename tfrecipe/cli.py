@@ -78,13 +78,21 @@ def _check_writable(run_dir: Path) -> None:
         )
 
 
+class _ConfigErrorInJob(BaseException):
+    """A ConfigError raised inside the Hydra job, carried past Hydra's job runner (which catches
+    Exception and prints its own "Error executing job" line) to `main`'s one-line report."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _task(cfg) -> dict:
     """The Hydra task: one training run in Hydra's output directory."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from tfrecipe.display import print_config
-
-    from hydra.types import RunMode
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _Invocation.job_dir = run_dir
@@ -96,7 +104,7 @@ def _task(cfg) -> dict:
         summary = train(cfg, run_dir=run_dir)
     except Exception as error:
         if isinstance(error, ConfigError) and not sweeping:
-            raise
+            raise _ConfigErrorInJob(error) from None
         _record_failure(run_dir, error)
         if not sweeping or cfg.sweep.fail_fast:
             raise SystemExit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_TRAINING)
@@ -185,9 +193,10 @@ def main(argv: list[str] | None = None) -> None:
             COMMANDS[argv[0]](argv[1:])
         else:
             _run_hydra(argv)
-    except ConfigError as error:
+    except (ConfigError, _ConfigErrorInJob) as error:
         _discard_new_run_dir()
-        print(error.report(), file=sys.stderr)
+        report = error.error.report() if isinstance(error, _ConfigErrorInJob) else error.report()
+        print(report, file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     except _hydra_errors() as error:
         _discard_new_run_dir()
