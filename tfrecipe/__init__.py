@@ -29,7 +29,17 @@ _PUBLIC = {
     "TrainingError": "tfrecipe.train",
     "train": "tfrecipe.train",
 }
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "ConfigError",
+    "DatasetInfo",
+    "Splits",
+    "TrainingError",
+    "build_strategy",
+    "compose",
+    "instantiate",
+    "train",
+    "validate",
+]
 __version__ = "0.1.0"
 
 

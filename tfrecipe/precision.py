@@ -22,7 +22,7 @@ def _cpu_has_bf16() -> bool:
 
 def native_support_problem(policy: str, device_kinds: set[str]) -> str | None:
     """Why `policy` would run emulated on these devices, or None when it runs natively."""
-    if policy == "float32" or "TPU" in device_kinds and policy == "mixed_bfloat16":
+    if policy == "float32" or ("TPU" in device_kinds and policy == "mixed_bfloat16"):
         return None
     if "TPU" in device_kinds:
         return "TPUs have no float16; use precision=mixed_bfloat16"
