@@ -402,7 +402,14 @@ def _progress(train_run, enabled, tmp_path, capfd):
     assert ("Epoch 1/2" in out and "Epoch 2/2" in out) == enabled, out[-2000:]
 
 
+def _backup(train_run, enabled, tmp_path, capfd):
+    train_run(f"callbacks.backup.enabled={enabled}", *SMALL_MODEL["cnn"])
+    (run_dir,) = tmp_path.glob("run*")
+    assert bool(list(run_dir.glob("backup/ckpt-*.index"))) == enabled
+
+
 SWITCH_CHECKS = {
+    "backup": _backup,
     "model_checkpoint": _checkpoint,
     "early_stopping": _early_stopping,
     "terminate_on_nan": _terminate_on_nan,

@@ -22,6 +22,7 @@ log = logging.getLogger("tfrecipe")
 
 EXIT_CONFIG = 2
 EXIT_TRAINING = 1
+EXIT_PREEMPTED = 75  # = tfrecipe.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
 
 
 class _Invocation:
@@ -55,13 +56,16 @@ def _precheck(argv: list[str]) -> list[str]:
     from tfrecipe.train import ensure_fresh_run_dir
 
     cfg = compose(args.overrides, return_hydra_config=True)
-    from tfrecipe.cluster import check_environment
+    from tfrecipe.cluster import check_environment, is_chief_process
 
-    _Invocation.cluster = validate(cfg).cluster
+    run = validate(cfg)
+    _Invocation.cluster = run.cluster
     check_environment(_Invocation.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
     _check_writable(run_dir)
-    ensure_fresh_run_dir(run_dir)
+    # Only the chief judges the shared run dir: another worker may look after the chief has
+    # begun writing it.
+    ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
     _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
     # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
@@ -98,10 +102,14 @@ def _task(cfg) -> dict:
     _Invocation.job_dir = run_dir
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     print_config(cfg)
+    from tfrecipe.preemption import Preempted
     from tfrecipe.train import TrainingError, train
 
     try:
         summary = train(cfg, run_dir=run_dir)
+    except Preempted as preempted:
+        log.warning("%s\nrun dir: %s", preempted, run_dir)
+        raise SystemExit(EXIT_PREEMPTED) from None
     except Exception as error:
         if isinstance(error, ConfigError) and not sweeping:
             raise _ConfigErrorInJob(error) from None

@@ -141,6 +141,7 @@ def distribute(
     repeat: bool = False,
     auto_shard_policy: str = "auto",
     batch_map: Callable | None = None,
+    skip: int = 0,
 ) -> tf.distribute.DistributedDataset:
     """Batches `dataset` by the global batch and splits each batch over the replicas.
 
@@ -155,12 +156,17 @@ def distribute(
     "file" gives each worker its own files (needs at least as many files as workers), "data"
     has every worker read everything and keep every N-th element, "auto" tries files and falls
     back to data, "off" gives every worker all the data.
+    `skip` global batches are dropped from the start of the (endless) stream: a run restored at
+    step N continues where the interrupted one stopped (the order is seeded, so the same).
     """
     dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
     if batch_map is not None:
         dataset = dataset.map(batch_map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if repeat:
         dataset = dataset.repeat()
+    if skip:
+        # Global batches, before the strategy splits them: every worker skips the same ones.
+        dataset = dataset.skip(skip)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = _AUTO_SHARD[auto_shard_policy]
     dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -75,6 +75,21 @@ def write_history(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
     atomic_write(run_dir / "history.csv", out.getvalue())
 
 
+def read_history(run_dir: Path) -> list[dict[str, float]]:
+    """history.csv's rows (what `write_history` wrote; blanks left out), [] when there is none."""
+    try:
+        text = (run_dir / "history.csv").read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for row in csv.DictReader(io.StringIO(text)):
+        parsed = {k: float(v) for k, v in row.items() if v not in ("", None)}
+        if "epoch" in parsed:
+            parsed["epoch"] = int(parsed["epoch"])
+        rows.append(parsed)
+    return rows
+
+
 def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
     """curves.png: loss and accuracy per epoch, training and validation."""
     import matplotlib

@@ -168,11 +168,25 @@ class EarlyStopping(_Switch):
     restore_best_weights: bool = True
 
 
+class Backup(_Schema):
+    # null: on for multi-worker runs (a cluster), off for a single process.
+    enabled: bool | None = None
+    every_n_steps: PositiveInt = 100
+    max_to_keep: PositiveInt = 3
+
+
+class Export(_Schema):
+    # model-NNN.keras in the run dir every N epochs (0: off).
+    every_n_epochs: NonNegativeInt = 0
+
+
 class Callbacks(_Schema):
     model_checkpoint: ModelCheckpoint
     early_stopping: EarlyStopping
     terminate_on_nan: _Switch
     progress: _Switch
+    backup: Backup = Backup()
+    export: Export = Export()
     extra: dict[str, Target] = {}
 
 
@@ -246,6 +260,9 @@ class Sweep(_Schema):
 class RunConfig(_Schema):
     seed: int
     deterministic: bool
+    # auto: continue from RUN_DIR/backup when there is one; never: refuse a run dir that holds a
+    # run; else a checkpoint, backup dir or run dir to start from.
+    resume: str = "auto"
     allowed_targets: list[str] = []
     strategy: Strategy
     model: Target
@@ -286,7 +303,14 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems = _target_problems(run)
     problems += _cluster_problems(run)
     problems += _loop_problems(run)
+    problems += _resume_problems(run)
     return problems
+
+
+def _resume_problems(run: RunConfig) -> list[str]:
+    if not run.resume:
+        return ["resume: expected auto, never or a checkpoint path, received resume=''"]
+    return []
 
 
 def _loop_problems(run: RunConfig) -> list[str]:

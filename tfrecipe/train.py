@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import logging
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from tfrecipe import cluster, rundir, schema
 from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
+
+BACKUP_DIR = "backup"  # RUN_DIR/backup (tfrecipe.backup.BACKUP_DIR; this module loads no TF)
 
 
 class TrainingError(RuntimeError):
@@ -40,13 +43,25 @@ def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
     return spec.global_batch_size // num_replicas, spec.global_batch_size
 
 
-def ensure_fresh_run_dir(run_dir: Path) -> None:
-    """Refuses a run dir that already holds a finished run: its outputs are never overwritten."""
+def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
+    """Refuses a run dir that already holds a finished run: its outputs are never overwritten.
+
+    A failed, preempted or interrupted run is what `resume=auto` continues; `resume=never`
+    refuses it too (except when the local launcher restarts this same run after a crash).
+    """
     previous = rundir.read_summary(run_dir)
     if previous and previous.get("status") == "completed":
         raise ConfigError(
             f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
             "choose another hydra.run.dir"
+        )
+    restarted = int(os.environ.get(cluster.ATTEMPT_ENV, "0")) > 0  # by the launcher: same run
+    held = previous is not None or (run_dir / BACKUP_DIR).is_dir()
+    if resume == "never" and held and not restarted:
+        status = (previous or {}).get("status", "a backup")
+        raise ConfigError(
+            f"resume=never: hydra.run.dir={run_dir} already holds a run ({status}); choose a new "
+            "hydra.run.dir, or resume=auto to continue that run"
         )
 
 
@@ -84,7 +99,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     # Only the chief writes the run dir; the others write the same files (every worker must
     # take part in saving synchronized variables) to a scratch dir they delete.
     with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
-        return _train(cfg, run, task, run_dir=Path(scratch))
+        return _train(cfg, run, task, run_dir=Path(scratch), shared_run_dir=Path(run_dir))
 
 
 def _join_cluster(run: schema.RunConfig) -> cluster.Task:
@@ -101,28 +116,54 @@ def _join_cluster(run: schema.RunConfig) -> cluster.Task:
 
 
 def _train(
-    cfg: DictConfig, run: schema.RunConfig, task: cluster.Task, *, run_dir: Path
+    cfg: DictConfig,
+    run: schema.RunConfig,
+    task: cluster.Task,
+    *,
+    run_dir: Path,
+    shared_run_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """Trains into `run_dir` (a non-chief's scratch dir; its backups are read from
+    `shared_run_dir`, the chief's run dir)."""
+    from tfrecipe.preemption import Preempted
+
     started = time.perf_counter()
-    ensure_fresh_run_dir(run_dir)
+    ensure_fresh_run_dir(run_dir, resume=run.resume)
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
-    inputs = _build_inputs(run, strategy, global_batch)
-    model = _build_model(run, strategy, inputs, global_batch)
+    splits, steps_per_epoch = _load_data(run, global_batch)
+    model = _build_model(run, strategy, splits.info, steps_per_epoch, global_batch)
+    resumed = _restore(run, model, (shared_run_dir or run_dir) / BACKUP_DIR)
+    start_step = resumed.step if resumed else 0
+    inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
+    summary["resumed_from_step"] = resumed.step if resumed else None
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_config(run_dir, cfg)
     rundir.write_summary(run_dir, summary)
 
-    monitors = _monitors(run, cfg, task, run_dir, inputs, global_batch)
+    monitors = _monitors(run, cfg, task, run_dir, inputs, global_batch, start_step)
+    protection = _fault_tolerance(run, task, model, run_dir, steps_per_epoch)
     try:
-        _run_loop(run, model, inputs, monitors, summary, run_dir)
+        _run_loop(
+            run,
+            model,
+            inputs,
+            [*monitors.callbacks, *protection.callbacks],
+            summary,
+            run_dir,
+            history=monitors.history,
+            start_step=start_step,
+        )
     except BaseException as error:
-        _finish(summary, monitors, run_dir, started, model, status="failed", error=error)
-        if isinstance(error, Exception) and not isinstance(error, TrainingError):
+        status = "preempted" if isinstance(error, Preempted) else "failed"
+        _finish(summary, monitors, run_dir, started, model, status=status, error=error)
+        if isinstance(error, Exception) and not isinstance(error, TrainingError | Preempted):
             raise TrainingError(summary["error"]) from error
         raise
+    finally:
+        protection.close()
     _finish(summary, monitors, run_dir, started, model, status="completed")
     return summary
 
@@ -148,17 +189,17 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
 class _Inputs:
     """The distributed splits (validation and test may be None) and what the loop needs of them."""
 
-    train: Any
+    train: Any  # from the run's start step on
     validation: Any
     test: Any
     info: Any  # data.DatasetInfo
     steps_per_epoch: int
+    train_from: Any  # step -> the training data from that optimizer step on (fit's resume)
 
 
-def _build_inputs(run: schema.RunConfig, strategy, global_batch: int) -> _Inputs:
-    from tfrecipe import data
+def _load_data(run: schema.RunConfig, global_batch: int):
+    """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
     from tfrecipe.instantiate import instantiate
-    from tfrecipe.pipeline import batch_transform, prepare
 
     splits = instantiate(
         run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
@@ -169,8 +210,21 @@ def _build_inputs(run: schema.RunConfig, strategy, global_batch: int) -> _Inputs
         _steps_in(splits.info.num_train, global_batch, run.batching.drop_remainder)
         / run.loop.gradient_accumulation_steps
     )
+    return splits, steps_per_epoch
 
-    def distribute(dataset, *, split: str):
+
+def _build_inputs(
+    run: schema.RunConfig,
+    strategy,
+    splits,
+    steps_per_epoch: int,
+    global_batch: int,
+    start_step: int = 0,
+) -> _Inputs:
+    from tfrecipe import data
+    from tfrecipe.pipeline import batch_transform, prepare
+
+    def distribute(dataset, *, split: str, start: int = 0):
         if dataset is None:
             return None
         training = split == "train"
@@ -185,18 +239,24 @@ def _build_inputs(run: schema.RunConfig, strategy, global_batch: int) -> _Inputs
             repeat=training,
             auto_shard_policy=run.pipeline.auto_shard_policy,
             batch_map=batch_transform(run.pipeline),
+            # A restored run continues the same seeded stream where the backup was taken.
+            skip=start * run.loop.gradient_accumulation_steps,
         )
 
+    def train_from(step: int):
+        return distribute(splits.train, split="train", start=step)
+
     return _Inputs(
-        train=distribute(splits.train, split="train"),
+        train=train_from(start_step),
         validation=distribute(splits.validation, split="validation"),
         test=distribute(splits.test, split="test"),
         info=splits.info,
         steps_per_epoch=steps_per_epoch,
+        train_from=train_from,
     )
 
 
-def _build_model(run: schema.RunConfig, strategy, inputs: _Inputs, global_batch: int):
+def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, global_batch: int):
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
     from tfrecipe.instantiate import instantiate
     from tfrecipe.strategy import model_scope
@@ -206,10 +266,10 @@ def _build_model(run: schema.RunConfig, strategy, inputs: _Inputs, global_batch:
             run.model.model_dump(by_alias=True),
             key="model",
             allowed=run.allowed_targets,
-            input_shape=inputs.info.input_shape,
-            num_classes=inputs.info.num_classes,
+            input_shape=info.input_shape,
+            num_classes=info.num_classes,
         )
-        total_steps = inputs.steps_per_epoch * run.loop.epochs
+        total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         _compile(model, optimizer, steps_per_execution=run.batching.steps_per_execution)
     return model
@@ -259,10 +319,13 @@ def _monitors(
     run_dir: Path,
     inputs: _Inputs,
     global_batch: int,
+    start_step: int = 0,
 ) -> _Monitors:
     from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 
     history = EpochHistory(run_dir)
+    # A resumed run keeps the epochs it already finished (history.csv is the chief's).
+    history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
         examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
@@ -289,9 +352,12 @@ def _run_loop(
     run: schema.RunConfig,
     model,
     inputs: _Inputs,
-    monitors: _Monitors,
+    callbacks: list,
     summary: dict[str, Any],
     run_dir: Path,
+    *,
+    history,
+    start_step: int = 0,
 ) -> None:
     """Trains with the configured loop, then evaluates the test split and exports the model."""
     from tfrecipe.loops.options import LoopOptions
@@ -303,12 +369,14 @@ def _run_loop(
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
         steps_per_loop=run.loop.steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
+        initial_step=start_step,
     )
     # Parameter servers train through a ClusterCoordinator: their own custom loop.
     loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
-    loop.run(model, inputs.train, inputs.validation, options=options, callbacks=monitors.callbacks)
-    rows = monitors.history.rows
+    extra = {"train_data_from": inputs.train_from} if loop_module == "fit" else {}
+    loop.run(model, inputs.train, inputs.validation, options=options, callbacks=callbacks, **extra)
+    rows = history.rows
     _check_finite(_final_metrics(rows), rows)
     if inputs.test is not None:
         summary["test"] = loop.evaluate(model, inputs.test)
@@ -342,6 +410,74 @@ def _finish(
     rundir.write_summary(run_dir, summary)
     if monitors.tracker is not None:
         monitors.tracker.finish(summary)
+
+
+def _restore(run: schema.RunConfig, model, backup_dir: Path):
+    """Restores the state to continue from (`resume`); returns a backup.ResumePoint or None."""
+    from tfrecipe import backup
+
+    backup.build_optimizer(model)  # its variables must exist to be restored into
+    own = backup.checkpoints_in(backup_dir)
+    if run.resume in ("auto", "never") or own:
+        # never: the run dir held no run (ensure_fresh_run_dir), unless the launcher restarted
+        # this one; a run that began from resume=PATH continues from its own, newer backups.
+        candidates = own
+    else:
+        candidates = backup.resolve_checkpoints(Path(run.resume))
+        if not candidates:
+            raise ConfigError(
+                f"resume={run.resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
+                "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
+            )
+    path = backup.restore_latest(backup.training_state(model), candidates)
+    if path is None:
+        if candidates:
+            raise TrainingError(
+                f"no backup of {len(candidates)} in {backup_dir} can be restored (see the "
+                "warnings); start a new run (resume=never and a new hydra.run.dir)"
+            )
+        return None
+    point = backup.ResumePoint(path=path, step=backup.current_step(model))
+    log.info("resuming from %s at step %d", path, point.step)
+    return point
+
+
+@dataclasses.dataclass(frozen=True)
+class _Protection:
+    """The backup callback, and what stops watching for preemption when training ends."""
+
+    callbacks: list
+    close: Any  # () -> None
+
+
+def _fault_tolerance(
+    run: schema.RunConfig, task: cluster.Task, model, run_dir: Path, steps_per_epoch: int
+) -> _Protection:
+    """Backups (periodic when `callbacks.backup.enabled`, default: multi-worker runs) and the
+    SIGTERM watcher that saves one on preemption."""
+    from tfrecipe import backup, preemption
+
+    spec = run.callbacks.backup
+    options = backup.BackupOptions(
+        periodic=spec.enabled if spec.enabled is not None else task.type is not None,
+        every_n_steps=spec.every_n_steps,
+        max_to_keep=spec.max_to_keep,
+    )
+    manager = backup.make_manager(
+        backup.training_state(model), run_dir / BACKUP_DIR, options.max_to_keep
+    )
+    callback = backup.Backup(manager=manager, options=options, steps_per_epoch=steps_per_epoch)
+    callback.set_model(model)
+    watcher = preemption.watch(
+        save=callback.save,
+        cluster_resolver=getattr(model.distribute_strategy, "cluster_resolver", None),
+        parameter_servers=run.strategy.name == "parameter_server",
+        current_step=lambda: backup.current_step(model),
+    )
+    if watcher is None:
+        return _Protection([callback], lambda: None)
+    callback.check_preemption = watcher.check
+    return _Protection([callback], watcher.close)
 
 
 def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path):

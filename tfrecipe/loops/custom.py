@@ -271,9 +271,11 @@ def _train_epoch(
     iterator: Any,
     callbacks: keras.callbacks.CallbackList,
     options: LoopOptions,
+    start: int = 0,
 ) -> None:
-    """`options.steps_per_epoch` steps, `steps_per_loop` per call, batch hooks around each call."""
-    for first in range(0, options.steps_per_epoch, options.steps_per_loop):
+    """`options.steps_per_epoch` steps (from step `start` of a restored epoch), `steps_per_loop`
+    per call, batch hooks around each call."""
+    for first in range(start, options.steps_per_epoch, options.steps_per_loop):
         num_steps = min(options.steps_per_loop, options.steps_per_epoch - first)
         callbacks.on_train_batch_begin(first)
         logs = train_steps(iterator, tf.constant(num_steps))
@@ -319,10 +321,13 @@ def run(
     iterator = iter(train_data)  # one iterator for the whole run: epochs continue the stream
     callbacks.on_train_begin()
     training_logs = None
-    for epoch in range(options.epochs):
+    # A restored run continues mid-epoch; `train_data` already starts at that step.
+    start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
+    for epoch in range(start_epoch, options.epochs):
         objective.reset()
         callbacks.on_epoch_begin(epoch)
-        _train_epoch(model, train_steps, iterator, callbacks, options)
+        _train_epoch(model, train_steps, iterator, callbacks, options, start)
+        start = 0
         epoch_logs: Logs = {name: float(v) for name, v in objective.results().items()}
         if validate and (epoch + 1) % options.validation_freq == 0:
             val_logs = validate(validation_data, callbacks=callbacks)
@@ -331,6 +336,6 @@ def run(
         training_logs = epoch_logs
         if model.stop_training:
             break
-    if options.epochs > 0:
+    if options.epochs > start_epoch:
         model.optimizer.finalize_variable_values(model.trainable_variables)  # e.g. EMA weights
     callbacks.on_train_end(logs=training_logs)

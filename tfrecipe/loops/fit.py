@@ -1,6 +1,17 @@
-"""`loop=fit`: Keras `Model.fit` on the strategy's distributed datasets."""
+"""`loop=fit`: Keras `Model.fit` on the strategy's distributed datasets.
+
+A restored run may continue mid-epoch, which `fit` cannot do (`initial_epoch` starts at an epoch
+boundary): it runs the rest of the interrupted epoch as one short `fit` (steps_per_epoch = the
+steps left), then the remaining epochs as a second `fit` on the data from the next epoch's first
+step. The callbacks see one training run: one `on_train_begin`, one `on_train_end`, epochs
+numbered as in an uninterrupted run (batch indices of the short epoch count from 0).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -15,17 +26,100 @@ def run(
     *,
     options: LoopOptions,
     callbacks: list[keras.callbacks.Callback],
+    train_data_from: Callable[[int], Any] | None = None,
 ) -> None:
+    """Trains `model` on `train_data` (endless, starting at `options.initial_step`).
+
+    Args:
+      train_data_from: step -> the training data from that step on; needed only to continue a
+        run restored mid-epoch.
+    """
+    start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
+    if start == 0:
+        _fit(model, train_data, validation_data, options, callbacks, start_epoch, options.epochs)
+        return
+    if train_data_from is None:
+        raise ValueError("loop=fit: continuing mid-epoch needs train_data_from")
+    relay = _OneTrainingRun(callbacks, model, last=start_epoch + 1 >= options.epochs)
+    rest = dataclasses.replace(options, steps_per_epoch=options.steps_per_epoch - start)
+    _fit(model, train_data, validation_data, rest, [relay], start_epoch, start_epoch + 1)
+    if relay.last:
+        return
+    if model.stop_training:  # e.g. TerminateOnNaN or early stopping in the short epoch
+        relay.end()
+        return
+    relay.last = True
+    next_data = train_data_from((start_epoch + 1) * options.steps_per_epoch)
+    _fit(model, next_data, validation_data, options, [relay], start_epoch + 1, options.epochs)
+
+
+def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
     model.fit(
-        train_data,
+        data,
         validation_data=validation_data,
-        epochs=options.epochs,
+        initial_epoch=initial_epoch,
+        epochs=epochs,
         steps_per_epoch=options.steps_per_epoch,
         validation_freq=options.validation_freq,
         callbacks=callbacks,
         verbose=options.verbose,
         shuffle=False,  # the dataset shuffles itself (seeded)
     )
+
+
+class _OneTrainingRun(keras.callbacks.Callback):
+    """Relays every hook of several `fit` calls to `callbacks`, except that they see only the
+    first `on_train_begin` and the `on_train_end` of the call marked `last`."""
+
+    def __init__(self, callbacks: list[keras.callbacks.Callback], model, *, last: bool):
+        super().__init__()
+        self.inner = keras.callbacks.CallbackList(callbacks, model=model)
+        self.last = last
+        self._begun = False
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.inner.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.inner.set_params(params)
+
+    def on_train_begin(self, logs=None):
+        if not self._begun:
+            self._begun = True
+            self.inner.on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        if self.last:
+            self.inner.on_train_end(logs)
+
+    def end(self) -> None:
+        self.inner.on_train_end(None)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.inner.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.inner.on_epoch_end(epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.inner.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.inner.on_train_batch_end(batch, logs)
+
+    def on_test_begin(self, logs=None):
+        self.inner.on_test_begin(logs)
+
+    def on_test_end(self, logs=None):
+        self.inner.on_test_end(logs)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self.inner.on_test_batch_begin(batch, logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.inner.on_test_batch_end(batch, logs)
 
 
 def evaluate(

@@ -15,6 +15,8 @@ class LoopOptions:
     steps_per_loop: training steps per `tf.function` call (custom loop).
     gradient_accumulation_steps: micro-batches per optimizer step (custom loop); steps per epoch
       and per loop count optimizer steps.
+    initial_step: optimizer steps already done (a restored run): training continues in epoch
+      initial_step // steps_per_epoch, at its step initial_step % steps_per_epoch.
     """
 
     epochs: int
@@ -23,3 +25,4 @@ class LoopOptions:
     verbose: int = 1
     steps_per_loop: int = 1
     gradient_accumulation_steps: int = 1
+    initial_step: int = 0

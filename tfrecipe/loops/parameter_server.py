@@ -90,10 +90,11 @@ def run(
         callbacks, add_history=True, add_progbar=False, epochs=options.epochs, model=model
     )
     model.stop_training = False
-    steps_done = 0
+    # A restored run: backups under parameter servers are taken at epoch ends only.
+    steps_done = options.initial_step
     callbacks.on_train_begin()
     logs: dict[str, float] = {}
-    for epoch in range(options.epochs):
+    for epoch in range(options.initial_step // options.steps_per_epoch, options.epochs):
         objective.reset()
         callbacks.on_epoch_begin(epoch)
         callbacks.on_train_batch_begin(0)

@@ -1,0 +1,176 @@
+"""Backup and restore (`callbacks.backup`, `resume=`): in-process runs on the bundled digits."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# 2 epochs of 5 steps, a backup at multiples of 3 steps and at epoch ends: ckpt-3, 5, 6, 9, 10.
+BACKUP = [
+    "loop.epochs=2",
+    "loop.steps_per_epoch=5",
+    "callbacks.backup.enabled=true",
+    "callbacks.backup.every_n_steps=3",
+    "callbacks.backup.max_to_keep=10",
+]
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _interrupted_at(run_dir: Path, step: int) -> None:
+    """Makes a finished run look as if it had crashed right after the backup at `step`."""
+    import tensorflow as tf
+
+    backup = run_dir / "backup"
+    kept = [p for p in tf.train.get_checkpoint_state(str(backup)).all_model_checkpoint_paths
+            if int(p.rsplit("-", 1)[1]) <= step]  # fmt: skip
+    tf.compat.v1.train.update_checkpoint_state(
+        str(backup), kept[-1], all_model_checkpoint_paths=kept
+    )
+    summary = _summary(run_dir) | {"status": "failed"}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def _weights(run_dir: Path) -> list[np.ndarray]:
+    import keras
+
+    return [np.asarray(w) for w in keras.saving.load_model(run_dir / "model.keras").get_weights()]
+
+
+def _backups(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:-6]) for p in (run_dir / "backup").glob("ckpt-*.index"))
+
+
+@pytest.fixture
+def train_in(compose_cfg):
+    """train_in(run_dir, *overrides): one in-process run into a given run dir."""
+    from conftest import _split_cpu_in_two
+
+    _split_cpu_in_two()
+    from tfrecipe.train import train
+
+    return lambda run_dir, *overrides: train(compose_cfg(*overrides), run_dir=run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("loop", "strategy"), [("fit", "default"), ("custom", "mirrored"), ("fit", "mirrored")]
+)
+def test_a_run_resumed_mid_epoch_ends_exactly_as_an_uninterrupted_one(
+    train_in, tmp_path, loop, strategy
+):
+    """Restored model, optimizer, step and input position: bit-for-bit the same final weights."""
+    overrides = [*BACKUP, f"loop={loop}", f"strategy={strategy}", "deterministic=true"]
+    if strategy == "mirrored":
+        overrides.append("strategy.logical_cpus=2")
+    whole = train_in(tmp_path / "whole", *overrides)
+    assert _backups(tmp_path / "whole") == [3, 5, 6, 9, 10]
+    expected = _weights(tmp_path / "whole")
+
+    _interrupted_at(tmp_path / "whole", 3)  # mid-epoch 1
+    resumed = train_in(tmp_path / "whole", *overrides)
+
+    assert resumed["status"] == "completed"
+    assert resumed["resumed_from_step"] == 3
+    assert resumed["steps_completed"] == whole["steps_completed"] == 10
+    assert resumed["epochs_completed"] == 2  # epoch 1's history row is the resumed run's
+    # the same batches in the same order from the same state: the same weights
+    for resumed_weights, uninterrupted in zip(_weights(tmp_path / "whole"), expected, strict=True):
+        np.testing.assert_array_equal(resumed_weights, uninterrupted)
+
+
+def test_resume_at_an_epoch_boundary_keeps_the_history(train_in, tmp_path):
+    run_dir = tmp_path / "run"
+    train_in(run_dir, *BACKUP)
+    _interrupted_at(run_dir, 5)  # the end of epoch 1
+    resumed = train_in(run_dir, *BACKUP)
+    assert resumed["resumed_from_step"] == 5 and resumed["steps_completed"] == 10
+    rows = (run_dir / "history.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows] == ["epoch", "1", "2"]
+
+
+def test_an_unreadable_latest_backup_falls_back_to_the_previous_one(train_in, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    train_in(run_dir, *BACKUP)
+    _interrupted_at(run_dir, 9)
+    data = next((run_dir / "backup").glob("ckpt-9.data-*"))
+    data.write_bytes(data.read_bytes()[:100])  # truncated, as by a crash mid-copy
+
+    with caplog.at_level(logging.WARNING, logger="tfrecipe"):
+        resumed = train_in(run_dir, *BACKUP)
+
+    assert "ckpt-9 cannot be restored" in caplog.text and "trying the one before" in caplog.text
+    assert resumed["resumed_from_step"] == 6  # the one before
+    assert resumed["steps_completed"] == 10
+
+
+def test_resume_from_a_path_starts_a_new_run_dir_from_that_checkpoint(train_in, tmp_path):
+    train_in(tmp_path / "first", *BACKUP)
+    resumed = train_in(
+        tmp_path / "second", *BACKUP, "loop.epochs=3", f"resume={tmp_path / 'first/backup/ckpt-9'}"
+    )
+    assert resumed["resumed_from_step"] == 9
+    assert resumed["steps_completed"] == 15
+    assert _summary(tmp_path / "first")["steps_completed"] == 10  # untouched
+
+
+def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, tmp_path):
+    from tfrecipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"resume=.*no checkpoint there"):
+        train_in(tmp_path / "run", *BACKUP, f"resume={tmp_path}")
+
+
+def test_a_nan_loss_stops_training_and_keeps_the_good_backups(train_in, tmp_path):
+    from tfrecipe.train import TrainingError
+
+    run_dir = tmp_path / "run"
+    poison = [
+        "+callbacks.extra.nan._target_=helpers.poison.PoisonWeightsAtStep",
+        "+callbacks.extra.nan.step=7",
+        "allowed_targets=[helpers]",
+    ]
+    with pytest.raises(TrainingError, match="loss became nan"):
+        train_in(run_dir, *BACKUP, *poison)
+    assert _summary(run_dir)["status"] == "failed"
+    assert _backups(run_dir) == [3, 5, 6]  # nothing saved after the weights went bad
+    # and the latest good one restores (resume=auto would continue from it)
+    _train_state_restores(run_dir / "backup" / "ckpt-6")
+
+
+def _train_state_restores(path: Path) -> None:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(path))
+    names = [k for k in reader.get_variable_to_shape_map() if "VARIABLE_VALUE" in k]
+    assert any("_trainable_variables" in k for k in names)  # the model's weights are there
+    values = [reader.get_tensor(k) for k in names]
+    assert all(np.isfinite(v).all() for v in values if v.dtype.kind == "f")
+
+
+def test_resume_never_refuses_a_run_dir_that_holds_a_run(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    before = json.dumps({"status": "preempted", "steps_completed": 7})
+    (run_dir / "summary.json").write_text(before)
+
+    result = cli("resume=never", f"hydra.run.dir={run_dir}")
+
+    assert result.returncode == 2, result.stderr
+    assert "resume=never" in result.stderr and "already holds a run (preempted)" in result.stderr
+    assert (run_dir / "summary.json").read_text() == before  # never overwritten
+    assert sorted(p.name for p in run_dir.iterdir()) == ["summary.json"]
+
+
+def test_a_completed_run_dir_is_refused_whatever_resume_says(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    result = cli(f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2 and "already holds a completed run" in result.stderr

@@ -1,0 +1,215 @@
+"""Backup and restore of the full training state, multi-worker safe (`callbacks.backup`).
+
+What a backup holds (one `tf.train.Checkpoint`): the model (weights, and the state of its Keras
+seed generators, e.g. dropout's RNG), the optimizer (slots, `iterations`, a float16 loss scale:
+`LossScaleOptimizer` tracks its scale variables) and so the step counter. The epoch and the
+position in the input follow from the step: an epoch is `steps_per_epoch` steps of one endless,
+seeded (hence deterministic) iterator, and a backup is only ever taken at a step where every
+epoch before it has finished its epoch-end work (validation, history), so
+
+    epoch = step // steps_per_epoch, step in that epoch = step % steps_per_epoch,
+    input position = step x gradient_accumulation_steps global batches.
+
+A restored run rebuilds the training data skipping the batches already consumed (`data.distribute`
+`skip`) instead of checkpointing the iterator: it works the same for `Model.fit` (whose iterator
+is its own), the custom loop and every strategy, at the cost of reading the skipped batches once.
+
+Who writes where (DESIGN.md, multi-worker saving): every worker calls save (synchronized variables
+need all of them); the chief writes RUN_DIR/backup, the others their scratch run dir, deleted with
+it. Every worker restores from the chief's directory (the run dir is shared).
+
+Integrity: `CheckpointManager` writes the data files first and then replaces the `checkpoint`
+state file atomically, so "latest" never names a half-written checkpoint. A latest checkpoint that
+cannot be read anyway (a damaged disk, a truncated copy) is skipped with a warning for the one
+before it (`restore_latest`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+log = logging.getLogger("tfrecipe")
+
+BACKUP_DIR = "backup"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupOptions:
+    """Args:
+    periodic: save every `every_n_steps` steps and at each epoch end (else only on preemption).
+    every_n_steps: steps between periodic backups (at the first batch end at or after each).
+    max_to_keep: how many backups to keep (older ones are deleted).
+    """
+
+    periodic: bool
+    every_n_steps: int = 100
+    max_to_keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a restored run continues: `step` optimizer steps done, from checkpoint `path`."""
+
+    path: str
+    step: int
+
+    def epoch(self, steps_per_epoch: int) -> int:
+        return self.step // steps_per_epoch
+
+
+def training_state(model: keras.Model) -> tf.train.Checkpoint:
+    """The checkpoint of everything training needs (the optimizer must be built)."""
+    return tf.train.Checkpoint(
+        model=model, optimizer=model.optimizer, rng=tf.train.Checkpoint(**_rng_states(model))
+    )
+
+
+def _rng_states(model: keras.Model) -> dict[str, tf.Variable]:
+    """The state of each layer's Keras seed generator (dropout masks, random augmentation
+    layers): a checkpoint of the model alone does not track them, and a restored run would
+    draw other masks than the interrupted one."""
+    states = {}
+    for layer in model._flatten_layers(include_self=True):  # Keras has no public walk
+        for index, generator in enumerate(getattr(layer, "_seed_generators", ())):
+            states[f"{layer.name}-{index}"] = generator.state.value
+    return states
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Creates the optimizer's variables now, under the strategy's scope, so that a restore
+    fills them at once (fit and the custom loop build it only if it is not built yet)."""
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+
+
+def current_step(model: keras.Model) -> int:
+    # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def checkpoints_in(path: Path) -> list[str]:
+    """The checkpoints a CheckpointManager keeps in `path`, newest first ([] when none)."""
+    state = tf.train.get_checkpoint_state(str(path))
+    return list(reversed(state.all_model_checkpoint_paths)) if state else []
+
+
+def resolve_checkpoints(path: Path) -> list[str]:
+    """`resume=PATH`: a checkpoint prefix (".../ckpt-6"), a backup directory or a run directory;
+    the checkpoints to try, newest first."""
+    if path.is_dir():
+        return checkpoints_in(path) or checkpoints_in(path / BACKUP_DIR)
+    return [str(path)] if tf.io.gfile.exists(f"{path}.index") else []
+
+
+def restore_latest(checkpoint: tf.train.Checkpoint, candidates: list[str]) -> str | None:
+    """Restores the newest readable checkpoint of `candidates` (newest first); returns its path.
+
+    A checkpoint that cannot be read is skipped with a warning naming it and the error, for the
+    one before it: a damaged latest backup costs one backup interval, not the run.
+    """
+    for path in candidates:
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+        except Exception as error:  # DataLossError, IndexError (truncated), a mismatch: any
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+            log.warning("backup %s cannot be restored (%s); trying the one before it", path, reason)
+            continue
+        return path
+    if candidates:
+        log.warning(
+            "no backup could be restored (%d tried); starting from scratch", len(candidates)
+        )
+    return None
+
+
+class Backup(keras.callbacks.Callback):
+    """Saves the training state every N steps and at each epoch end, and on preemption.
+
+    Every worker runs this callback at the same steps (the step counts are the same everywhere),
+    so every worker takes part in each save. A backup is never taken after the last step of an
+    epoch but before its epoch end: then a restored run never skips an epoch's validation.
+
+    Args:
+      manager: saves into this worker's directory (the chief's: RUN_DIR/backup).
+      options: when to save and how many to keep.
+      steps_per_epoch: the loop's steps per epoch.
+      check_preemption: called at each step where a backup may be taken, with the save function;
+        saves and raises `preemption.Preempted` when the cluster is being preempted.
+    """
+
+    def __init__(
+        self,
+        *,
+        manager: tf.train.CheckpointManager,
+        options: BackupOptions,
+        steps_per_epoch: int,
+        check_preemption: Callable[[], None] | None = None,
+    ):
+        super().__init__()
+        self.manager = manager
+        self.options = options
+        self.steps_per_epoch = steps_per_epoch
+        self.check_preemption = check_preemption
+        self.last_saved: int | None = None  # the step of this process's latest save
+        self.diverged = False  # a NaN/Inf loss was seen: no state from here on is worth saving
+        self._interval_start = 0  # periodic backups count from here
+
+    def save(self) -> str | None:
+        step = current_step(self.model)
+        if step == self.last_saved:
+            return None
+        path = self.manager.save(checkpoint_number=step)
+        self.last_saved = self._interval_start = step
+        return path
+
+    def on_train_begin(self, logs=None):
+        # A restored run starts at a saved state: the next periodic backup is one interval on.
+        self._interval_start = current_step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = current_step(self.model)
+        if step % self.steps_per_epoch == 0:
+            return  # the epoch's last step: its epoch end saves (after validation)
+        self._at_boundary(step, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._at_boundary(current_step(self.model), logs, epoch_end=True)
+
+    def _at_boundary(self, step: int, logs, *, epoch_end: bool = False) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            # Never let a blown-up state push good backups out (training stops on it).
+            self.diverged = True
+        if self.diverged:
+            return
+        if self.check_preemption is not None:
+            self.check_preemption()
+        if not self.options.periodic:
+            return
+        every = self.options.every_n_steps
+        if epoch_end or step // every > self._interval_start // every:
+            self.save()
+
+
+class _QuietSharding(logging.Filter):
+    """TensorFlow logs one INFO line per checkpoint save ("Sharding callback duration")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Sharding callback duration" not in record.getMessage()
+
+
+def make_manager(
+    checkpoint: tf.train.Checkpoint, directory: Path, max_to_keep: int
+) -> tf.train.CheckpointManager:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietSharding) for f in absl.filters):
+        absl.addFilter(_QuietSharding())
+    return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
