@@ -11,7 +11,7 @@ import keras
 
 from tfrecipe import schema
 from tfrecipe.instantiate import instantiate
-from tfrecipe.rundir import write_history
+from tfrecipe.rundir import save_model, write_history
 
 
 class Throughput(keras.callbacks.Callback):
@@ -76,6 +76,19 @@ class EpochHistory(keras.callbacks.Callback):
             write_history(self.run_dir, self.rows)
 
 
+class PeriodicExport(keras.callbacks.Callback):
+    """Saves model-EPOCH.keras every N epochs. Every worker saves (synchronized variables need
+    all of them); only the chief's run dir is the real one."""
+
+    def __init__(self, run_dir: Path, every_n_epochs: int):
+        super().__init__()
+        self.run_dir, self.every_n_epochs = run_dir, every_n_epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every_n_epochs == 0:
+            save_model(self.model, self.run_dir / f"model-{epoch + 1:03d}.keras")
+
+
 class StepCSVLogger(keras.callbacks.Callback):
     """Writes training metrics and the learning rate every N steps to a CSV file (flushed as it
     goes, so a crash keeps what was logged)."""
@@ -136,6 +149,8 @@ def build_callbacks(
                 save_weights_only=True,
             )
         )
+    if spec.export.every_n_epochs:
+        callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs))
     if spec.early_stopping.enabled:
         es = spec.early_stopping
         callbacks.append(

@@ -5,6 +5,7 @@
     tfrecipe cp NAME PATH                copy a recipe to edit it
     tfrecipe validate [NAME|PATH] [overrides]   check everything without training
     tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
+    tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ def validate(args: list[str]) -> None:
     print(f"valid: {' '.join([*recipe, *overrides]) or 'the default config'}")
 
 
+def evaluate(args: list[str]) -> None:
+    from tfrecipe.evaluate import main as evaluate_main  # imports TensorFlow
+
+    evaluate_main(args)
+
+
 def compare(args: list[str]) -> None:
     from tfrecipe.compare import main as compare_main
 
@@ -139,4 +146,5 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "cp": cp,
     "validate": validate,
     "compare": compare,
+    "evaluate": evaluate,
 }

@@ -62,8 +62,12 @@ def _build(run: schema.RunConfig):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
-    data = splits.validation if splits.validation is not None else splits.test
-    return model, data.batch(run.batching.per_replica_batch_size)
+    from tfrecipe.evaluate import evaluation_data
+
+    # Prepared like training's evaluation data (normalization included: integer images).
+    if splits.validation is not None:
+        return model, evaluation_data(run, splits.validation, split="validation")
+    return model, evaluation_data(run, splits.test, split="test")
 
 
 def _load(model, path: Path, attempts: int = 5) -> None:

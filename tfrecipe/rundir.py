@@ -53,6 +53,13 @@ def write_config(run_dir: Path, cfg: DictConfig) -> None:
     atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(public_config(cfg)))
 
 
+def save_model(model, path: Path) -> None:
+    """A `.keras` file, written under a temporary name and renamed: never half-written."""
+    partial = path.with_name(f".partial-{path.name}")
+    model.save(partial)
+    os.replace(partial, path)
+
+
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     atomic_write(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False) + "\n")
 

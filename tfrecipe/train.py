@@ -380,7 +380,7 @@ def _run_loop(
     _check_finite(_final_metrics(rows), rows)
     if inputs.test is not None:
         summary["test"] = loop.evaluate(model, inputs.test)
-    _export(model, run_dir)
+    rundir.save_model(model, run_dir / "model.keras")
     rundir.plot_curves(run_dir, rows)
 
 
@@ -568,15 +568,6 @@ def _check_finite(metrics: dict[str, float], rows: list[dict[str, float]]) -> No
             f"the training loss became {loss} in epoch {len(rows)}; lower "
             "optimizer.learning_rate or enable optimizer.global_clipnorm"
         )
-
-
-def _export(model, run_dir: Path) -> None:
-    """model.keras, written under a temporary name and renamed: never half-written."""
-    import os
-
-    partial = run_dir / ".partial.keras"
-    model.save(partial)
-    os.replace(partial, run_dir / "model.keras")
 
 
 def _optimizer_steps(model) -> int:

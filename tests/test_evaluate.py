@@ -1,0 +1,56 @@
+"""`tfrecipe evaluate` and the periodic model export."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import pytest
+
+from tfrecipe.errors import ConfigError
+from tfrecipe.evaluate import evaluate_run
+
+
+def test_evaluate_reports_the_runs_own_test_metrics(train_run):
+    summary, run_dir = train_run("model=mlp")
+    result = evaluate_run(run_dir)
+    assert result["split"] == "test"
+    assert result["metrics"]["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-5)
+    assert result["metrics"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
+
+
+def test_evaluate_the_best_weights_and_an_override(train_run):
+    _, run_dir = train_run("model=mlp")
+    result = evaluate_run(run_dir, which="best", overrides=["dataset.test_fraction=0.5"])
+    assert 0.0 <= result["metrics"]["accuracy"] <= 1.0
+    assert result["model"] == "best"
+
+
+def test_evaluate_without_the_model_file_is_a_clear_error(train_run):
+    _, run_dir = train_run("model=mlp")
+    (run_dir / "model.keras").unlink()
+    with pytest.raises(ConfigError, match="--model=model.keras: no such file"):
+        evaluate_run(run_dir)
+
+
+def test_periodic_export_saves_a_loadable_model_every_n_epochs(train_run):
+    _, run_dir = train_run("model=mlp", "loop.epochs=4", "callbacks.export.every_n_epochs=2")
+    exported = sorted(p.name for p in run_dir.glob("model-*.keras"))
+    assert exported == ["model-002.keras", "model-004.keras"]
+    model = keras.saving.load_model(run_dir / "model-004.keras")
+    final = keras.saving.load_model(run_dir / "model.keras")
+    for a, b in zip(model.get_weights(), final.get_weights(), strict=True):
+        assert (a == b).all()  # the last export is the final model
+    assert not list(run_dir.glob(".partial-*"))
+
+
+@pytest.mark.slow
+def test_evaluate_through_the_command_line(train_run, cli):
+    summary, run_dir = train_run("model=mlp")
+    result = cli("evaluate", str(run_dir))
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = json.loads(result.stdout[result.stdout.index("{") :])
+    assert printed["metrics"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
+    assert json.loads((run_dir / "evaluation.json").read_text()) == printed
+    missing = cli("evaluate", str(run_dir / "nope"))
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr

@@ -1,0 +1,111 @@
+"""`tfrecipe evaluate RUN_DIR [--model FILE] [key=value ...]`: a run's model on its test split.
+
+The run's own resolved config (`RUN_DIR/config.yaml`) says how to build the data; overrides
+change it (e.g. `dataset.data_dir=...` on another machine). `--model` picks what to evaluate:
+`model.keras` (the exported final model, the default), `best` (the best epoch's weights,
+`best.weights.h5`, loaded into the configured model) or a periodic export `model-NNN.keras`.
+Prints the metrics as JSON and writes them to `RUN_DIR/evaluation.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from tfrecipe import rundir, schema
+from tfrecipe.errors import ConfigError
+
+
+def evaluation_data(run: schema.RunConfig, dataset, *, split: str):
+    """One split, prepared and batched as training evaluates it, on the default strategy."""
+    import tensorflow as tf
+
+    from tfrecipe import data
+    from tfrecipe.pipeline import batch_transform, prepare
+
+    return data.distribute(
+        tf.distribute.get_strategy(),
+        prepare(dataset, run.pipeline, split=split, training=False, seed=run.seed),
+        global_batch_size=run.batching.per_replica_batch_size,
+        batch_map=batch_transform(run.pipeline),
+    )
+
+
+def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"evaluate: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"evaluate: expected key=value overrides, received {' '.join(bad)}")
+    cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
+    return schema.validate(cfg)
+
+
+def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
+    import keras
+
+    from tfrecipe.instantiate import instantiate
+
+    if which != "best":
+        path = run_dir / which
+        if not path.is_file():
+            raise ConfigError(
+                f"evaluate: --model={which}: no such file in {run_dir} (a run exports model.keras "
+                "when it completes; --model=best uses best.weights.h5)"
+            )
+        return keras.saving.load_model(path)
+    weights = run_dir / "best.weights.h5"
+    if not weights.is_file():
+        raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
+    model = instantiate(
+        run.model.model_dump(by_alias=True),
+        key="model",
+        allowed=run.allowed_targets,
+        input_shape=info.input_shape,
+        num_classes=info.num_classes,
+    )
+    model.load_weights(weights)
+    model.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    return model
+
+
+def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
+    """Test-split metrics of the run's model (the validation split when there is no test)."""
+    from tfrecipe.instantiate import instantiate
+
+    run = _load_config(run_dir, list(overrides))
+    splits = instantiate(
+        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
+    )
+    split = "test" if splits.test is not None else "validation"
+    dataset = splits.test if splits.test is not None else splits.validation
+    if dataset is None:
+        raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
+    model = _load_model(run, run_dir, which, splits.info)
+    results = model.evaluate(evaluation_data(run, dataset, split=split), verbose=0, return_dict=True)
+    return {
+        "model": which,
+        "split": split,
+        "metrics": {name: float(value) for name, value in results.items()},
+    }
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="tfrecipe evaluate", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--model", default="model.keras", help="model.keras | best | model-NNN.keras")
+    parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
+    options = parser.parse_args(args)
+    if not options.run_dir.is_dir():
+        raise ConfigError(f"evaluate: {options.run_dir} is not a directory")
+    result = evaluate_run(options.run_dir, which=options.model, overrides=options.overrides)
+    rundir.atomic_write(options.run_dir / "evaluation.json", json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
