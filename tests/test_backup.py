@@ -87,12 +87,16 @@ def test_a_run_resumed_mid_epoch_ends_exactly_as_an_uninterrupted_one(
 
 def test_resume_at_an_epoch_boundary_keeps_the_history(train_in, tmp_path):
     run_dir = tmp_path / "run"
-    train_in(run_dir, *BACKUP)
+    steps_logged = [*BACKUP, "logger.csv.every_n_steps=1"]
+    train_in(run_dir, *steps_logged)
     _interrupted_at(run_dir, 5)  # the end of epoch 1
-    resumed = train_in(run_dir, *BACKUP)
+    resumed = train_in(run_dir, *steps_logged)
     assert resumed["resumed_from_step"] == 5 and resumed["steps_completed"] == 10
     rows = (run_dir / "history.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows] == ["epoch", "1", "2"]
+    # steps.csv keeps the steps logged before the restart, once each
+    steps = [int(r.split(",")[0]) for r in (run_dir / "steps.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(1, 11))
 
 
 def test_an_unreadable_latest_backup_falls_back_to_the_previous_one(train_in, tmp_path, caplog):

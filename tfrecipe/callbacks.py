@@ -91,7 +91,8 @@ class PeriodicExport(keras.callbacks.Callback):
 
 class StepCSVLogger(keras.callbacks.Callback):
     """Writes training metrics and the learning rate every N steps to a CSV file (flushed as it
-    goes, so a crash keeps what was logged)."""
+    goes, so a crash keeps what was logged). A resumed run keeps the rows up to the step it
+    resumed from (later ones are redone)."""
 
     def __init__(self, path: Path, every_n_steps: int):
         super().__init__()
@@ -99,7 +100,13 @@ class StepCSVLogger(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
+        kept = _rows_up_to(self.path, _optimizer_step(self.model))
         self._file = self.path.open("w", newline="")
+        self._writer = None
+        if kept:
+            self._writer = csv.DictWriter(self._file, fieldnames=list(kept[0]))
+            self._writer.writeheader()
+            self._writer.writerows(kept)
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -108,9 +115,7 @@ class StepCSVLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.every_n_steps:
             return
-        # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        row = {"step": step, "epoch": self._epoch + 1, "learning_rate": _learning_rate(self.model)}
+        row = {"step": _optimizer_step(self.model), "epoch": self._epoch + 1, "learning_rate": _learning_rate(self.model)}
         row |= {k: float(v) for k, v in (logs or {}).items()}
         if self._writer is None:
             self._writer = csv.DictWriter(self._file, fieldnames=list(row))
@@ -120,6 +125,18 @@ class StepCSVLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._file.close()
+
+
+def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as file:
+        return [row for row in csv.DictReader(file) if int(row["step"]) <= step]
+
+
+def _optimizer_step(model: keras.Model) -> int:
+    # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
 def _learning_rate(model: keras.Model) -> float:
