@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -21,6 +22,8 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 def records(path: Path) -> list[wandb_internal_pb2.Record]:
     data = path.read_bytes()
+    if len(data) < _HEADER:  # just created
+        return []
     assert data[:4] == b":W&B", f"{path} is not a W&B run file"
     out, pending, offset = [], b"", _HEADER
     while offset + 7 <= len(data):
@@ -28,6 +31,8 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
             offset += _BLOCK - offset % _BLOCK
             continue
         _crc, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        if offset + 7 + length > len(data):  # still being written
+            break
         payload = data[offset + 7 : offset + 7 + length]
         offset += 7 + length
         if kind == 0 and length == 0:
@@ -40,9 +45,19 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
     return out
 
 
-def run_file(run_dir: Path) -> Path:
-    (path,) = run_dir.glob("wandb/*-run-*/run-*.wandb")
-    return path
+def run_file(run_dir: Path, timeout: float = 60.0) -> Path:
+    """The run's file, once W&B's service process has written all of it (its exit record): the
+    service writes asynchronously, and on a loaded machine it can lag behind `run.finish()`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        paths = list(run_dir.glob("wandb/*-run-*/run-*.wandb"))
+        if len(paths) == 1 and any(
+            r.WhichOneof("record_type") == "exit" for r in records(paths[0])
+        ):
+            return paths[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no complete W&B run file under {run_dir}: {paths}")
+        time.sleep(0.2)
 
 
 def config(run_dir: Path) -> dict:
@@ -65,5 +80,9 @@ def summary(run_dir: Path) -> dict:
 
 
 def exit_code(run_dir: Path) -> int | None:
-    codes = [r.exit.exit_code for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "exit"]
+    codes = [
+        r.exit.exit_code
+        for r in records(run_file(run_dir))
+        if r.WhichOneof("record_type") == "exit"
+    ]
     return codes[-1] if codes else None
