@@ -39,12 +39,20 @@ def write_images(folder: Path, shape: tuple[int, int, int], n: int, files: int =
         with tf.io.TFRecordWriter(str(folder / f"{shape[0]}x{shape[2]}-{f}.tfrecord")) as writer:
             for _ in range(n // files):
                 image = rng.integers(0, 256, size=shape, dtype=np.uint8)
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(
-                        value=[tf.io.encode_png(image).numpy()])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(
-                        value=[int(rng.integers(10))])),
-                }))
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(
+                                bytes_list=tf.train.BytesList(
+                                    value=[tf.io.encode_png(image).numpy()]
+                                )
+                            ),
+                            "label": tf.train.Feature(
+                                int64_list=tf.train.Int64List(value=[int(rng.integers(10))])
+                            ),
+                        }
+                    )
+                )
                 writer.write(example.SerializeToString())
     return str(folder / f"{shape[0]}x{shape[2]}-*.tfrecord")
 
@@ -95,8 +103,11 @@ def main() -> None:
             model = getattr(models, name)(input_shape=shape, num_classes=10)
             model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             trained = train_rate(model, dataset, args.steps, args.batch)
-            print(f"| {name} | {'x'.join(map(str, shape))} PNG | {fed:,.0f} | {trained:,.0f} | "
-                  f"{fed / trained:.1f}x |", flush=True)
+            print(
+                f"| {name} | {'x'.join(map(str, shape))} PNG | {fed:,.0f} | {trained:,.0f} | "
+                f"{fed / trained:.1f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

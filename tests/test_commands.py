@@ -67,7 +67,9 @@ def test_every_recipe_starts_with_the_command_that_runs_it(recipe):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_smoke_runs(recipe, train_run, compose_cfg):
     # TFDS recipes have no data offline: their real loading code runs on TFDS' mock data.
-    uses_tfds = compose_cfg(f"recipe={recipe}").dataset._target_.startswith("tfrecipe.datasets.tfds")
+    uses_tfds = compose_cfg(f"recipe={recipe}").dataset._target_.startswith(
+        "tfrecipe.datasets.tfds"
+    )
     with _tfds_mock_data() if uses_tfds else contextlib.nullcontext():
         summary, _ = train_run(f"recipe={recipe}")
     assert summary["status"] == "completed"

@@ -77,8 +77,11 @@ def test_augmentation_flips_and_crops_reproducibly_and_differs_each_epoch():
     assert first[0][0].shape == (4, 4, 3)
     assert any(not np.array_equal(a[0], p[0]) for a, p in zip(first, plain, strict=True))
     assert any(not np.array_equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
-    rerun = list(_prepare(_images(), shuffle_buffer=0, augment_flip=True,
-                          augment_crop_padding=2).as_numpy_iterator())
+    rerun = list(
+        _prepare(
+            _images(), shuffle_buffer=0, augment_flip=True, augment_crop_padding=2
+        ).as_numpy_iterator()
+    )
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(first, rerun, strict=True))
 
 
@@ -201,8 +204,12 @@ def test_tfds_unknown_name_or_key_is_a_value_error(mock_tfds):
     [
         ["dataset=mnist", "model=mlp"],
         ["dataset=fashion_mnist", "model=mlp"],
-        ["dataset=cifar10", "model=cnn", "pipeline.augment_flip=true",
-         "pipeline.augment_crop_padding=4"],
+        [
+            "dataset=cifar10",
+            "model=cnn",
+            "pipeline.augment_flip=true",
+            "pipeline.augment_crop_padding=4",
+        ],
         ["dataset=tfds", "dataset.name=cifar10", "dataset.validation_split='train[:10%]'"],
     ],
     ids=["mnist", "fashion_mnist", "cifar10", "tfds"],
@@ -219,13 +226,21 @@ def test_user_file_options_train(tmp_path, train_run):
     write_npz(tmp_path / "d.npz", 40)
     write_image_folder(tmp_path / "pics", per_class=10)
     runs = {
-        "tfrecord": ["dataset=tfrecord", f"dataset.train_files={tmp_path}/*.tfrecord",
-                     f"dataset.validation_files=[{tmp_path}/a.tfrecord]",
-                     "dataset.feature_shape=[8,8,1]", "dataset.num_classes=2",
-                     "pipeline.cache=null"],
+        "tfrecord": [
+            "dataset=tfrecord",
+            f"dataset.train_files={tmp_path}/*.tfrecord",
+            f"dataset.validation_files=[{tmp_path}/a.tfrecord]",
+            "dataset.feature_shape=[8,8,1]",
+            "dataset.num_classes=2",
+            "pipeline.cache=null",
+        ],
         "npz": ["dataset=npz", f"dataset.path={tmp_path}/d.npz", "dataset.test_fraction=0.2"],
-        "image_folder": ["dataset=image_folder", f"dataset.path={tmp_path}/pics",
-                         "dataset.image_size=[8,8]", "pipeline.augment_flip=true"],
+        "image_folder": [
+            "dataset=image_folder",
+            f"dataset.path={tmp_path}/pics",
+            "dataset.image_size=[8,8]",
+            "pipeline.augment_flip=true",
+        ],
     }
     for name, overrides in runs.items():
         summary, _ = train_run(*overrides, "model=mlp")

@@ -29,7 +29,7 @@ def test_evaluate_the_best_weights_and_an_override(train_run):
 def test_evaluate_without_the_model_file_is_a_clear_error(train_run):
     _, run_dir = train_run("model=mlp")
     (run_dir / "model.keras").unlink()
-    with pytest.raises(ConfigError, match="--model=model.keras: no such file"):
+    with pytest.raises(ConfigError, match=r"--model=model\.keras: no such file"):
         evaluate_run(run_dir)
 
 

@@ -34,13 +34,25 @@ def _run_cluster(pattern: str, out_dir, policies: list[str]) -> list[dict[str, l
     processes = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "2",
-               "PYTHONPATH": str(REPO)}
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps(tf_config),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": str(REPO),
+        }
         out = out_dir / f"worker{index}.json"
-        processes.append((subprocess.Popen(
-            [sys.executable, str(WORKER), pattern, str(out), *policies],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ), out))
+        processes.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), pattern, str(out), *policies],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                ),
+                out,
+            )
+        )
     results = []
     for process, out in processes:
         try:
@@ -57,8 +69,13 @@ def _run_cluster(pattern: str, out_dir, policies: list[str]) -> list[dict[str, l
 @pytest.mark.slow
 def test_file_and_data_policies_show_every_example_once_per_epoch_across_workers(tmp_path):
     for i in range(NUM_FILES):
-        write_tfrecord(tmp_path / f"part-{i}.tfrecord", PER_FILE, kind="float",
-                       first_id=PER_FILE * i, feature_key="features")
+        write_tfrecord(
+            tmp_path / f"part-{i}.tfrecord",
+            PER_FILE,
+            kind="float",
+            first_id=PER_FILE * i,
+            feature_key="features",
+        )
     everything = list(range(NUM_FILES * PER_FILE))
     results = _run_cluster(str(tmp_path / "part-*.tfrecord"), tmp_path, ["file", "data", "off"])
 

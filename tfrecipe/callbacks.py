@@ -115,7 +115,11 @@ class StepCSVLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.every_n_steps:
             return
-        row = {"step": _optimizer_step(self.model), "epoch": self._epoch + 1, "learning_rate": _learning_rate(self.model)}
+        row = {
+            "step": _optimizer_step(self.model),
+            "epoch": self._epoch + 1,
+            "learning_rate": _learning_rate(self.model),
+        }
         row |= {k: float(v) for k, v in (logs or {}).items()}
         if self._writer is None:
             self._writer = csv.DictWriter(self._file, fieldnames=list(row))

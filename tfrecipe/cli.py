@@ -103,7 +103,7 @@ def _task(cfg) -> dict:
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     print_config(cfg)
     from tfrecipe.preemption import Preempted
-    from tfrecipe.train import TrainingError, train
+    from tfrecipe.train import train
 
     try:
         summary = train(cfg, run_dir=run_dir)
@@ -115,7 +115,8 @@ def _task(cfg) -> dict:
             raise _ConfigErrorInJob(error) from None
         _record_failure(run_dir, error)
         if not sweeping or cfg.sweep.fail_fast:
-            raise SystemExit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_TRAINING)
+            code = EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_TRAINING
+            raise SystemExit(code) from None
         _Invocation.failed_jobs.append(str(run_dir))
         return float("nan")
     log.info(
@@ -184,7 +185,8 @@ def _describe_hydra_error(error: BaseException) -> str:
         return f"{key}: unknown key (received {received}); to add a new key use +{key}=..."
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     # Hydra explains in several lines; keep the ones that say what is wrong.
-    useful = [l for l in lines if not l.startswith(("full_key", "object_type", "Config search"))]
+    skip = ("full_key", "object_type", "Config search")
+    useful = [line for line in lines if not line.startswith(skip)]
     return " ".join(useful[:3])
 
 

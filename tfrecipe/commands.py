@@ -1,11 +1,11 @@
 """Subcommands that need no TensorFlow: `ls`, `cat`, `cp`, `validate` (and `compare`).
 
-    tfrecipe ls                          recipes and config groups, one line each
-    tfrecipe cat NAME [overrides]        the config a recipe composes to
-    tfrecipe cp NAME PATH                copy a recipe to edit it
-    tfrecipe validate [NAME|PATH] [overrides]   check everything without training
-    tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
-    tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
+tfrecipe ls                          recipes and config groups, one line each
+tfrecipe cat NAME [overrides]        the config a recipe composes to
+tfrecipe cp NAME PATH                copy a recipe to edit it
+tfrecipe validate [NAME|PATH] [overrides]   check everything without training
+tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
+tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def target_problems(cfg: DictConfig) -> list[str]:
             continue
         given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
         try:
-            problems += [f"{key}: {node._target_} {p}" for p in argument_problems(node._target_, given)]
+            problems += [
+                f"{key}: {node._target_} {p}" for p in argument_problems(node._target_, given)
+            ]
         except Unresolvable as error:
             problems.append(f"{key}._target_: cannot find {node._target_!r} ({error})")
     return problems

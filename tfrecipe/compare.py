@@ -56,7 +56,9 @@ def find_runs(directories: list[Path]) -> list[Run]:
             pairs = dict(str(o).split("=", 1) for o in overrides if "=" in str(o))
             runs.append(Run(run_dir, summary, pairs))
     if not runs:
-        raise ConfigError(f"compare: no runs (summary.json) under {', '.join(map(str, directories))}")
+        raise ConfigError(
+            f"compare: no runs (summary.json) under {', '.join(map(str, directories))}"
+        )
     return runs
 
 
@@ -85,7 +87,9 @@ def table(runs: list[Run], keys: list[str]) -> tuple[list[str], list[list[str]]]
     rows = []
     common = _common_parent([run.path for run in runs])
     for run in runs:
-        values = [run.value(m) for m in (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")]
+        values = [
+            run.value(m) for m in (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")
+        ]
         rows.append(
             [
                 str(run.path.relative_to(common)) if common else str(run.path),

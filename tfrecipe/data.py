@@ -35,8 +35,10 @@ def split_indices(
     """A stratified, seeded train/validation/test split of example indices."""
     from sklearn.model_selection import train_test_split
 
-    for name, value in (("validation_fraction", validation_fraction),
-                        ("test_fraction", test_fraction)):
+    for name, value in (
+        ("validation_fraction", validation_fraction),
+        ("test_fraction", test_fraction),
+    ):
         if not 0 <= value < 1:
             raise ValueError(f"{name} must be in [0, 1), received {name}={value}")
     if validation_fraction + test_fraction >= 1:

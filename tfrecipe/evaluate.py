@@ -90,7 +90,9 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
     model = _load_model(run, run_dir, which, splits.info)
-    results = model.evaluate(evaluation_data(run, dataset, split=split), verbose=0, return_dict=True)
+    results = model.evaluate(
+        evaluation_data(run, dataset, split=split), verbose=0, return_dict=True
+    )
     return {
         "model": which,
         "split": split,
@@ -101,7 +103,9 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tfrecipe evaluate", description=__doc__)
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--model", default="model.keras", help="model.keras | best | model-NNN.keras")
+    parser.add_argument(
+        "--model", default="model.keras", help="model.keras | best | model-NNN.keras"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
     options = parser.parse_args(args)
     if not options.run_dir.is_dir():

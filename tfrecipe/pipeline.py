@@ -72,8 +72,10 @@ def prepare(
     # Per-example seeds from a seeded stream: stateless ops stay reproducible under a parallel
     # map, and differ on every epoch.
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    parallel = tf.data.AUTOTUNE if options.num_parallel_calls == "autotune" else (
-        options.num_parallel_calls
+    parallel = (
+        tf.data.AUTOTUNE
+        if options.num_parallel_calls == "autotune"
+        else (options.num_parallel_calls)
     )
     return tf.data.Dataset.zip(dataset, seeds).map(
         lambda example, seed: (_augment(example[0], seed, options), example[1]),

@@ -83,13 +83,23 @@ class TPUStrategy(_StrategyBase):
 
 NOT_YET_AVAILABLE: tuple[str, ...] = ()
 STRATEGY_NAMES = (
-    "default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
-    "parameter_server", "tpu",
+    "default",
+    "one_device",
+    "mirrored",
+    "central_storage",
+    "multi_worker_mirrored",
+    "parameter_server",
+    "tpu",
 )
 
 Strategy = Annotated[
-    DefaultStrategy | OneDeviceStrategy | MirroredStrategy | CentralStorageStrategy
-    | MultiWorkerMirroredStrategy | ParameterServerStrategy | TPUStrategy,
+    DefaultStrategy
+    | OneDeviceStrategy
+    | MirroredStrategy
+    | CentralStorageStrategy
+    | MultiWorkerMirroredStrategy
+    | ParameterServerStrategy
+    | TPUStrategy,
     Field(discriminator="name"),
 ]
 
@@ -346,7 +356,7 @@ def _cluster_problems(run: RunConfig) -> list[str]:
         problems.append(
             f"strategy.variable_partitioner={run.strategy.variable_partitioner}: Keras 3 "
             "optimizers cannot update partitioned (sharded) variables (apply_gradients fails "
-            "with \"ShardedVariable doesn't support being used as a reference\"); use "
+            'with "ShardedVariable doesn\'t support being used as a reference"); use '
             "strategy.variable_partitioner=none"
         )
     if strategy == "parameter_server" and cluster.name == "none":
@@ -428,7 +438,9 @@ def _describe(error: ValidationError) -> list[str]:
             problems.append(f"{key}: required value is missing (set {key}=...)")
         elif kind == "union_tag_invalid":
             allowed = item["ctx"]["expected_tags"]
-            problems.append(f"{key}.name: unknown option {item['ctx']['tag']!r}; allowed: {allowed}")
+            problems.append(
+                f"{key}.name: unknown option {item['ctx']['tag']!r}; allowed: {allowed}"
+            )
         else:
             problems.append(f"{key}: {item['msg'].lower()}, received {key}={received!r}")
     return problems

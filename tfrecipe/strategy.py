@@ -6,8 +6,8 @@ the strategy comes before precision, data and model.
 
 from __future__ import annotations
 
-import itertools
 import contextlib
+import itertools
 import socket
 from collections.abc import Iterator
 
@@ -147,7 +147,9 @@ def _tpu(spec: schema.TPUStrategy) -> tf.distribute.Strategy:
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as error:  # OSError: URLError
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first_line = (
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
         raise ConfigError(
             f"strategy=tpu: no TPU reachable at strategy.tpu={spec.tpu!r} ({first_line}); "
             "run on a TPU VM, or set strategy.tpu to your TPU's name or grpc:// address"

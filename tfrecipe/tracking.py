@@ -66,4 +66,3 @@ class WandbTracker:
             artifact.add_file(str(model))
             self.run.log_artifact(artifact)
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
-

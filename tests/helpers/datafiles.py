@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 
 
-def images(n: int, size: int = 8, channels: int = 1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def images(
+    n: int, size: int = 8, channels: int = 1, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """n uint8 images whose mean brightness tells the class (2 classes: learnable)."""
     rng = np.random.default_rng(seed)
     labels = (np.arange(n) % 2).astype("int64")
@@ -40,7 +42,9 @@ def write_tfrecord(
             else:
                 values = [float(first_id + i), float(labels[i])]
                 feature = tf.train.Feature(float_list=tf.train.FloatList(value=values))
-            label = tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[i] + label_offset]))
+            label = tf.train.Feature(
+                int64_list=tf.train.Int64List(value=[labels[i] + label_offset])
+            )
             example = tf.train.Example(
                 features=tf.train.Features(feature={feature_key: feature, "label": label})
             )

@@ -49,8 +49,11 @@ def load(
                 f"examples of shape {list(arrays[0].shape[1:])}, {path} of {list(x.shape[1:])}"
             )
     num_classes = num_classes or int(max(a[1].max() for a in [(x, y), *extra.values()] if a)) + 1
-    for file, arrays in ((path, (x, y)), (validation_path, extra["validation"]),
-                         (test_path, extra["test"])):
+    for file, arrays in (
+        (path, (x, y)),
+        (validation_path, extra["validation"]),
+        (test_path, extra["test"]),
+    ):
         if arrays is not None:
             _check_labels(file, y_key, arrays[1], num_classes)
     train, validation, test = split_indices(
@@ -61,8 +64,8 @@ def load(
     )
     datasets = {
         "train": (x[train], y[train]),
-        "validation": extra["validation"] or ((x[validation], y[validation]) if len(validation)
-                                              else None),
+        "validation": extra["validation"]
+        or ((x[validation], y[validation]) if len(validation) else None),
         "test": extra["test"] or ((x[test], y[test]) if len(test) else None),
     }
     info = DatasetInfo(
@@ -73,8 +76,10 @@ def load(
         num_test=len(datasets["test"][1]) if datasets["test"] else 0,
     )
     return Splits(
-        *(tf.data.Dataset.from_tensor_slices(arrays) if arrays else None
-          for arrays in datasets.values()),
+        *(
+            tf.data.Dataset.from_tensor_slices(arrays) if arrays else None
+            for arrays in datasets.values()
+        ),
         info,
     )
 

@@ -53,8 +53,11 @@ def load(
     spec = _Spec(feature_key, feature_kind, tuple(feature_shape), label_key, num_classes)
     spec.check()
     splits, counts = {}, {}
-    for split, pattern in (("train", train_files), ("validation", validation_files),
-                           ("test", test_files)):
+    for split, pattern in (
+        ("train", train_files),
+        ("validation", validation_files),
+        ("test", test_files),
+    ):
         if pattern is None and split != "train":
             splits[split], counts[split] = None, 0
             continue
@@ -74,8 +77,9 @@ def load(
 class _Spec:
     """How to parse and decode one example."""
 
-    def __init__(self, key: str, kind: str, shape: tuple[int, ...], label_key: str,
-                 num_classes: int):
+    def __init__(
+        self, key: str, kind: str, shape: tuple[int, ...], label_key: str, num_classes: int
+    ):
         self.key, self.kind, self.shape = key, kind, shape
         self.label_key, self.num_classes = label_key, num_classes
 
@@ -106,7 +110,8 @@ class _Spec:
         label = example[self.label_key]
         tf.debugging.assert_non_negative(label, message=f"{self.label_key} is negative")
         tf.debugging.assert_less(
-            label, tf.constant(self.num_classes, tf.int64),
+            label,
+            tf.constant(self.num_classes, tf.int64),
             message=f"{self.label_key} is not below num_classes={self.num_classes}",
         )
         return example[self.key], label
