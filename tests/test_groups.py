@@ -41,7 +41,11 @@ NOT_IN_PROCESS = {
 # Values an option needs before it validates: cluster options only make sense with a strategy
 # that spans workers; the user's own data formats need the user's files (`???` in their YAML).
 VALIDATE_WITH = {
-    **{(c, name): ["strategy=multi_worker_mirrored"] for c, name in NOT_IN_PROCESS if c == "cluster"},
+    **{
+        (c, name): ["strategy=multi_worker_mirrored"]
+        for c, name in NOT_IN_PROCESS
+        if c == "cluster"
+    },
     ("strategy", "parameter_server"): ["loop=custom", "cluster=local", "cluster.num_ps=1"],
     ("dataset", "npz"): ["dataset.path=/data/train.npz"],
     ("dataset", "image_folder"): ["dataset.path=/data/pictures"],

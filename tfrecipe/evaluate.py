@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import rundir, schema
+from tfrecipe import factory, rundir, schema
 from tfrecipe.errors import ConfigError
 
 
@@ -49,8 +49,6 @@ def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
 def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
     import keras
 
-    from tfrecipe.instantiate import instantiate
-
     if which != "best":
         path = run_dir / which
         if not path.is_file():
@@ -62,29 +60,16 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
     weights = run_dir / "best.weights.h5"
     if not weights.is_file():
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
-    model = instantiate(
-        run.model.model_dump(by_alias=True),
-        key="model",
-        allowed=run.allowed_targets,
-        input_shape=info.input_shape,
-        num_classes=info.num_classes,
-    )
+    model = factory.build_model(run, info)
     model.load_weights(weights)
-    model.compile(
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )
+    factory.compile_model(model)
     return model
 
 
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
-    from tfrecipe.instantiate import instantiate
-
     run = _load_config(run_dir, list(overrides))
-    splits = instantiate(
-        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
-    )
+    splits = factory.load_splits(run)
     split = "test" if splits.test is not None else "validation"
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:

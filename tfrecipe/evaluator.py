@@ -44,25 +44,12 @@ def _training_ended(run_dir: Path) -> bool:
 
 def _build(run: schema.RunConfig):
     """The run's model (compiled like training) and its evaluation data, on the default strategy."""
-    import keras
-
-    from tfrecipe.instantiate import instantiate
-
-    splits = instantiate(
-        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
-    )
-    model = instantiate(
-        run.model.model_dump(by_alias=True),
-        key="model",
-        allowed=run.allowed_targets,
-        input_shape=splits.info.input_shape,
-        num_classes=splits.info.num_classes,
-    )
-    model.compile(
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )
+    from tfrecipe import factory
     from tfrecipe.evaluate import evaluation_data
+
+    splits = factory.load_splits(run)
+    model = factory.build_model(run, splits.info)
+    factory.compile_model(model)
 
     # Prepared like training's evaluation data (normalization included: integer images).
     if splits.validation is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe import cluster, rundir, schema
+from tfrecipe import cluster, factory, rundir, schema
 from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
@@ -199,11 +199,7 @@ class _Inputs:
 
 def _load_data(run: schema.RunConfig, global_batch: int):
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
-    from tfrecipe.instantiate import instantiate
-
-    splits = instantiate(
-        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
-    )
+    splits = factory.load_splits(run)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
     steps_per_epoch = run.loop.steps_per_epoch or math.ceil(
@@ -258,20 +254,15 @@ def _build_inputs(
 
 def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, global_batch: int):
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
-    from tfrecipe.instantiate import instantiate
     from tfrecipe.strategy import model_scope
 
     with model_scope(strategy):
-        model = instantiate(
-            run.model.model_dump(by_alias=True),
-            key="model",
-            allowed=run.allowed_targets,
-            input_shape=info.input_shape,
-            num_classes=info.num_classes,
-        )
+        model = factory.build_model(run, info)
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
-        _compile(model, optimizer, steps_per_execution=run.batching.steps_per_execution)
+        factory.compile_model(
+            model, optimizer=optimizer, steps_per_execution=run.batching.steps_per_execution
+        )
     return model
 
 
@@ -539,17 +530,6 @@ def _build_optimizer(run: schema.RunConfig, global_batch: int, *, total_steps: i
         run.optimizer,
         learning_rate=schedule,
         loss_scaling=run.precision.policy == "mixed_float16",
-    )
-
-
-def _compile(model, optimizer, *, steps_per_execution: int) -> None:
-    import keras
-
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        steps_per_execution=steps_per_execution,
     )
 
 
