@@ -64,7 +64,18 @@ def test_every_recipe_starts_with_the_command_that_runs_it(recipe):
     assert first.startswith("# python -m tfrecipe") and f"recipe={recipe}" in first
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+def _cluster(recipe: str) -> str:
+    from tfrecipe.configs import compose
+
+    return compose([f"recipe={recipe}"]).cluster.name
+
+
+# Recipes that start their own cluster of processes (cluster=local) run through the command line.
+CLUSTER_RECIPES = [r for r in RECIPES if _cluster(r) == "local"]
+IN_PROCESS_RECIPES = [r for r in RECIPES if r not in CLUSTER_RECIPES]
+
+
+@pytest.mark.parametrize("recipe", IN_PROCESS_RECIPES)
 def test_every_recipe_smoke_runs(recipe, train_run, compose_cfg):
     # TFDS recipes have no data offline: their real loading code runs on TFDS' mock data.
     uses_tfds = compose_cfg(f"recipe={recipe}").dataset._target_.startswith(
@@ -73,6 +84,33 @@ def test_every_recipe_smoke_runs(recipe, train_run, compose_cfg):
     with _tfds_mock_data() if uses_tfds else contextlib.nullcontext():
         summary, _ = train_run(f"recipe={recipe}")
     assert summary["status"] == "completed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", CLUSTER_RECIPES)
+def test_every_cluster_recipe_smoke_runs(recipe, tmp_path):
+    """The recipe's own strategy, cluster and callbacks for real (worker processes, gRPC). TFDS
+    mock data cannot reach worker processes, so a TFDS recipe runs here on the bundled digits
+    (its TFDS loading is what test_data.py covers)."""
+    from helpers.launch import launching
+
+    run_dir = tmp_path / "run"
+    uses_tfds = "tfds" in str(_dataset_target(recipe))
+    for launch in launching(tmp_path):
+        run = launch(
+            f"recipe={recipe}", *TINY, *(["dataset=digits"] if uses_tfds else []),
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+        assert run.finish() == 0, run.output[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps_completed"] == 2 * 3  # TINY: 2 epochs x 3 steps
+
+
+def _dataset_target(recipe: str) -> str:
+    from tfrecipe.configs import compose
+
+    return compose([f"recipe={recipe}"]).dataset._target_
 
 
 def _tfds_mock_data():

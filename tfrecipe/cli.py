@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
         _discard_new_run_dir()
         print(f"tfrecipe: invalid configuration: {_describe_hydra_error(error)}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    except BrokenPipeError:  # `tfrecipe ls | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
 
 
 def _run_hydra(argv: list[str]) -> None:

@@ -90,6 +90,17 @@ def _is_cluster_override(arg: str) -> bool:
     return key == "cluster" or key.startswith("cluster.")
 
 
+@functools.cache
+def _recipe_cluster_deletions(overrides: tuple[str, ...]) -> list[str]:
+    """`~cluster.KEY` for the local-cluster keys a recipe sets in its body (num_workers, num_ps,
+    ...): its tasks join through TF_CONFIG, where those keys mean nothing (and would be refused
+    as unknown)."""
+    from tfrecipe.configs import compose
+
+    cluster = compose(list(overrides)).cluster
+    return [f"~cluster.{key}" for key in cluster if key not in ("name", "evaluator")]
+
+
 def task_argv(overrides: Sequence[str], *, chief: bool, evaluator: bool = False) -> list[str]:
     """The command of one task: the same overrides, but joining the cluster through TF_CONFIG.
 
@@ -98,6 +109,7 @@ def task_argv(overrides: Sequence[str], *, chief: bool, evaluator: bool = False)
     """
     argv = [a for a in overrides if not _is_cluster_override(a)]
     argv.append("cluster=tf_config")
+    argv += _recipe_cluster_deletions(tuple(argv))
     if evaluator:
         argv.append("cluster.evaluator=true")
     if not chief:
