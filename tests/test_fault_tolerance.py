@@ -68,3 +68,29 @@ def test_a_killed_worker_costs_at_most_one_backup_interval(launch, tmp_path, loo
     # 24 steps learn little: below chance level (ln 10 = 2.30), as an uninterrupted run (~2.2)
     assert math.isfinite(metrics["loss"]) and metrics["loss"] < math.log(10)
     assert math.isfinite(metrics["val_loss"]) and metrics["val_loss"] < math.log(10)
+
+
+PARAMETER_SERVERS = [
+    "strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1",
+    "loop=custom", "loop.epochs=4", "loop.steps_per_epoch=15", "loop.verbose=0",
+]  # fmt: skip
+
+
+def test_a_killed_parameter_server_worker_is_absorbed_by_the_coordinator(launch, tmp_path):
+    """ClusterCoordinator reschedules a lost worker's steps: the run completes with the exact
+    step count, with no cluster restart."""
+    run_dir = tmp_path / "run"
+    run = launch(*PARAMETER_SERVERS, f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: (run_dir / "history.csv").exists(), timeout=240)  # epoch 1 done
+    assert (run_dir / "history.csv").exists(), run.output[-3000:]
+    _worker(run.process.pid, 1).send_signal(signal.SIGKILL)
+
+    code = run.finish(timeout=400)
+
+    assert code == 0, run.output[-4000:]
+    assert "restarting the cluster" not in run.output
+    assert "worker 1 exited with code -9 during training" in run.output  # killed mid-run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps_completed"] == 4 * 15
+    assert summary["epochs_completed"] == 4
