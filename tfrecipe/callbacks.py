@@ -10,6 +10,7 @@ from pathlib import Path
 import keras
 
 from tfrecipe import schema
+from tfrecipe.backup import current_step
 from tfrecipe.instantiate import instantiate
 from tfrecipe.rundir import save_model, write_history
 
@@ -100,7 +101,7 @@ class StepCSVLogger(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        kept = _rows_up_to(self.path, _optimizer_step(self.model))
+        kept = _rows_up_to(self.path, current_step(self.model))
         self._file = self.path.open("w", newline="")
         self._writer = None
         if kept:
@@ -116,7 +117,7 @@ class StepCSVLogger(keras.callbacks.Callback):
         if (batch + 1) % self.every_n_steps:
             return
         row = {
-            "step": _optimizer_step(self.model),
+            "step": current_step(self.model),
             "epoch": self._epoch + 1,
             "learning_rate": _learning_rate(self.model),
         }
@@ -136,11 +137,6 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
         return []
     with path.open(newline="") as file:
         return [row for row in csv.DictReader(file) if int(row["step"]) <= step]
-
-
-def _optimizer_step(model: keras.Model) -> int:
-    # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
 def _learning_rate(model: keras.Model) -> float:

@@ -131,11 +131,10 @@ def _task(cfg) -> dict:
 
 def _objective(summary: dict, metric: str) -> float:
     """The value optimizing sweepers minimize/maximize (NaN when the run has no such metric)."""
-    if metric.startswith("test_"):
-        value = summary["test"].get(metric.removeprefix("test_"))
-    else:
-        value = summary["metrics"].get(metric, summary.get(metric))
-    return float("nan") if value is None else float(value)
+    from tfrecipe.rundir import summary_value
+
+    value = summary_value(summary, metric)
+    return float("nan") if value is None else value
 
 
 def _record_failure(run_dir: Path, error: Exception) -> None:

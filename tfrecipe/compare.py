@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tfrecipe.errors import ConfigError
-from tfrecipe.rundir import SUMMARY, atomic_write, read_summary
+from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 # Metrics where bigger is better; everything else sorts ascending.
@@ -32,13 +32,7 @@ class Run:
     overrides: dict[str, str]
 
     def value(self, metric: str) -> float | None:
-        if metric.startswith("test_"):
-            value = (self.summary.get("test") or {}).get(metric.removeprefix("test_"))
-        elif metric in ("examples_per_sec", "wall_time_s", "steps_completed"):
-            value = self.summary.get(metric)
-        else:
-            value = (self.summary.get("metrics") or {}).get(metric)
-        return float(value) if isinstance(value, int | float) else None
+        return summary_value(self.summary, metric)
 
 
 def find_runs(directories: list[Path]) -> list[Run]:

@@ -64,6 +64,17 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     atomic_write(run_dir / SUMMARY, json.dumps(summary, indent=2, sort_keys=False) + "\n")
 
 
+def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
+    """A number from a summary by the names sweeps and `compare` use: `test_X` is the test split's
+    X, a final metric (`loss`, `val_accuracy`, ...) by its Keras name, else a top-level field
+    (`examples_per_sec`, `wall_time_s`, ...). None when the run has no such number."""
+    if name.startswith("test_"):
+        value = (summary.get("test") or {}).get(name.removeprefix("test_"))
+    else:
+        value = (summary.get("metrics") or {}).get(name, summary.get(name))
+    return float(value) if isinstance(value, int | float) else None
+
+
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / SUMMARY).read_text())

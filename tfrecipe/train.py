@@ -386,10 +386,12 @@ def _finish(
     error: BaseException | None = None,
 ) -> None:
     """Writes the final summary.json (also after a failure) and finishes the W&B run."""
+    from tfrecipe import backup
+
     rows = monitors.history.rows
     summary.update(
         status=status,
-        steps_completed=_optimizer_steps(model),
+        steps_completed=backup.current_step(model),
         epochs_completed=len(rows),
         metrics=_final_metrics(rows),
         wall_time_s=round(time.perf_counter() - started, 3),
@@ -548,9 +550,3 @@ def _check_finite(metrics: dict[str, float], rows: list[dict[str, float]]) -> No
             f"the training loss became {loss} in epoch {len(rows)}; lower "
             "optimizer.learning_rate or enable optimizer.global_clipnorm"
         )
-
-
-def _optimizer_steps(model) -> int:
-    import keras
-
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
