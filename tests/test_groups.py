@@ -16,7 +16,6 @@ import pytest
 from conftest import REPO, TINY
 from omegaconf import OmegaConf
 
-from tfrecipe.errors import ConfigError
 from tfrecipe.schema import validate
 from tfrecipe.train import TrainingError
 
@@ -25,10 +24,6 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF / group).glob("*.yaml"))]
 DEFAULTS = {"strategy": "default", "model": "cnn", "loop": "fit"}
 
-# Strategies the core issue ships as configs that fail with "not yet available"; the multi-worker
-# issue makes them real (and runs them on real local clusters in its own tests). Delete a name
-# here once it is available: the generic tests below then cover it like any other option.
-NOT_YET_AVAILABLE: set[str] = set()
 # Options that cannot train inside this one test process, and why.
 _WITH_MULTI_WORKER = "tested with the multi-worker strategies, on real local clusters"
 NOT_IN_PROCESS = {
@@ -116,10 +111,6 @@ def test_the_groups_are_the_public_ones():
 def test_every_option_composes_and_validates(compose_cfg, group, option):
     overrides = [*overrides_for(group, option), *VALIDATE_WITH.get((group, option), [])]
     cfg = compose_cfg(*overrides, tiny=False)
-    if group == "strategy" and option in NOT_YET_AVAILABLE:
-        with pytest.raises(ConfigError, match=f"strategy={option}: not yet available"):
-            validate(cfg)
-        return
     run = validate(cfg)
     # The option's own values reach the typed config (except those the test overrides).
     section = getattr(run, group).model_dump(by_alias=True)
@@ -152,10 +143,6 @@ def test_every_option_trains(train_run, group, option):
     if reason := _needs_external_data(group, option):
         pytest.skip(f"{group}={option}: {reason}")
     overrides = overrides_for(group, option)
-    if group == "strategy" and option in NOT_YET_AVAILABLE:
-        with pytest.raises(ConfigError, match="not yet available"):
-            train_run(*overrides, tiny=False)
-        return
 
     summary, run_dir = train_run(*overrides, tiny=False)
 

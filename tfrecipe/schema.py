@@ -81,7 +81,6 @@ class TPUStrategy(_StrategyBase):
     project: str | None = None
 
 
-NOT_YET_AVAILABLE: tuple[str, ...] = ()
 STRATEGY_NAMES = (
     "default",
     "one_device",
