@@ -46,11 +46,14 @@ class BackupOptions:
     periodic: save every `every_n_steps` steps and at each epoch end (else only on preemption).
     every_n_steps: steps between periodic backups (at the first batch end at or after each).
     max_to_keep: how many backups to keep (older ones are deleted).
+    save_at_start: also save the state training starts from, so that a rollback (a NaN loss
+      before the first periodic backup) has one.
     """
 
     periodic: bool
     every_n_steps: int = 100
     max_to_keep: int = 3
+    save_at_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,13 +169,22 @@ class Backup(keras.callbacks.Callback):
         step = current_step(self.model)
         if step == self.last_saved:
             return None
+        # A step's loss is computed before its update: the step that blows the weights up still
+        # reports a finite loss, and its state must not become the backup a rollback restores.
+        if not _all_finite(self.model.trainable_variables):
+            self.diverged = True
+            return None
         path = self.manager.save(checkpoint_number=step)
         self.last_saved = self._interval_start = step
         return path
 
     def on_train_begin(self, logs=None):
-        # A restored run starts at a saved state: the next periodic backup is one interval on.
+        # Training (re)starts from a good state: the start of the run, a resumed backup or a
+        # rollback's; the next periodic backup is one interval on.
+        self.diverged = False
         self._interval_start = current_step(self.model)
+        if self.options.save_at_start:
+            self.save()
 
     def on_epoch_begin(self, epoch, logs=None):
         # Steps are counted from here in Python: reading `iterations` at every batch costs
@@ -207,6 +219,12 @@ class Backup(keras.callbacks.Callback):
         every = self.options.every_n_steps
         if epoch_end or step // every > self._interval_start // every:
             self.save()
+
+
+def _all_finite(variables: list[tf.Variable]) -> bool:
+    """One device read for all of them (not one per variable)."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables]
+    return bool(tf.reduce_all(checks)) if checks else True
 
 
 class _QuietSharding(logging.Filter):
