@@ -12,6 +12,7 @@ import keras
 from tfrecipe import schema
 from tfrecipe.backup import current_step
 from tfrecipe.instantiate import instantiate
+from tfrecipe.optim import current_learning_rate
 from tfrecipe.rundir import save_model, write_history
 
 
@@ -73,6 +74,14 @@ class EpochHistory(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
         self.rows.append(row)
+        self._write()
+
+    def keep(self, epochs: int) -> None:
+        """Forgets the epochs after the first `epochs` (a rollback trains them again)."""
+        self.rows = self.rows[:epochs]
+        self._write()
+
+    def _write(self) -> None:
         if self.run_dir is not None:
             write_history(self.run_dir, self.rows)
 
@@ -119,7 +128,7 @@ class StepCSVLogger(keras.callbacks.Callback):
         row = {
             "step": current_step(self.model),
             "epoch": self._epoch + 1,
-            "learning_rate": _learning_rate(self.model),
+            "learning_rate": current_learning_rate(self.model.optimizer),
         }
         row |= {k: float(v) for k, v in (logs or {}).items()}
         if self._writer is None:
@@ -137,12 +146,6 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
         return []
     with path.open(newline="") as file:
         return [row for row in csv.DictReader(file) if int(row["step"]) <= step]
-
-
-def _learning_rate(model: keras.Model) -> float:
-    optimizer = model.optimizer
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return float(keras.ops.convert_to_numpy(inner.learning_rate))
 
 
 def build_callbacks(

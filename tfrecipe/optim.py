@@ -50,3 +50,58 @@ def build_optimizer(
     )
     optimizer = _OPTIMIZERS[spec.name](learning_rate=learning_rate, **options)
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
+
+
+@keras.saving.register_keras_serializable(package="tfrecipe")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule(step) x factor`: a schedule lowered after a loss blow-up (a rollback), kept in
+    model.keras like any Keras schedule."""
+
+    def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: float):
+        self.schedule = schedule
+        self.factor = factor
+
+    def __call__(self, step):
+        return self.schedule(step) * self.factor
+
+    def get_config(self) -> dict:
+        return {
+            "schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "factor": self.factor,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> ScaledSchedule:
+        schedule = keras.optimizers.schedules.deserialize(config["schedule"])
+        return cls(schedule, config["factor"])
+
+
+def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
+    """The learning rate of the next step (a schedule's value at the current step)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return float(keras.ops.convert_to_numpy(inner.learning_rate))
+
+
+def base_learning_rate(
+    optimizer: keras.optimizers.Optimizer,
+) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    """The learning rate `optimizer` trains with now: its schedule, or the float's value."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a float16 LossScaleOptimizer's
+    schedule = inner._learning_rate  # no public getter: the property gives the current value
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return schedule
+    return float(keras.ops.convert_to_numpy(schedule))
+
+
+def set_scaled_learning_rate(
+    optimizer: keras.optimizers.Optimizer,
+    base: float | keras.optimizers.schedules.LearningRateSchedule,
+    factor: float,
+) -> None:
+    """Trains on with `base x factor` (a float's variable is assigned; a schedule is wrapped, so
+    a traced train step must be traced again to see it)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
+        inner.learning_rate = ScaledSchedule(base, factor)
+    else:
+        inner.learning_rate = base * factor
