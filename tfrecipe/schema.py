@@ -177,8 +177,15 @@ class EarlyStopping(_Switch):
     restore_best_weights: bool = True
 
 
+class TerminateOnNaN(_Switch):
+    # On a NaN/Inf loss: restore the last good backup and go on with the learning rate x
+    # lr_factor, at most max_rollbacks times (0: stop at once).
+    max_rollbacks: NonNegativeInt = 0
+    lr_factor: Annotated[float, Field(gt=0, le=1)] = 0.5
+
+
 class Backup(_Schema):
-    # null: on for multi-worker runs (a cluster), off for a single process.
+    # null: on for multi-worker runs (a cluster) or when terminate_on_nan rolls back, else off.
     enabled: bool | None = None
     every_n_steps: PositiveInt = 100
     max_to_keep: PositiveInt = 3
@@ -192,7 +199,7 @@ class Export(_Schema):
 class Callbacks(_Schema):
     model_checkpoint: ModelCheckpoint
     early_stopping: EarlyStopping
-    terminate_on_nan: _Switch
+    terminate_on_nan: TerminateOnNaN
     progress: _Switch
     backup: Backup = Backup()
     export: Export = Export()
@@ -313,6 +320,31 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems += _cluster_problems(run)
     problems += _loop_problems(run)
     problems += _resume_problems(run)
+    problems += _rollback_problems(run)
+    return problems
+
+
+def _rollback_problems(run: RunConfig) -> list[str]:
+    """A rollback restarts from a backup once TerminateOnNaN has stopped the loop."""
+    spec = run.callbacks.terminate_on_nan
+    if not spec.max_rollbacks:
+        return []
+    key, problems = f"callbacks.terminate_on_nan.max_rollbacks={spec.max_rollbacks}", []
+    if not spec.enabled:
+        problems.append(
+            f"{key}: rolls back when TerminateOnNaN stops training, but "
+            "callbacks.terminate_on_nan.enabled=false; enable it or set max_rollbacks=0"
+        )
+    if run.callbacks.backup.enabled is False:
+        problems.append(
+            f"{key}: rolls back to the last backup, but callbacks.backup.enabled=false; set "
+            "callbacks.backup.enabled=true (or null) or max_rollbacks=0"
+        )
+    if run.strategy.name == "parameter_server":
+        problems.append(
+            f"{key}: not supported with strategy=parameter_server (its ClusterCoordinator "
+            "loop does not restart in-process from a backup); set max_rollbacks=0"
+        )
     return problems
 
 

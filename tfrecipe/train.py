@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,7 @@ def _train(
 ) -> dict[str, Any]:
     """Trains into `run_dir` (a non-chief's scratch dir; its backups are read from
     `shared_run_dir`, the chief's run dir)."""
+    from tfrecipe.optim import base_learning_rate
     from tfrecipe.preemption import Preempted
 
     started = time.perf_counter()
@@ -133,7 +135,8 @@ def _train(
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     splits, steps_per_epoch = _load_data(run, global_batch)
     model = _build_model(run, strategy, splits.info, steps_per_epoch, global_batch)
-    resumed = _restore(run, model, (shared_run_dir or run_dir) / BACKUP_DIR)
+    backup_dir = (shared_run_dir or run_dir) / BACKUP_DIR  # every worker reads the chief's
+    resumed = _restore(run, model, backup_dir)
     start_step = resumed.step if resumed else 0
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
@@ -144,7 +147,16 @@ def _train(
     rundir.write_summary(run_dir, summary)
 
     monitors = _monitors(run, cfg, task, run_dir, inputs, global_batch, start_step)
-    protection = _fault_tolerance(run, task, model, run_dir, steps_per_epoch)
+    # A fresh run keeps its first step's state: a rollback before the first periodic backup.
+    protection = _fault_tolerance(
+        run, task, model, run_dir, steps_per_epoch, save_at_start=resumed is None
+    )
+    recovery = _Recovery(
+        spec=run.callbacks.terminate_on_nan,
+        candidates=lambda: _candidates(run, backup_dir),
+        base_learning_rate=base_learning_rate(model.optimizer),
+        steps_per_epoch=steps_per_epoch,
+    )
     try:
         _run_loop(
             run,
@@ -155,6 +167,7 @@ def _train(
             run_dir,
             history=monitors.history,
             start_step=start_step,
+            recovery=recovery,
         )
     except BaseException as error:
         status = "preempted" if isinstance(error, Preempted) else "failed"
@@ -285,6 +298,7 @@ def _initial_summary(
         "epochs_completed": 0,
         "steps_completed": 0,
         "resumed_from_step": None,
+        "rollbacks": [],  # {step, restored_step, learning_rate_factor}: see _Recovery
         "metrics": {},
         "test": {},
         "examples_per_sec": None,
@@ -349,8 +363,10 @@ def _run_loop(
     *,
     history,
     start_step: int = 0,
+    recovery: _Recovery,
 ) -> None:
-    """Trains with the configured loop, then evaluates the test split and exports the model."""
+    """Trains with the configured loop (again from a backup after each rollback), then evaluates
+    the test split and exports the model."""
     from tfrecipe.loops.options import LoopOptions
 
     options = LoopOptions(
@@ -366,13 +382,23 @@ def _run_loop(
     loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
     extra = {"train_data_from": inputs.train_from} if loop_module == "fit" else {}
-    loop.run(model, inputs.train, inputs.validation, options=options, callbacks=callbacks, **extra)
-    rows = history.rows
-    _check_finite(_final_metrics(rows), rows)
+    train_data = inputs.train
+    while True:
+        loop.run(
+            model, train_data, inputs.validation, options=options, callbacks=callbacks, **extra
+        )
+        blow_up = _loss_blow_up(history.rows)
+        if blow_up is None:
+            break
+        step = recovery.roll_back(model, blow_up, summary["rollbacks"], history)
+        rundir.write_summary(run_dir, summary)
+        # The seeded stream from the restored step on, as a resumed run reads it.
+        options = dataclasses.replace(options, initial_step=step)
+        train_data = inputs.train_from(step)
     if inputs.test is not None:
         summary["test"] = loop.evaluate(model, inputs.test)
     rundir.save_model(model, run_dir / "model.keras")
-    rundir.plot_curves(run_dir, rows)
+    rundir.plot_curves(run_dir, history.rows)
 
 
 def _finish(
@@ -410,18 +436,7 @@ def _restore(run: schema.RunConfig, model, backup_dir: Path):
     from tfrecipe import backup
 
     backup.build_optimizer(model)  # its variables must exist to be restored into
-    own = backup.checkpoints_in(backup_dir)
-    if run.resume in ("auto", "never") or own:
-        # never: the run dir held no run (ensure_fresh_run_dir), unless the launcher restarted
-        # this one; a run that began from resume=PATH continues from its own, newer backups.
-        candidates = own
-    else:
-        candidates = backup.resolve_checkpoints(Path(run.resume))
-        if not candidates:
-            raise ConfigError(
-                f"resume={run.resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
-                "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
-            )
+    candidates = _candidates(run, backup_dir)
     path = backup.restore_latest(backup.training_state(model), candidates)
     if path is None:
         if candidates:
@@ -435,6 +450,79 @@ def _restore(run: schema.RunConfig, model, backup_dir: Path):
     return point
 
 
+def _candidates(run: schema.RunConfig, backup_dir: Path) -> list[str]:
+    """The checkpoints to continue from, newest first: the run's own backups, else those of
+    `resume=PATH` (so a rollback before the first own backup restores the run's start)."""
+    from tfrecipe import backup
+
+    own = backup.checkpoints_in(backup_dir)
+    if run.resume in ("auto", "never") or own:
+        # never: the run dir held no run (ensure_fresh_run_dir), unless the launcher restarted
+        # this one; a run that began from resume=PATH continues from its own, newer backups.
+        return own
+    candidates = backup.resolve_checkpoints(Path(run.resume))
+    if not candidates:
+        raise ConfigError(
+            f"resume={run.resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
+            "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
+        )
+    return candidates
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recovery:
+    """What a NaN/Inf loss leads to (`callbacks.terminate_on_nan`): with rollbacks left, the
+    newest good backup is restored and training goes on at a lower learning rate (TF Model
+    Garden's recovery, plus the lower rate); without, the run fails.
+
+    Every worker sees the same all-reduced loss, so every worker rolls back, each from the
+    chief's backups.
+    """
+
+    spec: schema.TerminateOnNaN
+    candidates: Callable[[], list[str]]  # the backups to roll back to, newest first
+    base_learning_rate: Any  # the float or schedule the run started with (optim)
+    steps_per_epoch: int
+
+    def roll_back(self, model, blow_up: str, rollbacks: list[dict], history) -> int:
+        """Restores the newest good backup into `model` and lowers its learning rate to
+        base x lr_factor^k for the k-th rollback; records it in `rollbacks` and returns the
+        restored step. Raises TrainingError when no rollback is left or nothing restores."""
+        from tfrecipe import backup, optim
+
+        limit = self.spec.max_rollbacks
+        if len(rollbacks) >= limit:
+            if limit:
+                blow_up += f" again after {limit} rollbacks (callbacks.terminate_on_nan)"
+            raise TrainingError(
+                f"{blow_up}; lower optimizer.learning_rate or enable optimizer.global_clipnorm"
+            )
+        step = backup.current_step(model)
+        path = backup.restore_latest(backup.training_state(model), self.candidates())
+        if path is None:
+            raise TrainingError(f"{blow_up}; no backup could be restored to roll back to")
+        factor = self.spec.lr_factor ** (len(rollbacks) + 1)
+        # After the restore: a float learning rate is a variable in the backup.
+        optim.set_scaled_learning_rate(model.optimizer, self.base_learning_rate, factor)
+        model.make_train_function(force=True)  # fit's traced step holds the old schedule
+        restored = backup.current_step(model)
+        history.keep(restored // self.steps_per_epoch)
+        rollbacks.append({"step": step, "restored_step": restored, "learning_rate_factor": factor})
+        log.warning(
+            "%s at step %d: rolled back to %s (step %d) with the learning rate x%g, now %.4g "
+            "(rollback %d of %d)",
+            blow_up,
+            step,
+            path,
+            restored,
+            factor,
+            optim.current_learning_rate(model.optimizer),
+            len(rollbacks),
+            limit,
+        )
+        return restored
+
+
 @dataclasses.dataclass(frozen=True)
 class _Protection:
     """The backup callback, and what stops watching for preemption when training ends."""
@@ -444,17 +532,29 @@ class _Protection:
 
 
 def _fault_tolerance(
-    run: schema.RunConfig, task: cluster.Task, model, run_dir: Path, steps_per_epoch: int
+    run: schema.RunConfig,
+    task: cluster.Task,
+    model,
+    run_dir: Path,
+    steps_per_epoch: int,
+    *,
+    save_at_start: bool,
 ) -> _Protection:
-    """Backups (periodic when `callbacks.backup.enabled`, default: multi-worker runs) and the
-    SIGTERM watcher that saves one on preemption."""
+    """Backups (periodic when `callbacks.backup.enabled`, default: multi-worker runs and runs
+    that roll back) and the SIGTERM watcher that saves one on preemption.
+
+    Args:
+      save_at_start: with rollbacks, also back up the state training starts from.
+    """
     from tfrecipe import backup, preemption
 
     spec = run.callbacks.backup
+    rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0
     options = backup.BackupOptions(
-        periodic=spec.enabled if spec.enabled is not None else task.type is not None,
+        periodic=spec.enabled if spec.enabled is not None else task.type is not None or rolls_back,
         every_n_steps=spec.every_n_steps,
         max_to_keep=spec.max_to_keep,
+        save_at_start=rolls_back and save_at_start,
     )
     manager = backup.make_manager(
         backup.training_state(model), run_dir / BACKUP_DIR, options.max_to_keep
@@ -543,10 +643,10 @@ def _final_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return metrics
 
 
-def _check_finite(metrics: dict[str, float], rows: list[dict[str, float]]) -> None:
-    loss = metrics.get("loss")
+def _loss_blow_up(rows: list[dict[str, float]]) -> str | None:
+    """What went wrong when the last epoch's training loss is NaN/Inf (TerminateOnNaN stopped
+    it there), else None."""
+    loss = _final_metrics(rows).get("loss")
     if loss is not None and not math.isfinite(loss):
-        raise TrainingError(
-            f"the training loss became {loss} in epoch {len(rows)}; lower "
-            "optimizer.learning_rate or enable optimizer.global_clipnorm"
-        )
+        return f"the training loss became {loss} in epoch {len(rows)}"
+    return None
