@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
-from test_backup import BACKUP, _backups, _summary, _weights
+from test_backup import BACKUP, _backups, _interrupted_at, _summary, _weights
 from test_cli import assert_refused
 
 LR = 0.002
@@ -95,6 +95,24 @@ def test_a_schedule_is_scaled_from_the_rollback_on(train_run, tmp_path):
     )
     for rolled_back, resumed in zip(_weights(run_dir), _weights(lowered), strict=True):
         np.testing.assert_array_equal(rolled_back, resumed)
+
+
+def test_a_run_resumed_after_a_rollback_goes_on_at_the_lowered_rate(
+    train_run, compose_cfg, tmp_path
+):
+    from tfrecipe.train import train
+
+    cosine = ["optimizer.schedule=cosine", "optimizer.min_lr_fraction=0.1"]
+    overrides = [*ROLLBACK, *cosine, *poison(7, tmp_path / "once")]
+    first, run_dir = train_run(*overrides)
+    rates = _learning_rates(run_dir)
+    _interrupted_at(run_dir, 6)  # as if it had crashed right after rolling back to step 6
+
+    resumed = train(compose_cfg(*overrides), run_dir=run_dir)
+
+    assert resumed["resumed_from_step"] == 6 and resumed["steps_completed"] == TOTAL_STEPS
+    assert resumed["rollbacks"] == first["rollbacks"]  # and they count towards max_rollbacks
+    assert _learning_rates(run_dir) == pytest.approx(rates)  # steps 7-10 at schedule x 0.5
 
 
 def test_a_blow_up_before_the_first_backup_rolls_back_to_the_start(train_run, tmp_path):

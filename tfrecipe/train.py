@@ -136,12 +136,21 @@ def _train(
     splits, steps_per_epoch = _load_data(run, global_batch)
     model = _build_model(run, strategy, splits.info, steps_per_epoch, global_batch)
     backup_dir = (shared_run_dir or run_dir) / BACKUP_DIR  # every worker reads the chief's
+    recovery = _Recovery(
+        spec=run.callbacks.terminate_on_nan,
+        candidates=lambda: _candidates(run, backup_dir),
+        # as configured: a restore sets a float rate's variable to the backup's
+        base_learning_rate=base_learning_rate(model.optimizer),
+        steps_per_epoch=steps_per_epoch,
+    )
     resumed = _restore(run, model, backup_dir)
     start_step = resumed.step if resumed else 0
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
     summary["resumed_from_step"] = resumed.step if resumed else None
+    if resumed:
+        summary["rollbacks"] = recovery.resume(model, backup_dir.parent, resumed.step)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_config(run_dir, cfg)
     rundir.write_summary(run_dir, summary)
@@ -150,12 +159,6 @@ def _train(
     # A fresh run keeps its first step's state: a rollback before the first periodic backup.
     protection = _fault_tolerance(
         run, task, model, run_dir, steps_per_epoch, save_at_start=resumed is None
-    )
-    recovery = _Recovery(
-        spec=run.callbacks.terminate_on_nan,
-        candidates=lambda: _candidates(run, backup_dir),
-        base_learning_rate=base_learning_rate(model.optimizer),
-        steps_per_epoch=steps_per_epoch,
     )
     try:
         _run_loop(
@@ -476,7 +479,8 @@ class _Recovery:
     Garden's recovery, plus the lower rate); without, the run fails.
 
     Every worker sees the same all-reduced loss, so every worker rolls back, each from the
-    chief's backups.
+    chief's backups. A resumed run continues the rollbacks of the run it resumes (they count
+    towards the limit, and the rate stays lowered).
     """
 
     spec: schema.TerminateOnNaN
@@ -501,10 +505,8 @@ class _Recovery:
         path = backup.restore_latest(backup.training_state(model), self.candidates())
         if path is None:
             raise TrainingError(f"{blow_up}; no backup could be restored to roll back to")
-        factor = self.spec.lr_factor ** (len(rollbacks) + 1)
-        # After the restore: a float learning rate is a variable in the backup.
-        optim.set_scaled_learning_rate(model.optimizer, self.base_learning_rate, factor)
-        model.make_train_function(force=True)  # fit's traced step holds the old schedule
+        factor = _learning_rate_factor(rollbacks) * self.spec.lr_factor
+        self._lower_learning_rate(model, factor)  # after the restore, which sets a float's
         restored = backup.current_step(model)
         history.keep(restored // self.steps_per_epoch)
         rollbacks.append({"step": step, "restored_step": restored, "learning_rate_factor": factor})
@@ -521,6 +523,25 @@ class _Recovery:
             limit,
         )
         return restored
+
+    def resume(self, model, run_dir: Path, step: int) -> list[dict]:
+        """The rollbacks of the interrupted run in `run_dir` up to `step` (the restored one),
+        with the learning rate lowered as they left it."""
+        previous = (rundir.read_summary(run_dir) or {}).get("rollbacks", [])
+        rollbacks = [r for r in previous if r["restored_step"] <= step]
+        if rollbacks:
+            self._lower_learning_rate(model, _learning_rate_factor(rollbacks))
+        return rollbacks
+
+    def _lower_learning_rate(self, model, factor: float) -> None:
+        from tfrecipe import optim
+
+        optim.set_scaled_learning_rate(model.optimizer, self.base_learning_rate, factor)
+        model.make_train_function(force=True)  # fit's traced step holds the old schedule
+
+
+def _learning_rate_factor(rollbacks: list[dict]) -> float:
+    return rollbacks[-1]["learning_rate_factor"] if rollbacks else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
