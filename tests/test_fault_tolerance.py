@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from pathlib import Path
 
@@ -29,16 +30,16 @@ def launch(tmp_path):
     yield from launching(tmp_path)
 
 
-def _worker(launcher_pid: int, index: int) -> psutil.Process:
-    """The worker process with TF_CONFIG task index `index` among the launcher's children."""
+def _task(launcher_pid: int, task: dict) -> psutil.Process:
+    """The process with TF_CONFIG task `task` among the launcher's children."""
     for child in psutil.Process(launcher_pid).children(recursive=True):
         try:
             config = json.loads(child.environ().get("TF_CONFIG", "null") or "null")
         except (psutil.Error, json.JSONDecodeError):
             continue
-        if config and config["task"] == {"type": "worker", "index": index}:
+        if config and config["task"] == task:
             return child
-    raise AssertionError(f"no worker {index} among the launcher's processes")
+    raise AssertionError(f"no task {task} among the launcher's processes")
 
 
 def _backups(run_dir: Path) -> list[int]:
@@ -51,7 +52,7 @@ def test_a_killed_worker_costs_at_most_one_backup_interval(launch, tmp_path, loo
     run = launch(*TRAINING, f"loop={loop}", f"hydra.run.dir={run_dir}")
     run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
     assert _backups(run_dir), "no backup appeared"
-    _worker(run.process.pid, 1).send_signal(signal.SIGKILL)
+    _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGKILL)
 
     code = run.finish(timeout=400)
 
@@ -70,27 +71,86 @@ def test_a_killed_worker_costs_at_most_one_backup_interval(launch, tmp_path, loo
     assert math.isfinite(metrics["val_loss"]) and metrics["val_loss"] < math.log(10)
 
 
+def test_a_worker_preempted_alone_restarts_the_cluster_losing_no_step(launch, tmp_path):
+    """What a cluster manager does to one task (SIGTERM): both workers agree on a step and save
+    there, the launcher restarts the cluster, and it resumes at exactly that step."""
+    run_dir = tmp_path / "run"
+    run = launch(*TRAINING, "loop=custom", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
+    assert _backups(run_dir), run.output[-3000:]
+    _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGTERM)
+
+    code = run.finish(timeout=400)
+
+    assert code == 0, run.output[-4000:]
+    assert "exited with code 75 (preempted: the workers saved a backup" in run.output
+    assert "restarting the cluster (1 of 1 restarts)" in run.output
+    saved = int(re.search(r"\[worker 0\] .*backup saved at step (\d+)", run.output).group(1))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["resumed_from_step"] == saved  # zero lost steps
+    assert summary["steps_completed"] == EPOCHS * STEPS_PER_EPOCH
+
+
 PARAMETER_SERVERS = [
     "strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1",
     "loop=custom", "loop.epochs=4", "loop.steps_per_epoch=15", "loop.verbose=0",
+    "cluster.grace_period_s=5",
 ]  # fmt: skip
 
 
-def test_a_killed_parameter_server_worker_is_absorbed_by_the_coordinator(launch, tmp_path):
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_killed_parameter_server_worker_is_absorbed_by_the_coordinator(
+    launch, tmp_path, max_restarts
+):
     """ClusterCoordinator reschedules a lost worker's steps: the run completes with the exact
-    step count, with no cluster restart."""
+    step count, without a cluster restart; with restarts allowed, the worker is started again
+    at its address and serves again."""
     run_dir = tmp_path / "run"
-    run = launch(*PARAMETER_SERVERS, f"hydra.run.dir={run_dir}")
+    # Long enough (~30 s) for the restarted worker to start while training goes on.
+    epochs = 20 if max_restarts else 4
+    run = launch(
+        *PARAMETER_SERVERS, f"loop.epochs={epochs}", "loop.steps_per_epoch=30",
+        f"cluster.max_restarts={max_restarts}", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
     run.wait_for(lambda: (run_dir / "history.csv").exists(), timeout=240)  # epoch 1 done
     assert (run_dir / "history.csv").exists(), run.output[-3000:]
-    _worker(run.process.pid, 1).send_signal(signal.SIGKILL)
+    _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGKILL)
 
     code = run.finish(timeout=400)
 
     assert code == 0, run.output[-4000:]
     assert "restarting the cluster" not in run.output
     assert "worker 1 exited with code -9 during training" in run.output  # killed mid-run
+    if max_restarts:
+        assert "restarting worker 1 (1 of 1 restarts)" in run.output
+        assert run.output.count("[worker 1] worker 1 serving at") == 2
+    else:
+        assert "the coordinator goes on without worker 1 (no restarts left)" in run.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
-    assert summary["steps_completed"] == 4 * 15
+    assert summary["steps_completed"] == epochs * 30
+    assert summary["epochs_completed"] == epochs
+    assert summary["resumed_from_step"] is None  # the coordinator never started over
+
+
+def test_a_killed_parameter_server_restarts_the_cluster_from_the_last_backup(launch, tmp_path):
+    """A parameter server's variables die with it: the whole cluster starts again and the
+    coordinator restores the last backup (taken at each epoch end under parameter servers)."""
+    run_dir = tmp_path / "run"
+    run = launch(*PARAMETER_SERVERS, "cluster.max_restarts=1", f"hydra.run.dir={run_dir}")
+    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
+    assert _backups(run_dir), run.output[-3000:]
+    _task(run.process.pid, {"type": "ps", "index": 0}).send_signal(signal.SIGKILL)
+
+    code = run.finish(timeout=400)
+
+    assert code == 0, run.output[-4000:]
+    assert "ps 0 exited with code -9 during training" in run.output
+    assert "restarting the cluster (1 of 1 restarts)" in run.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps_completed"] == 4 * 15  # exact, across the restart
     assert summary["epochs_completed"] == 4
+    assert summary["resumed_from_step"] in (15, 30, 45)  # an epoch end
+    assert math.isfinite(summary["metrics"]["loss"]) and summary["metrics"]["loss"] < math.log(10)

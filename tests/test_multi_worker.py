@@ -94,7 +94,8 @@ def test_sigterm_stops_every_worker(launch, tmp_path):
     time.sleep(3)  # inside TensorFlow start-up or training
     run.process.send_signal(signal.SIGTERM)
     code = run.finish(timeout=60)
-    assert code == 128 + signal.SIGTERM, run.output[-3000:]
+    # 75 when the chief was already training: it saved a backup on the way out (preemption)
+    assert code in (128 + signal.SIGTERM, 75), run.output[-3000:]
     assert "SIGTERM: stopping every task" in run.output
     assert not run.leftovers()
 

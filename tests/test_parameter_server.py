@@ -1,5 +1,5 @@
 """`strategy=parameter_server cluster=local`: real tf.distribute.Server processes (parameter
-servers and workers) and this launcher process as the ClusterCoordinator."""
+servers and workers) and a coordinator task (the chief) that trains through them."""
 
 from __future__ import annotations
 

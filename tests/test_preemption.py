@@ -44,8 +44,13 @@ def _summary(run_dir: Path) -> dict:
 
 @pytest.mark.parametrize(
     "overrides",
-    [("loop=fit",), ("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom")],
-    ids=["single-process-fit", "mirrored-custom"],
+    [
+        ("loop=fit",),
+        ("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom"),
+        # SIGTERM to the launcher reaches both workers; they agree on a step, save, exit 75.
+        ("strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2", "loop=fit"),
+    ],
+    ids=["single-process-fit", "mirrored-custom", "two-workers-fit"],
 )
 def test_sigterm_saves_exits_and_the_same_command_resumes_losing_no_step(tmp_path, overrides):
     run_dir = tmp_path / "run"

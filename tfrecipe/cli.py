@@ -229,7 +229,7 @@ def _run_hydra(argv: list[str]) -> None:
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
         from tfrecipe.launcher import run_local_cluster
 
-        raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster, run_task=hydra_main))
+        raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster))
     hydra_main()
     if _Invocation.failed_jobs:
         print(

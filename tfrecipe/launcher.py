@@ -2,13 +2,22 @@
 
 Each task is a `python -m tfrecipe` process with the user's overrides, `cluster=tf_config` and its
 own TF_CONFIG on free 127.0.0.1 ports; all share one run directory (`hydra.run.dir`), which only
-the chief writes. Their output is streamed with a `[worker i]` / `[ps i]` prefix. Ctrl-C and
-SIGTERM reach every task. When a task dies, the others are stopped and the whole cluster starts
-again, at most `max_restarts` times. Tasks get no shell: every command is an argument list.
+the chief writes. Their output is streamed with a `[worker i]` / `[ps i]` / `[chief 0]` prefix.
+Tasks get no shell: every command is an argument list.
 
-This module imports no TensorFlow: mirrored workers each start their own runtime, and the
-launching process only supervises them. With parameter servers, the launching process is also the
-coordinator (`run_coordinator`), which does import TensorFlow, after the servers are up.
+Faults, as a cluster manager (Kubernetes, SLURM) would handle them, at most `max_restarts` times:
+- mirrored workers: when one dies, the others are stopped and the whole cluster starts again; it
+  resumes from the chief's last backup.
+- parameter servers: the coordinator (the `chief` task) reschedules a dead worker's steps on the
+  others, and the dead worker is started again at its address (the coordinator takes it back); a
+  dead parameter server loses the variables it held, so the whole cluster starts again from the
+  last backup.
+- preemption: SIGTERM or Ctrl-C reaching the launcher reaches every task (the coordinator first);
+  the chief saves a backup and exits with EXIT_PREEMPTED, and so does the launcher: rerunning the
+  same command resumes with no step lost.
+
+This module imports no TensorFlow: every task starts its own runtime, and the launching process
+only supervises them.
 """
 
 from __future__ import annotations
@@ -17,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import logging
 import os
 import shutil
 import signal
@@ -27,10 +35,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tfrecipe import cluster
+from tfrecipe.preemption import EXIT_PREEMPTED
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -41,7 +50,7 @@ _POLL_S = 0.2
 class LaunchOptions:
     """Args:
     num_workers: worker processes (worker 0 is the chief unless there is a coordinator).
-    num_ps: parameter-server processes; > 0 makes this process the coordinator (chief).
+    num_ps: parameter-server processes; > 0 adds a coordinator task (the chief).
     max_restarts: how often the whole cluster may be started again after a task died.
     grace_period_s: seconds a task gets after SIGTERM before SIGKILL.
     """
@@ -130,9 +139,16 @@ def _die_with_parent() -> None:
 
 @dataclasses.dataclass
 class _Task:
-    name: str
+    name: str  # "worker 1": its role and index, as its output's prefix shows it
+    argv: list[str]
+    env: dict[str, str]
     process: subprocess.Popen
     streamer: threading.Thread
+    watched: bool = True  # False: its exit was dealt with, the run goes on without it
+
+    @property
+    def role(self) -> str:
+        return self.name.split()[0]
 
 
 def _stream(prefix: str, pipe, lock: threading.Lock) -> None:
@@ -144,19 +160,27 @@ def _stream(prefix: str, pipe, lock: threading.Lock) -> None:
 
 
 class _Cluster:
-    """One start of the cluster's processes; stops them all, whatever happens."""
+    """One start of the cluster's processes; stops them all, whatever happens.
 
-    def __init__(self, grace_period_s: float):
+    Args:
+      grace_period_s: seconds a task gets after SIGTERM before SIGKILL.
+      stop_first: the task stopped (and waited for) before the others: a parameter-server
+        cluster's coordinator, which needs the servers to save its backup.
+    """
+
+    def __init__(self, grace_period_s: float, stop_first: str | None = None):
         self.grace_period_s = grace_period_s
-        self.tasks: list[_Task] = []
+        self.stop_first = stop_first
+        self.tasks: dict[str, _Task] = {}
         self._lock = threading.Lock()
         # Each task's TMPDIR: what a killed task could not delete (its scratch run dir,
         # autograph's files) goes with this folder when the cluster stops.
         self.scratch = Path(tempfile.mkdtemp(prefix="tfrecipe-cluster-"))
+        self.stopped = False
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         tmp = self.scratch / name.replace(" ", "")
-        tmp.mkdir()
+        tmp.mkdir(exist_ok=True)
         process = subprocess.Popen(
             argv,
             env={**env, "TMPDIR": str(tmp)},
@@ -172,14 +196,37 @@ class _Cluster:
             target=_stream, args=(f"[{name}]", process.stdout, self._lock), daemon=True
         )
         streamer.start()
-        self.tasks.append(_Task(name, process, streamer))
+        self.tasks[name] = _Task(name, argv, env, process, streamer)
+
+    def restart(self, name: str, attempt: int) -> None:
+        """Starts the (dead) task `name` again with its command, at its address."""
+        task = self.tasks[name]
+        task.streamer.join(timeout=5)
+        self.start(name, task.argv, {**task.env, cluster.ATTEMPT_ENV: str(attempt)})
 
     def poll(self) -> dict[str, int | None]:
-        return {task.name: task.process.poll() for task in self.tasks}
+        return {name: task.process.poll() for name, task in self.tasks.items()}
+
+    def exit_code(self, name: str) -> int | None:
+        task = self.tasks.get(name)
+        return task.process.poll() if task else None
 
     def stop(self) -> None:
-        """SIGTERM to every task's process group, SIGKILL after the grace period."""
-        running = [t for t in self.tasks if t.process.poll() is None]
+        """SIGTERM to every task's process group (`stop_first` alone first), SIGKILL after the
+        grace period. Stopping twice does nothing more."""
+        if self.stopped:
+            return
+        self.stopped = True
+        first = [t for name, t in self.tasks.items() if name == self.stop_first]
+        self._terminate(first)
+        self._terminate([t for t in self.tasks.values() if t not in first])
+        for task in self.tasks.values():
+            _signal_group(task.process, signal.SIGKILL)  # whatever its children left behind
+            task.streamer.join(timeout=5)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _terminate(self, tasks: list[_Task]) -> None:
+        running = [t for t in tasks if t.process.poll() is None]
         for task in running:
             _signal_group(task.process, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_period_s
@@ -189,10 +236,6 @@ class _Cluster:
             except subprocess.TimeoutExpired:
                 _signal_group(task.process, signal.SIGKILL)
                 task.process.wait()
-        for task in self.tasks:
-            _signal_group(task.process, signal.SIGKILL)  # whatever its children left behind
-            task.streamer.join(timeout=5)
-        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
@@ -237,13 +280,35 @@ def _task_env(spec, task_type: str, index: int, attempt: int) -> dict[str, str]:
     return env
 
 
+class _Restarts:
+    """The restart budget of one launch (`max_restarts`), shared by every kind of restart."""
+
+    def __init__(self, allowed: int):
+        self.allowed = allowed
+        self.used = 0
+
+    def take(self) -> bool:
+        if self.used == self.allowed:
+            return False
+        self.used += 1
+        return True
+
+    def __str__(self) -> str:
+        return f"{self.used} of {self.allowed} restarts"
+
+
+def _chief(options: LaunchOptions) -> str:
+    return "chief 0" if options.num_ps else "worker 0"
+
+
 def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: int) -> None:
-    for task_type in ("ps", "worker"):
+    """Servers first, then the workers; the coordinator last (it connects to all of them)."""
+    for task_type in ("ps", "worker", "chief"):
         for index in range(len(spec.get(task_type, []))):
-            chief = task_type == "worker" and index == 0 and not options.num_ps
+            name = f"{task_type} {index}"
             group.start(
-                f"{task_type} {index}",
-                task_argv(overrides, chief=chief, evaluator=options.evaluator),
+                name,
+                task_argv(overrides, chief=name == _chief(options), evaluator=options.evaluator),
                 _task_env(spec, task_type, index, attempt),
             )
     if options.evaluator:  # outside the cluster spec: it joins no collective
@@ -254,90 +319,105 @@ def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: in
         )
 
 
-def _watch(group: _Cluster, coordinator: Callable[[], int] | None) -> int:
+def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
     """Waits until the run ends; returns its exit code (0: every worker/the coordinator done)."""
-    if coordinator is not None:
-        return _coordinate(group, coordinator)
+    watch = _watch_coordinator if options.num_ps else _watch_workers
     while True:
-        codes = group.poll()
-        failed = {name: code for name, code in codes.items() if code not in (None, 0)}
-        if failed:
-            name, code = next(iter(failed.items()))
-            _log(f"{name} exited with code {code}")
+        code = watch(group, restarts)
+        if code is not None:
             return code
-        if all(code == 0 for code in codes.values()):
-            return 0
         time.sleep(_POLL_S)
 
 
-def _coordinate(group: _Cluster, coordinator: Callable[[], int]) -> int:
-    """Runs the coordinator in this process while the servers run (a dead server fails it)."""
-    code = coordinator()
-    for name, exit_code in group.poll().items():
-        if exit_code is not None:
-            _log(f"{name} exited with code {exit_code} during training")
-    return code
+_PREEMPTED_NOTE = " (preempted: the workers saved a backup to resume from)"
 
 
-def launch(
-    overrides: Sequence[str],
-    options: LaunchOptions,
-    *,
-    coordinator: Callable[[dict[str, list[str]]], int] | None = None,
-) -> int:
+def _watch_workers(group: _Cluster, restarts: _Restarts) -> int | None:
+    """Mirrored workers train in lockstep: one that fails stops the run."""
+    codes = group.poll()
+    for name, code in codes.items():
+        if code not in (None, 0):
+            _log(
+                f"{name} exited with code {code}{_PREEMPTED_NOTE if code == EXIT_PREEMPTED else ''}"
+            )
+            return code
+    return 0 if all(code == 0 for code in codes.values()) else None
+
+
+def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:
+    """The coordinator's exit ends the run. Servers run until they are stopped: a dead parameter
+    server fails the run; a dead worker's steps go to the others, and it is started again."""
+    for name, code in group.poll().items():
+        task = group.tasks[name]
+        if code is None or not task.watched or (task.role == "evaluator" and code == 0):
+            continue
+        if task.role == "chief":
+            if code:
+                _log(f"the coordinator ({name}) exited with code {code}")
+            return code
+        _log(f"{name} exited with code {code} during training")
+        if task.role != "worker":
+            return EXIT_FAILED
+        if not restarts.take():
+            _log(f"the coordinator goes on without {name} (no restarts left)")
+            task.watched = False
+            continue
+        _log(f"restarting {name} ({restarts}); the coordinator reschedules its steps meanwhile")
+        group.restart(name, restarts.used)
+    return None
+
+
+def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
     """Runs the cluster to the end, restarting it after a failure; returns the exit code.
 
     Args:
       overrides: the user's command-line overrides, with `hydra.run.dir` pinned to one directory.
       options: cluster shape and restart policy.
-      coordinator: with parameter servers, runs training in this process given the cluster spec
-        (it sets its own TF_CONFIG) and returns an exit code.
     """
-    attempts = options.max_restarts + 1
+    restarts = _Restarts(options.max_restarts)
     with _signals_interrupt():
-        for attempt in range(attempts):
+        while True:
             spec = cluster_spec(options)
-            group = _Cluster(options.grace_period_s)
+            coordinator = _chief(options) if options.num_ps else None
+            group = _Cluster(options.grace_period_s, stop_first=coordinator)
             try:
-                _log(f"starting {_describe(spec)} (attempt {attempt + 1} of {attempts})")
-                _start(group, overrides, spec, options, attempt)
-                code = _watch(group, coordinator and functools.partial(coordinator, spec))
+                attempt = f"attempt {restarts.used + 1} of {options.max_restarts + 1}"
+                _log(f"starting {_describe(spec)} ({attempt})")
+                _start(group, overrides, spec, options, restarts.used)
+                code = _watch(group, options, restarts)
             except Interrupted as interrupt:
                 _log(f"{interrupt}: stopping every task")
-                return interrupt.exit_code
+                group.stop()
+                return _interrupted_exit_code(group, options, interrupt)
             finally:
                 group.stop()
-            if code == 0:
-                return 0
-            if code == EXIT_CONFIG:  # a configuration error repeats on every start
-                return EXIT_CONFIG
-            if attempt + 1 < attempts:
-                _log(f"restarting the cluster ({attempt + 1} of {options.max_restarts} restarts)")
+            if code in (0, EXIT_CONFIG):  # a configuration error repeats on every start
+                return code
+            if not restarts.take():
+                break
+            _log(f"restarting the cluster ({restarts})")
     _log(f"the cluster could not finish after {options.max_restarts} restart(s)")
-    return EXIT_FAILED
+    return EXIT_PREEMPTED if code == EXIT_PREEMPTED else EXIT_FAILED
+
+
+def _interrupted_exit_code(group: _Cluster, options: LaunchOptions, interrupt) -> int:
+    """EXIT_PREEMPTED when the chief saved a backup on the way out, else 128 + the signal."""
+    if group.exit_code(_chief(options)) == EXIT_PREEMPTED:
+        _log("the chief saved a backup; rerun the same command to resume")
+        return EXIT_PREEMPTED
+    return interrupt.exit_code
 
 
 def _describe(spec: dict[str, list[str]]) -> str:
     return ", ".join(f"{len(addrs)} {role}" for role, addrs in spec.items())
 
 
-def _exit_code(run: Callable[[], None]) -> int:
-    try:
-        run()
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    return 0
-
-
-def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]) -> int:
-    """`cluster=local` from the command line: returns the exit code of the whole cluster (with
-    parameter servers this process is the coordinator, and it exits with that code itself).
+def run_local_cluster(argv: Sequence[str], spec) -> int:
+    """`cluster=local` from the command line: returns the exit code of the whole cluster.
 
     Args:
       argv: the command line's overrides, `hydra.run.dir` pinned.
       spec: the validated `cluster` config (schema.LocalCluster).
-      run_task: runs one training task in this process from `sys.argv` (the Hydra entry point);
-        used for the coordinator of a parameter-server cluster.
     """
     options = LaunchOptions(
         num_workers=spec.num_workers,
@@ -346,24 +426,4 @@ def run_local_cluster(argv: Sequence[str], spec, *, run_task: Callable[[], None]
         grace_period_s=spec.grace_period_s,
         evaluator=spec.evaluator,
     )
-    if not options.num_ps:
-        return launch(argv, options)
-    if options.max_restarts:
-        # The coordinator's TensorFlow runtime is bound to the cluster it connected to, so this
-        # process cannot start over; ClusterCoordinator itself retries a failed worker's steps.
-        _log("parameter-server clusters are not restarted as a whole; max_restarts is ignored")
-        options = dataclasses.replace(options, max_restarts=0)
-
-    def coordinator(spec: dict[str, list[str]]) -> int:
-        os.environ["TF_CONFIG"] = tf_config(spec, "chief", 0)
-        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-        sys.argv = [sys.argv[0], *task_argv(argv, chief=True, evaluator=options.evaluator)[3:]]
-        return _exit_code(run_task)
-
-    code = launch(argv, options, coordinator=coordinator)
-    # This process's TensorFlow runtime would now try to reach the servers just stopped, and
-    # print a page of gRPC errors while exiting: skip its teardown.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return launch(argv, options)
