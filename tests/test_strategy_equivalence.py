@@ -49,7 +49,7 @@ def _final_loss(summary: dict) -> float:
     return summary["test"]["loss"]
 
 
-# central_storage matches only with tfrecipe.keras_fixes.fix_central_storage_metrics: without it
+# central_storage matches only with tfrecipe.keras_fixes.fix_shared_variable_increments: without it
 # Keras' metric updates double-count and the reported test loss was 2.3028 instead of 2.3004.
 STRATEGIES = list(IN_PROCESS)
 

@@ -109,30 +109,41 @@ def is_installed() -> bool:
     return bool(_original)
 
 
-# --- CentralStorageStrategy: Keras' assign_add double-counts on aggregating variables ----------
+# --- Variables shared by replicas: Keras' assign_add is not an increment ---------------------
 #
-# Keras 3 implements `Variable.assign_add(v)` as `assign(self + v)`. Under CentralStorageStrategy
-# variables live on one device as `AggregatingVariable`s, and an assign in a replica context is
-# aggregated over the replicas: with two replicas the metric total becomes 2*old + v0 + v1 instead
-# of old + v0 + v1 (a Mean's count over 100 examples read 620). Training is unaffected (gradients
-# go through the optimizer), but every reported metric, `loss` included, was wrong. TensorFlow's
-# own `assign_add` aggregates the increments, which is what a metric update means.
+# Keras 3 implements `Variable.assign_add(v)` as `assign(self + v)`, a read then a write. Where one
+# variable is shared by several replicas that is wrong:
+# - CentralStorageStrategy keeps variables on one device as `AggregatingVariable`s, and an assign
+#   in a replica context is aggregated over the replicas: with two replicas a metric total becomes
+#   2*old + v0 + v1 instead of old + v0 + v1 (a Mean's count over 100 examples read 620).
+# - ParameterServerStrategy keeps them on the parameter servers (`CachingVariable`), where the
+#   workers' steps run concurrently: two read-then-writes interleave and one increment is lost (a
+#   Mean of ones over 400 scheduled steps counted 16640 of 25600 examples, its total 16320: the
+#   training accuracy read 1.047; `optimizer.iterations` loses steps the same way).
+# Training itself is unaffected (gradients go through the optimizer), but every reported metric,
+# `loss` included, was wrong. TensorFlow's own `assign_add` aggregates the increments (central
+# storage) and is one atomic op on the parameter server, which is what a metric update means.
 
-_central_original: dict[str, object] = {}
+_increment_original: dict[str, object] = {}
+
+_SHARED_STRATEGIES = (
+    tf.distribute.experimental.CentralStorageStrategy,
+    tf.distribute.experimental.ParameterServerStrategy,
+)
 
 
-def _aggregating(variable) -> bool:
-    from tensorflow.python.distribute.ps_values import AggregatingVariable
+def _shared(variable) -> bool:
+    from tensorflow.python.distribute.ps_values import AggregatingVariable, CachingVariable
 
-    return isinstance(getattr(variable, "_value", None), AggregatingVariable)
+    return isinstance(getattr(variable, "_value", None), AggregatingVariable | CachingVariable)
 
 
 def _make_increment(name: str):
     def increment(self, value):
         from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-        if in_stateless_scope() or not _aggregating(self):
-            return _central_original[name](self, value)
+        if in_stateless_scope() or not _shared(self):
+            return _increment_original[name](self, value)
         value = self._convert_to_tensor(value, dtype=self._dtype)
         getattr(self._value, name)(tf.cast(value, self._value.dtype))
         return value
@@ -141,18 +152,20 @@ def _make_increment(name: str):
     return increment
 
 
-def fix_central_storage_metrics(strategy: tf.distribute.Strategy) -> bool:
-    """Makes Keras variables under CentralStorageStrategy add with TensorFlow's `assign_add`.
+def fix_shared_variable_increments(strategy: tf.distribute.Strategy) -> bool:
+    """Makes Keras variables shared by replicas (central storage, parameter servers) add with
+    TensorFlow's `assign_add`.
 
     Idempotent; other variables keep Keras' own code. Returns whether the fix is installed.
-    tests/test_strategy_equivalence.py fails for central_storage if it stops working.
+    tests/test_strategy_equivalence.py fails for central_storage if it stops working, and
+    tests/test_parameter_server.py's training metrics for parameter servers.
     """
-    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
+    if not isinstance(strategy, _SHARED_STRATEGIES):
         return False
     from keras.src.backend.tensorflow.core import Variable
 
-    if not _central_original:
+    if not _increment_original:
         for name in ("assign_add", "assign_sub"):
-            _central_original[name] = getattr(Variable, name)
+            _increment_original[name] = getattr(Variable, name)
             setattr(Variable, name, _make_increment(name))
     return True

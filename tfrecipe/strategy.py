@@ -121,9 +121,13 @@ def _variable_partitioner(spec: schema.ParameterServerStrategy, num_ps: int):
 
 def _parameter_server(spec, cluster_resolver) -> tf.distribute.Strategy:
     num_ps = len(cluster_resolver.cluster_spec().as_dict().get("ps", []))
-    return tf.distribute.experimental.ParameterServerStrategy(
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
         cluster_resolver, variable_partitioner=_variable_partitioner(spec, num_ps)
     )
+    from tfrecipe.keras_fixes import fix_shared_variable_increments
+
+    fix_shared_variable_increments(strategy)  # concurrent workers lose metric updates otherwise
+    return strategy
 
 
 def _check_reachable(tpu: str, timeout_s: float = 10.0) -> None:
@@ -187,9 +191,9 @@ def build_strategy(
             compute_devices=_local_devices(spec.devices, spec.logical_cpus),
             parameter_device=spec.parameter_device,
         )
-        from tfrecipe.keras_fixes import fix_central_storage_metrics
+        from tfrecipe.keras_fixes import fix_shared_variable_increments
 
-        fix_central_storage_metrics(strategy)  # Keras metrics double-count otherwise
+        fix_shared_variable_increments(strategy)  # Keras metrics double-count otherwise
         return strategy
     if spec.name == "multi_worker_mirrored":
         configure_logical_cpus(spec.logical_cpus)

@@ -1,0 +1,57 @@
+"""Run as a script: a Keras Mean updated by 400 steps that two real worker servers run
+concurrently, under tfrecipe's ParameterServerStrategy; prints {"count": ..., "total": ...}.
+
+Servers and coordinator share this process (real tf.distribute.Servers on loopback gRPC), which
+is why it runs apart from the test process.
+"""
+
+import json
+import socket
+
+import keras
+import tensorflow as tf
+
+from tfrecipe.schema import ParameterServerStrategy
+from tfrecipe.strategy import build_strategy
+
+STEPS, BATCH = 400, 64
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    spec = {role: [f"127.0.0.1:{_free_port()}" for _ in range(n)]
+            for role, n in (("chief", 1), ("worker", 2), ("ps", 1))}  # fmt: skip
+    cluster = tf.train.ClusterSpec(spec)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
+    servers = [  # noqa: F841 (they serve while referenced)
+        tf.distribute.Server(cluster, job_name=job, task_index=i, config=config, start=True)
+        for job in ("worker", "ps")
+        for i in range(len(spec[job]))
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        cluster, rpc_layer="grpc", task_type="chief", task_id=0
+    )
+    strategy = build_strategy(
+        ParameterServerStrategy(name="parameter_server"), cluster_resolver=resolver
+    )
+    with strategy.scope():
+        mean = keras.metrics.Mean()
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: mean.update_state(tf.ones([BATCH])))
+
+    for _ in range(STEPS):
+        coordinator.schedule(step)
+    coordinator.join()
+    print(json.dumps({"count": float(mean.count), "total": float(mean.total)}))
+
+
+if __name__ == "__main__":
+    main()
