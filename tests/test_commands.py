@@ -246,3 +246,17 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
     assert [s["model"] for s in summaries] == ["tfrecipe.models.mlp", "tfrecipe.models.cnn"]
     assert all(s["status"] == "completed" for s in summaries)
+
+
+@pytest.mark.slow
+def test_a_failed_job_in_a_joblib_worker_fails_the_sweep(cli, tmp_path):
+    """The job fails in another process: the sweep still counts it and exits 1."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "joblib"
+    result = cli(
+        "-m", *TINY, f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2", "model=mlp", "batching.per_replica_batch_size=0,16",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"1 sweep job(s) failed: {sweep / '0'}" in result.stderr
+    assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "completed"

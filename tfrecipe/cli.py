@@ -24,6 +24,10 @@ EXIT_CONFIG = 2
 EXIT_TRAINING = 1
 EXIT_PREEMPTED = 75  # = tfrecipe.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
 
+# A file each failed sweep job appends its run dir to: jobs may run in other processes (the
+# joblib launcher's workers), where this process's memory cannot see them.
+FAILED_JOBS_ENV = "TFRECIPE_FAILED_JOBS"
+
 
 class _Invocation:
     """What the pre-check learned about this run, for cleaning up after a late config error."""
@@ -31,7 +35,6 @@ class _Invocation:
     run_dir: Path | None = None
     run_dir_existed: bool = True
     job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
-    failed_jobs: list[str] = []  # noqa: RUF012 (one invocation per process)
     cluster = None  # the validated `cluster` config of a single run (schema.Cluster)
 
 
@@ -117,7 +120,7 @@ def _task(cfg) -> dict:
         if not sweeping or cfg.sweep.fail_fast:
             code = EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_TRAINING
             raise SystemExit(code) from None
-        _Invocation.failed_jobs.append(str(run_dir))
+        _note_failed_job(run_dir)
         return float("nan")
     log.info(
         "done: %s in %.1fs; test %s; run dir: %s",
@@ -127,6 +130,28 @@ def _task(cfg) -> dict:
         run_dir,
     )
     return _objective(summary, cfg.sweep.objective)
+
+
+def _note_failed_job(run_dir: Path) -> None:
+    path = os.environ.get(FAILED_JOBS_ENV)
+    if path:
+        with open(path, "a") as failed:  # one short line per append: jobs never interleave
+            failed.write(f"{run_dir}\n")
+
+
+@contextlib.contextmanager
+def _failed_jobs_file():
+    """A fresh FAILED_JOBS_ENV file for this invocation; yields a function reading it."""
+    import tempfile
+
+    descriptor, path = tempfile.mkstemp(prefix="tfrecipe-failed-jobs-", suffix=".txt")
+    os.close(descriptor)
+    os.environ[FAILED_JOBS_ENV] = path
+    try:
+        yield lambda: Path(path).read_text().splitlines()
+    finally:
+        os.environ.pop(FAILED_JOBS_ENV, None)
+        Path(path).unlink(missing_ok=True)
 
 
 def _objective(summary: dict, metric: str) -> float:
@@ -230,13 +255,11 @@ def _run_hydra(argv: list[str]) -> None:
         from tfrecipe.launcher import run_local_cluster
 
         raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster))
-    hydra_main()
-    if _Invocation.failed_jobs:
-        print(
-            f"tfrecipe: {len(_Invocation.failed_jobs)} sweep job(s) failed: "
-            f"{', '.join(_Invocation.failed_jobs)}",
-            file=sys.stderr,
-        )
+    with _failed_jobs_file() as failed_jobs:
+        hydra_main()
+        failed = failed_jobs()
+    if failed:
+        print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
 
 
