@@ -82,3 +82,32 @@ def test_two_workers_make_exactly_one_wandb_run(tmp_path):
     # The other worker trained into a scratch dir it deleted, and started no W&B run anywhere.
     assert list((tmp_path / "tmp").iterdir()) == []
     assert not (tmp_path / "wandb").exists()
+
+
+def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
+    """A run that failed after a backup, started again in its run dir, logs into the same W&B
+    run (offline: a second folder with the same run id, which `wandb sync --append` joins)."""
+    from conftest import _split_cpu_in_two
+
+    _split_cpu_in_two()
+    from tfrecipe.train import train
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        *WANDB, "loop.epochs=2", "loop.steps_per_epoch=5", "callbacks.backup.enabled=true",
+        "callbacks.backup.every_n_steps=3",
+    ]  # fmt: skip
+    failing = [
+        "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
+        "allowed_targets=[helpers]",
+    ]
+    with pytest.raises(TrainingError, match="deliberate failure"):
+        train(compose_cfg(*overrides, *failing), run_dir=run_dir)
+    run_id = (run_dir / "wandb" / "run_id").read_text()
+
+    summary = train(compose_cfg(*overrides), run_dir=run_dir)
+
+    assert summary["resumed_from_step"] == 3
+    starts = sorted(run_dir.glob("wandb/offline-run-*"))
+    assert len(starts) == 2 and all(p.name.endswith(f"-{run_id}") for p in starts)
+    assert (run_dir / "wandb" / "run_id").read_text() == run_id

@@ -1,7 +1,10 @@
 """Weights & Biases tracking: one W&B run per training run, started by the chief only.
 
 The run's config is the resolved config with secrets redacted (`rundir.public_config`); its
-summary is `summary.json`. The run is always finished, also when training fails.
+summary is `summary.json`. The run is always finished, also when training fails. A resumed
+training run (preempted, crashed, restarted by the launcher) continues the same W&B run: its id is
+kept in RUN_DIR/wandb/run_id. Offline, each start writes its own `offline-run-*` folder with that
+id; `wandb sync --append` uploads the later ones into the same run.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from typing import Any
 
 import keras
 
-from tfrecipe import schema
+from tfrecipe import rundir, schema
+
+RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
 
 
 class WandbTracker:
@@ -20,6 +25,7 @@ class WandbTracker:
     config: the public (redacted, resolved) config to log as the run's config.
     run_dir: the run directory; W&B's files go to RUN_DIR/wandb.
     sweep_group: the sweep's name when this run is a sweep job (the default `group`).
+    resume: the training run continues an earlier start: continue its W&B run too.
     """
 
     def __init__(
@@ -29,11 +35,16 @@ class WandbTracker:
         config: dict[str, Any],
         run_dir: Path,
         sweep_group: str | None = None,
+        resume: bool = False,
     ):
         import wandb
 
         self.spec = spec
+        id_file = run_dir / "wandb" / RUN_ID_FILE
+        previous = id_file.read_text().strip() if resume and id_file.is_file() else None
         self.run = wandb.init(
+            id=previous,
+            resume="allow" if previous else None,
             mode=spec.mode,
             project=spec.project,
             entity=spec.entity,
@@ -47,6 +58,9 @@ class WandbTracker:
             reinit="finish_previous",  # sweeps run several jobs in one process
             settings=wandb.Settings(save_code=False, console="off"),
         )
+        if previous is None:
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            rundir.atomic_write(id_file, self.run.id)
         self.run_dir = run_dir
 
     def callbacks(self) -> list[keras.callbacks.Callback]:

@@ -155,7 +155,9 @@ def _train(
     rundir.write_config(run_dir, cfg)
     rundir.write_summary(run_dir, summary)
 
-    monitors = _monitors(run, cfg, task, run_dir, inputs, global_batch, start_step)
+    monitors = _monitors(
+        run, cfg, task, run_dir, inputs, global_batch, start_step, resuming=resumed is not None
+    )
     # A fresh run keeps its first step's state: a rollback before the first periodic backup.
     protection = _fault_tolerance(
         run, task, model, run_dir, steps_per_epoch, save_at_start=resumed is None
@@ -328,6 +330,8 @@ def _monitors(
     inputs: _Inputs,
     global_batch: int,
     start_step: int = 0,
+    *,
+    resuming: bool = False,
 ) -> _Monitors:
     from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 
@@ -350,7 +354,7 @@ def _monitors(
 
         callbacks += checkpoint_callbacks(run_dir)
     # One W&B run per training run: the chief's (other workers train into a scratch dir).
-    tracker = _start_tracking(run, cfg, run_dir) if task.is_chief else None
+    tracker = _start_tracking(run, cfg, run_dir, resume=resuming) if task.is_chief else None
     if tracker is not None:
         callbacks += tracker.callbacks()
     return _Monitors(callbacks, history, throughput, tracker)
@@ -594,8 +598,9 @@ def _fault_tolerance(
     return _Protection([callback], watcher.close)
 
 
-def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path):
-    """The W&B run, when `logger.wandb` is on (grouped by sweep in a multirun)."""
+def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path, *, resume: bool):
+    """The W&B run, when `logger.wandb` is on (grouped by sweep in a multirun); a resumed
+    training run continues the W&B run it began."""
     if run.logger.wandb is None:
         return None
     from tfrecipe.tracking import WandbTracker
@@ -605,6 +610,7 @@ def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path):
         config=rundir.public_config(cfg),
         run_dir=run_dir,
         sweep_group=_sweep_group(),
+        resume=resume,
     )
 
 
