@@ -49,7 +49,31 @@ def build_optimizer(
         exclude={"name", "schedule", "warmup_steps", "min_lr_fraction", "learning_rate"}
     )
     optimizer = _OPTIMIZERS[spec.name](learning_rate=learning_rate, **options)
-    return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
+    if not loss_scaling:
+        return optimizer
+    return count_skipped_steps(keras.optimizers.LossScaleOptimizer(optimizer))
+
+
+def count_skipped_steps(
+    optimizer: keras.optimizers.LossScaleOptimizer,
+) -> keras.optimizers.LossScaleOptimizer:
+    """Makes a step whose float16 gradients overflowed count in `iterations`, as a step.
+
+    Keras 3's dynamic loss scaling skips such a step (it halves the scale and applies nothing)
+    without counting it; tf.keras counted it. tfrecipe reads `iterations` as the number of
+    training steps taken, i.e. of global batches consumed: a backup's input position, the resumed
+    epoch, `steps_completed`. Uncounted skips (common in the first steps, while the scale comes
+    down from 2^15) would resume a run on batches it already used and end it short of its planned
+    steps. Only this instance is changed: `model.keras` still names Keras' own class.
+    """
+    skip = optimizer._stateful_handle_non_finite_grads  # Keras has no hook for a skipped step
+
+    def skip_and_count():
+        skip()
+        optimizer.iterations.assign_add(1)
+
+    optimizer._stateful_handle_non_finite_grads = skip_and_count
+    return optimizer
 
 
 @keras.saving.register_keras_serializable(package="tfrecipe")
