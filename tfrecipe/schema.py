@@ -7,10 +7,11 @@ problem as `key: what is wrong (received value)`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from tfrecipe.errors import ConfigError
 from tfrecipe.pipeline import PipelineOptions
@@ -191,9 +192,33 @@ class Backup(_Schema):
     max_to_keep: PositiveInt = 3
 
 
+ExportFormat = Literal["keras", "saved_model"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
+
+
 class Export(_Schema):
-    # model-NNN.keras in the run dir every N epochs (0: off).
+    # model-NNN.keras / saved_model-NNN/ in the run dir every N epochs (0: off).
     every_n_epochs: NonNegativeInt = 0
+    # What each export writes; the final model.keras is written whatever this says.
+    formats: list[ExportFormat] = ["keras"]
+
+    @field_validator("formats", mode="before")
+    @classmethod
+    def _distinct_known_formats(cls, formats):
+        """One problem for every way the list can be wrong (not a list, empty, unknown, twice)."""
+        if (
+            not isinstance(formats, list)
+            or not formats
+            or not set(formats) <= set(EXPORT_FORMATS)
+            or len(set(formats)) != len(formats)
+        ):
+            raise PydanticCustomError(
+                "export_formats",
+                "expected a non-empty list of distinct formats out of {allowed} "
+                "(e.g. [keras,saved_model])",
+                {"allowed": list(EXPORT_FORMATS)},
+            )
+        return formats
 
 
 class Callbacks(_Schema):
