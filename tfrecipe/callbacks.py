@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import keras
@@ -13,7 +13,7 @@ from tfrecipe import schema
 from tfrecipe.backup import current_step
 from tfrecipe.instantiate import instantiate
 from tfrecipe.optim import current_learning_rate
-from tfrecipe.rundir import save_model, write_history
+from tfrecipe.rundir import export_model, write_history
 
 
 class Throughput(keras.callbacks.Callback):
@@ -87,16 +87,17 @@ class EpochHistory(keras.callbacks.Callback):
 
 
 class PeriodicExport(keras.callbacks.Callback):
-    """Saves model-EPOCH.keras every N epochs. Every worker saves (synchronized variables need
-    all of them); only the chief's run dir is the real one."""
+    """Exports the model every N epochs in each of `formats` (model-EPOCH.keras,
+    saved_model-EPOCH/). Every worker exports (synchronized variables need all of them); only the
+    chief's run dir is the real one."""
 
-    def __init__(self, run_dir: Path, every_n_epochs: int):
+    def __init__(self, run_dir: Path, every_n_epochs: int, formats: Collection[str] = ("keras",)):
         super().__init__()
-        self.run_dir, self.every_n_epochs = run_dir, every_n_epochs
+        self.run_dir, self.every_n_epochs, self.formats = run_dir, every_n_epochs, formats
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs == 0:
-            save_model(self.model, self.run_dir / f"model-{epoch + 1:03d}.keras")
+            export_model(self.model, self.run_dir, self.formats, epoch=epoch + 1)
 
 
 class StepCSVLogger(keras.callbacks.Callback):
@@ -170,7 +171,7 @@ def build_callbacks(
             )
         )
     if spec.export.every_n_epochs:
-        callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs))
+        callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs, spec.export.formats))
     if spec.early_stopping.enabled:
         es = spec.early_stopping
         callbacks.append(

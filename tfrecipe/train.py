@@ -404,7 +404,8 @@ def _run_loop(
         train_data = inputs.train_from(step)
     if inputs.test is not None:
         summary["test"] = loop.evaluate(model, inputs.test)
-    rundir.save_model(model, run_dir / "model.keras")
+    # model.keras whatever the formats: `tfrecipe evaluate` reads it.
+    rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
     rundir.plot_curves(run_dir, history.rows)
 
 
