@@ -52,7 +52,11 @@ def test_a_skipped_step_counts_once_across_replicas(tf_two_cpus):
     import keras
 
     tf = tf_two_cpus
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    from tfrecipe.strategy import build_strategy  # fresh collective keys for this process
+
+    strategy = build_strategy(
+        schema.MirroredStrategy(name="mirrored", devices=["/cpu:0", "/cpu:1"])
+    )
     with strategy.scope():
         weights = keras.Variable(np.ones(3, "float32"))
         optimizer = _loss_scaled_sgd()
