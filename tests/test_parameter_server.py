@@ -3,6 +3,7 @@ servers and workers) and a coordinator task (the chief) that trains through them
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -26,9 +27,11 @@ def launch(tmp_path):
 
 @pytest.mark.slow
 def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, tmp_path):
-    """The acceptance run (bundled digits, the default model), a little shorter."""
+    """The acceptance run (bundled digits, the default model, 300 steps): asynchronous training
+    varies from run to run; 300 steps measured 0.975-0.978 test accuracy over 5 runs (200 steps
+    spread 0.93-0.98)."""
     run_dir = tmp_path / "run"
-    run = launch(*PS, "loop.epochs=8", "loop.steps_per_epoch=25", "loop.verbose=2",
+    run = launch(*PS, "loop.epochs=12", "loop.steps_per_epoch=25", "loop.verbose=2",
                  f"hydra.run.dir={run_dir}")  # fmt: skip
     code = run.finish(timeout=400)
     assert code == 0, run.output[-4000:]
@@ -36,10 +39,13 @@ def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, t
         assert f"{task} {task[1:-1]} serving at grpc://127.0.0.1:" in run.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["strategy"] == "parameter_server"
-    assert summary["steps_completed"] == 8 * 25  # counted by the loop, not optimizer.iterations
-    assert summary["epochs_completed"] == 8
+    assert summary["steps_completed"] == 12 * 25  # counted by the loop, not optimizer.iterations
+    assert summary["epochs_completed"] == 12
     assert summary["test"]["accuracy"] >= 0.95, summary["test"]
     assert (run_dir / "model.keras").is_file() and (run_dir / "history.csv").is_file()
+    # training metrics are ratios of updates two workers make concurrently: none lost
+    rows = list(csv.DictReader((run_dir / "history.csv").open()))
+    assert len(rows) == 12 and all(0 <= float(row["accuracy"]) <= 1 for row in rows), rows
     # The coordinator exits without TensorFlow's teardown reaching for the stopped servers.
     assert "Failed to remove function remotely" not in run.output
 
