@@ -176,7 +176,6 @@ class _Cluster:
         # Each task's TMPDIR: what a killed task could not delete (its scratch run dir,
         # autograph's files) goes with this folder when the cluster stops.
         self.scratch = Path(tempfile.mkdtemp(prefix="tfrecipe-cluster-"))
-        self.stopped = False
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         tmp = self.scratch / name.replace(" ", "")
@@ -213,10 +212,7 @@ class _Cluster:
 
     def stop(self) -> None:
         """SIGTERM to every task's process group (`stop_first` alone first), SIGKILL after the
-        grace period. Stopping twice does nothing more."""
-        if self.stopped:
-            return
-        self.stopped = True
+        grace period."""
         first = [t for name, t in self.tasks.items() if name == self.stop_first]
         self._terminate(first)
         self._terminate([t for t in self.tasks.values() if t not in first])
@@ -321,9 +317,8 @@ def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: in
 
 def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
     """Waits until the run ends; returns its exit code (0: every worker/the coordinator done)."""
-    watch = _watch_coordinator if options.num_ps else _watch_workers
     while True:
-        code = watch(group, restarts)
+        code = _watch_coordinator(group, restarts) if options.num_ps else _watch_workers(group)
         if code is not None:
             return code
         time.sleep(_POLL_S)
@@ -332,14 +327,13 @@ def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
 _PREEMPTED_NOTE = " (preempted: the workers saved a backup to resume from)"
 
 
-def _watch_workers(group: _Cluster, restarts: _Restarts) -> int | None:
+def _watch_workers(group: _Cluster) -> int | None:
     """Mirrored workers train in lockstep: one that fails stops the run."""
     codes = group.poll()
     for name, code in codes.items():
         if code not in (None, 0):
-            _log(
-                f"{name} exited with code {code}{_PREEMPTED_NOTE if code == EXIT_PREEMPTED else ''}"
-            )
+            note = _PREEMPTED_NOTE if code == EXIT_PREEMPTED else ""
+            _log(f"{name} exited with code {code}{note}")
             return code
     return 0 if all(code == 0 for code in codes.values()) else None
 
@@ -380,17 +374,19 @@ def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
             spec = cluster_spec(options)
             coordinator = _chief(options) if options.num_ps else None
             group = _Cluster(options.grace_period_s, stop_first=coordinator)
+            interrupt = None
             try:
                 attempt = f"attempt {restarts.used + 1} of {options.max_restarts + 1}"
                 _log(f"starting {_describe(spec)} ({attempt})")
                 _start(group, overrides, spec, options, restarts.used)
                 code = _watch(group, options, restarts)
-            except Interrupted as interrupt:
-                _log(f"{interrupt}: stopping every task")
-                group.stop()
-                return _interrupted_exit_code(group, options, interrupt)
+            except Interrupted as caught:
+                _log(f"{caught}: stopping every task")
+                interrupt = caught
             finally:
                 group.stop()
+            if interrupt is not None:
+                return _interrupted_exit_code(group, options, interrupt)
             if code in (0, EXIT_CONFIG):  # a configuration error repeats on every start
                 return code
             if not restarts.take():
