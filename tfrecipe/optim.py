@@ -100,18 +100,21 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return cls(schedule, config["factor"])
 
 
+def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """The optimizer that holds the learning rate: a float16 LossScaleOptimizer's inner one."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
     """The learning rate of the next step (a schedule's value at the current step)."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return float(keras.ops.convert_to_numpy(inner.learning_rate))
+    return float(keras.ops.convert_to_numpy(_inner(optimizer).learning_rate))
 
 
 def base_learning_rate(
     optimizer: keras.optimizers.Optimizer,
 ) -> float | keras.optimizers.schedules.LearningRateSchedule:
     """The learning rate `optimizer` trains with now: its schedule, or the float's value."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a float16 LossScaleOptimizer's
-    schedule = inner._learning_rate  # no public getter: the property gives the current value
+    schedule = _inner(optimizer)._learning_rate  # no public getter: the property gives the value
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return schedule
     return float(keras.ops.convert_to_numpy(schedule))
@@ -124,7 +127,7 @@ def set_scaled_learning_rate(
 ) -> None:
     """Trains on with `base x factor` (a float's variable is assigned; a schedule is wrapped, so
     a traced train step must be traced again to see it)."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner = _inner(optimizer)
     if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
         inner.learning_rate = ScaledSchedule(base, factor)
     else:
