@@ -207,17 +207,21 @@ USER_MODEL = "tests.helpers.user_models.tiny_dense"
 USER_ENV = {"PYTHONPATH": str(REPO)}  # the user's package is importable
 
 
-def test_missing_required_value_in_a_users_config(cli, tmp_path):
-    conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\n# Required.\nwidth: ???\n")
+def _run_user_model(cli, tmp_path: Path, model_yaml: str, *overrides: str):
+    """A tiny run of `model=tiny_dense` from a user's config dir (USER_MODEL with `model_yaml`
+    for its options); returns (result, run_dir)."""
+    conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\n{model_yaml}")
     run_dir = tmp_path / "run"
     result = cli(
-        "--config-dir",
-        str(conf),
-        "model=tiny_dense",
-        "allowed_targets=[tests.helpers]",
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-        env=USER_ENV,
+        "--config-dir", str(conf), "model=tiny_dense", *overrides, *TINY,
+        f"hydra.run.dir={run_dir}", env=USER_ENV,
+    )  # fmt: skip
+    return result, run_dir
+
+
+def test_missing_required_value_in_a_users_config(cli, tmp_path):
+    result, run_dir = _run_user_model(
+        cli, tmp_path, "# Required.\nwidth: ???\n", "allowed_targets=[tests.helpers]"
     )
     assert_refused(result, run_dir, "model.width", "missing")
 
@@ -343,16 +347,8 @@ def test_a_users_own_model_from_their_package(cli, tmp_path):
     _split_cpu_in_two()  # TensorFlow starts in this process below: as the in-process tests need
     import keras
 
-    conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\nwidth: 12\n")
-    run_dir = tmp_path / "run"
-    result = cli(
-        "--config-dir",
-        str(conf),
-        "model=tiny_dense",
-        "allowed_targets=[tests.helpers]",
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-        env=USER_ENV,
+    result, run_dir = _run_user_model(
+        cli, tmp_path, "width: 12\n", "allowed_targets=[tests.helpers]"
     )
     summary = assert_trained(result, run_dir)
     assert summary["model"] == USER_MODEL
@@ -361,16 +357,7 @@ def test_a_users_own_model_from_their_package(cli, tmp_path):
 
 
 def test_a_users_model_needs_its_package_allowed(cli, tmp_path):
-    conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\nwidth: 12\n")
-    run_dir = tmp_path / "run"
-    result = cli(
-        "--config-dir",
-        str(conf),
-        "model=tiny_dense",
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-        env=USER_ENV,
-    )
+    result, run_dir = _run_user_model(cli, tmp_path, "width: 12\n")
     assert_refused(result, run_dir, "model._target_", USER_MODEL, "allowed_targets")
 
 

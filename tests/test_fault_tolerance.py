@@ -46,13 +46,18 @@ def _backups(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:-6]) for p in (run_dir / "backup").glob("ckpt-*.index"))
 
 
+def _signal_after_first_backup(run, run_dir: Path, task: dict, signum: int) -> None:
+    """Sends `signum` to the launcher's task `task` once the chief's first backup exists."""
+    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
+    assert _backups(run_dir), run.output[-3000:]
+    _task(run.process.pid, task).send_signal(signum)
+
+
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_killed_worker_costs_at_most_one_backup_interval(launch, tmp_path, loop):
     run_dir = tmp_path / "run"
     run = launch(*TRAINING, f"loop={loop}", f"hydra.run.dir={run_dir}")
-    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
-    assert _backups(run_dir), "no backup appeared"
-    _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGKILL)
+    _signal_after_first_backup(run, run_dir, {"type": "worker", "index": 1}, signal.SIGKILL)
 
     code = run.finish(timeout=400)
 
@@ -76,9 +81,7 @@ def test_a_worker_preempted_alone_restarts_the_cluster_losing_no_step(launch, tm
     there, the launcher restarts the cluster, and it resumes at exactly that step."""
     run_dir = tmp_path / "run"
     run = launch(*TRAINING, "loop=custom", f"hydra.run.dir={run_dir}")
-    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
-    assert _backups(run_dir), run.output[-3000:]
-    _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGTERM)
+    _signal_after_first_backup(run, run_dir, {"type": "worker", "index": 1}, signal.SIGTERM)
 
     code = run.finish(timeout=400)
 
@@ -139,9 +142,7 @@ def test_a_killed_parameter_server_restarts_the_cluster_from_the_last_backup(lau
     coordinator restores the last backup (taken at each epoch end under parameter servers)."""
     run_dir = tmp_path / "run"
     run = launch(*PARAMETER_SERVERS, "cluster.max_restarts=1", f"hydra.run.dir={run_dir}")
-    run.wait_for(lambda: (run_dir / "backup").is_dir() and _backups(run_dir), timeout=240)
-    assert _backups(run_dir), run.output[-3000:]
-    _task(run.process.pid, {"type": "ps", "index": 0}).send_signal(signal.SIGKILL)
+    _signal_after_first_backup(run, run_dir, {"type": "ps", "index": 0}, signal.SIGKILL)
 
     code = run.finish(timeout=400)
 
