@@ -107,7 +107,7 @@ BAD_INPUTS = {
     ),
     "os_system_even_when_allowed": (
         ["model._target_=os.system", "allowed_targets=[os]"],
-        ["model._target_", "os.system"],
+        ["allowed_targets", "'os'", "standard library"],
     ),
     "missing_required_value": (["loop.epochs=???"], ["loop.epochs", "missing"]),
 }

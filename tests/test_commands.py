@@ -135,13 +135,13 @@ def test_validate_reports_every_problem_at_once(cli):
         "validate",
         "batching.per_replica_batch_size=0",
         "+model.nope=1",
-        "+callbacks.extra.log._target_=keras.callbacks.CSVLogger",
+        "+callbacks.extra.lr._target_=keras.callbacks.LearningRateScheduler",
     )
     assert result.returncode == 2
     assert "3 problems" in result.stderr
     assert "batching.per_replica_batch_size" in result.stderr
     assert "unexpected argument 'nope'" in result.stderr
-    assert "missing argument 'filename'" in result.stderr
+    assert "missing argument 'schedule'" in result.stderr
     assert "Traceback" not in result.stderr
 
 

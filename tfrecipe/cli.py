@@ -49,8 +49,11 @@ def _precheck(argv: list[str]) -> list[str]:
     args = get_args_parser().parse_args(argv)
     informational = args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
     custom_config = args.config_path or args.config_dir or args.config_name
-    if informational or args.multirun or custom_config:
-        return argv  # Hydra answers these; sweep jobs validate themselves
+    if informational:
+        return argv  # Hydra answers these
+    if args.multirun or custom_config:
+        _check_hydra_targets(args)
+        return argv  # sweep jobs and a user's config dir validate themselves
 
     from omegaconf import OmegaConf
 
@@ -72,6 +75,73 @@ def _precheck(argv: list[str]) -> list[str]:
     _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
     # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
+
+
+def _check_hydra_targets(args) -> None:
+    """Hydra configures logging and instantiates its callbacks before any job validates itself:
+    check what it would import, for the base config and each value a sweep override takes."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from tfrecipe.instantiate import config_problems
+
+    overrides = OverridesParser.create().parse_overrides(args.overrides)
+    base = [o.input_line for o in overrides if not o.is_sweep_override()]
+    variants = [base]
+    for override in filter(lambda o: o.is_sweep_override(), overrides):
+        with contextlib.suppress(HydraException):  # interval sweeps: numbers, no targets
+            variants += [
+                [*base, f"{override.get_key_element()}={value}"]
+                for value in override.sweep_string_iterator()
+            ]
+    problems: list[str] = []
+    for variant in variants:
+        cfg = _compose_as_hydra(args, variant)
+        job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+        try:
+            container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
+        except Exception:  # the job reports its own bad interpolation; check what is written
+            container = OmegaConf.to_container(job, resolve=False)
+        allowed = container.get("allowed_targets") or []
+        found = config_problems(container, cfg.hydra, allowed=allowed)
+        problems += [p for p in found if p not in problems]
+    if problems:
+        raise ConfigError(problems)
+
+
+def _compose_as_hydra(args, overrides: list[str]):
+    """The config Hydra composes for `args` (its config dir, path and name) and `overrides`."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+    )
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from tfrecipe.configs import config_dir
+
+    search_path = create_automatic_config_search_path(
+        *detect_calling_file_or_module_from_task_function(_task),
+        args.config_path or str(config_dir()),
+    )
+    if args.config_dir is not None:
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{os.path.abspath(args.config_dir)}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    GlobalHydra.instance().clear()
+    try:
+        hydra = Hydra.create_main_hydra2(task_name="tfrecipe", config_search_path=search_path)
+        return hydra.compose_config(
+            args.config_name or "config", overrides, run_mode=RunMode.RUN,
+            with_log_configuration=False,
+        )  # fmt: skip
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _check_writable(run_dir: Path) -> None:

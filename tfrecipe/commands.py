@@ -94,7 +94,9 @@ def cp(args: list[str]) -> None:
 
 
 def target_problems(cfg: DictConfig) -> list[str]:
-    """Every `_target_` exists and accepts its configured arguments (read from source)."""
+    """Every allowed `_target_` exists and accepts its configured arguments (read from source;
+    a target the allow-list refuses is the schema's problem, and its source is not read)."""
+    from tfrecipe.instantiate import check_target
     from tfrecipe.targets import Unresolvable, argument_problems
 
     nodes = {key: cfg.get(key) for key in _RUNTIME_ARGUMENTS}
@@ -102,6 +104,10 @@ def target_problems(cfg: DictConfig) -> list[str]:
     problems = []
     for key, node in nodes.items():
         if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+            continue
+        try:
+            check_target(node._target_, key=key, allowed=list(cfg.get("allowed_targets") or []))
+        except ConfigError:
             continue
         given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
         try:
@@ -114,17 +120,19 @@ def target_problems(cfg: DictConfig) -> list[str]:
 
 
 def validate(args: list[str]) -> None:
+    from tfrecipe.schema import problem_key
     from tfrecipe.schema import validate as validate_schema
 
     recipe, overrides = _split(args)
-    cfg = configs.compose([*recipe, *overrides])
+    # With Hydra's node: what Hydra itself would instantiate is checked too.
+    cfg = configs.compose([*recipe, *overrides], return_hydra_config=True)
     problems = []
     try:
         validate_schema(cfg)
     except ConfigError as error:
         problems += error.problems
-    reported = {p.split(":")[0].removesuffix("._target_") for p in problems}
-    problems += [p for p in target_problems(cfg) if p.split(":")[0].split("._")[0] not in reported]
+    reported = {problem_key(p) for p in problems}
+    problems += [p for p in target_problems(cfg) if problem_key(p) not in reported]
     if problems:
         raise ConfigError(problems)
     print(f"valid: {' '.join([*recipe, *overrides]) or 'the default config'}")

@@ -1,52 +1,275 @@
-"""The one place a config turns into objects: `_target_`s are checked against an allow-list.
+"""The one place a config turns into objects: every `_target_` is checked by the KIND its slot takes.
 
-A config may only name callables under tfrecipe's own package, keras, tensorflow, or a prefix the
-user adds in `allowed_targets`. Anything else (``os.system``, ``subprocess.run``, ...) is refused
-before it is imported.
+A config names callables in a few slots, and each slot says what it accepts (`SLOT_KINDS`): the
+`model` slot a model builder, `dataset` a dataset builder, `callbacks.extra.NAME` a Keras callback
+class. A target is allowed when it is one of tfrecipe's own builders of that kind, a public member
+of the Keras module that kind lives in (`keras.callbacks`, `keras.applications`, ...), or under a
+prefix the user lists in `allowed_targets`. Everything else is refused by default: other modules
+of keras and tensorflow (`tensorflow.io.write_file`, `keras.utils.get_file`), private modules
+(`keras.src`, `tensorflow.python`, a leading underscore) and the standard library, which
+`allowed_targets` may not name either. The check reads only the dotted path, so it runs before
+anything is imported or called; `instantiate` then checks the imported object's kind before the
+call and the built object's type after it.
+
+Hydra's own `_target_`s are checked the same way (`hydra_problems`): its launcher and sweeper
+plugins (which Hydra itself accepts only from its plugin registry) and an optuna sampler; Hydra
+callbacks, which Hydra would instantiate outside this allow-list, are refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import importlib
 import inspect
+import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from tfrecipe.errors import ConfigError
 
-BUILTIN_PREFIXES = ("tfrecipe", "keras", "tensorflow")
-# Never instantiable, whatever the user allows: they run programs or code.
-FORBIDDEN_PREFIXES = ("os", "subprocess", "builtins", "shutil", "sys", "importlib", "pty", "eval")
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a config slot accepts.
+
+    Attributes:
+      name: what the slot takes, in the user's words (for error messages).
+      builders: tfrecipe's own targets of this kind (exact dotted paths).
+      modules: public modules whose members are of this kind.
+      members: when given, the only names of `modules` allowed (deny by default).
+      excluded: names of `modules` that are not of this kind (deserializers, ...).
+      classes_only: members must be named like classes (`ResNet50`, not `decode_predictions`).
+      base: the class a target must subclass, checked once it is imported.
+      returns: the type the built object must have, checked after the call.
+      user_prefixes: whether `allowed_targets` prefixes may serve this slot.
+    """
+
+    name: str
+    builders: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    members: frozenset[str] | None = None
+    excluded: frozenset[str] = frozenset()
+    classes_only: bool = False
+    base: str | None = None
+    returns: str | None = None
+    user_prefixes: bool = True
+
+
+_SERIALIZERS = frozenset({"get", "serialize", "deserialize"})
+
+MODEL = Kind(
+    "a model builder returning a keras.Model",
+    builders=("tfrecipe.models.mlp", "tfrecipe.models.cnn", "tfrecipe.models.resnet"),
+    modules=("keras.applications",),
+    classes_only=True,  # the constructors (ResNet50, ...), not preprocess_input/decode_predictions
+    returns="keras.Model",
+)
+DATASET = Kind(
+    "a dataset builder returning tfrecipe.data.Splits",
+    builders=(
+        "tfrecipe.data.digits",
+        "tfrecipe.data.synthetic",
+        "tfrecipe.datasets.tfds.load",
+        "tfrecipe.datasets.npz.load",
+        "tfrecipe.datasets.tfrecord.load",
+        "tfrecipe.datasets.image_folder.load",
+    ),
+    returns="tfrecipe.data.Splits",
+)
+CALLBACK = Kind(
+    "a keras.callbacks.Callback subclass",
+    modules=("keras.callbacks",),
+    # Callbacks that write, delete or send files (BackupAndRestore deletes its directory,
+    # CSVLogger truncates its file, RemoteMonitor posts to a URL) are left out: tfrecipe's own
+    # callbacks.* and logger=* keep those inside the run dir.
+    members=frozenset(
+        {
+            "EarlyStopping",
+            "LearningRateScheduler",
+            "ProgbarLogger",
+            "ReduceLROnPlateau",
+            "SwapEMAWeights",
+            "TerminateOnNaN",
+        }
+    ),
+    base="keras.callbacks.Callback",
+)
+LOSS = Kind("a keras.losses class or function", modules=("keras.losses",), excluded=_SERIALIZERS)
+METRIC = Kind(
+    "a keras.metrics class or function", modules=("keras.metrics",), excluded=_SERIALIZERS
+)
+OPTIMIZER = Kind(
+    "a keras.optimizers.Optimizer subclass",
+    modules=("keras.optimizers",),
+    excluded=_SERIALIZERS,
+    classes_only=True,
+    base="keras.optimizers.Optimizer",
+)
+HYDRA_PLUGIN = Kind(
+    "a Hydra launcher or sweeper plugin",
+    # Hydra instantiates only classes registered from these modules (hydra.core.plugins).
+    modules=("hydra._internal.core_plugins", "hydra_plugins"),
+    user_prefixes=False,
+)
+OPTUNA_SAMPLER = Kind("an optuna sampler", modules=("optuna.samplers",), classes_only=True)
+
+# Config slot (a dotted key; NAME: any one name) -> the kind it accepts.
+SLOT_KINDS = {
+    "model": MODEL,
+    "dataset": DATASET,
+    "callbacks.extra.NAME": CALLBACK,
+    "hydra.launcher": HYDRA_PLUGIN,
+    "hydra.sweeper": HYDRA_PLUGIN,
+    "hydra.sweeper.sampler": OPTUNA_SAMPLER,
+}
+
+# Internals reached through a public-looking name; refused whatever `allowed_targets` says.
+PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.core", "tensorflow.compiler")
+# What tfrecipe runs on: allowed by kind above, never as a whole through `allowed_targets`.
+FRAMEWORKS = frozenset(
+    {"tfrecipe", "tensorflow", "keras", "tf_keras", "hydra", "hydra_plugins", "omegaconf"}
+)
 
 
 def _matches(target: str, prefix: str) -> bool:
     return target == prefix or target.startswith(prefix + ".")
 
 
+def slot_kind(key: str) -> Kind | None:
+    """The kind the config slot at `key` accepts; None where a config may name no target."""
+    return SLOT_KINDS.get(re.sub(r"^callbacks\.extra\.[^.]+$", "callbacks.extra.NAME", key))
+
+
+def _is_dotted_path(target: object) -> bool:
+    return isinstance(target, str) and all(p.isidentifier() for p in target.split("."))
+
+
+def allowed_prefix_problem(prefix: object) -> str | None:
+    """Why `allowed_targets` may not list `prefix` (None: it may).
+
+    The list is for the user's own packages: naming the standard library (`posix`, `runpy`,
+    `ctypes`, ...) or a framework tfrecipe runs on would open exactly what the kinds keep out.
+    """
+    where = f"allowed_targets: {prefix!r}"
+    if not _is_dotted_path(prefix):
+        return f"{where} is not a dotted import path (e.g. mypkg or mypkg.models)"
+    top = prefix.split(".")[0]
+    if any(part.startswith("_") for part in prefix.split(".")):
+        return f"{where} is private (a leading underscore); name your package's public modules"
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return f"{where} is part of Python's standard library; list only your own packages"
+    if top in FRAMEWORKS:
+        return (
+            f"{where} is a framework tfrecipe runs on; its public models, callbacks, losses, "
+            "metrics and optimizers are allowed by kind already; list only your own packages"
+        )
+    return None
+
+
+def usable_prefixes(allowed: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(the `allowed_targets` entries that may be used, those refused)."""
+    allowed = list(allowed)
+    refused = [p for p in allowed if allowed_prefix_problem(p)]
+    return [p for p in allowed if p not in refused], refused
+
+
+def _builtin_member(target: str, kind: Kind) -> bool:
+    name = target.rpartition(".")[2]
+    if target in kind.builders:
+        return True
+    if not any(target.startswith(module + ".") for module in kind.modules):
+        return False
+    if kind.members is not None and (name not in kind.members or target.count(".") != 2):
+        return False
+    return name not in kind.excluded and (not kind.classes_only or name[:1].isupper())
+
+
+def _private(target: str, kind: Kind) -> bool:
+    if kind is HYDRA_PLUGIN:  # Hydra's core plugins sit in hydra._internal; Hydra vets them
+        return False
+    parts = target.split(".")
+    return any(p.startswith("_") for p in parts) or any(
+        _matches(target, m) for m in PRIVATE_MODULES
+    )
+
+
+def _allowed_here(kind: Kind, allowed: list[str]) -> str:
+    where = [*kind.builders, *(f"{m}.*" for m in kind.modules)]
+    if kind.members is not None:
+        where = [f"{m}.{{{','.join(sorted(kind.members))}}}" for m in kind.modules]
+    if kind.user_prefixes:
+        where.append(f"your own under allowed_targets={allowed}")
+    return ", ".join(where)
+
+
 def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> None:
-    """Raises `ConfigError` unless `target` is a dotted path under an allowed prefix."""
-    if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")):
+    """Raises `ConfigError` unless `target` is of the kind slot `key` takes. Imports nothing.
+
+    Args:
+      target: the slot's `_target_` value.
+      key: the slot (e.g. "model", "callbacks.extra.lr").
+      allowed: the config's `allowed_targets` (refused entries are ignored here; see
+        `allowed_prefix_problem`).
+    """
+    kind = slot_kind(key)
+    if kind is None:
+        raise ConfigError(
+            f"{key}._target_={target!r}: a config names targets only in "
+            f"{', '.join(s for s in SLOT_KINDS if not s.startswith('hydra'))}; remove it"
+        )
+    if not _is_dotted_path(target):
         raise ConfigError(f"{key}._target_: expected a dotted import path, received {target!r}")
-    if any(_matches(target, p) for p in FORBIDDEN_PREFIXES):
+    usable, _ = usable_prefixes(allowed)
+    if _private(target, kind):
         raise ConfigError(
-            f"{key}._target_: {target!r} is never allowed (modules that run programs or code: "
-            f"{', '.join(FORBIDDEN_PREFIXES)}); name a model, dataset or callback builder"
+            f"{key}._target_={target!r}: private modules ({', '.join(PRIVATE_MODULES)}, a "
+            f"leading underscore) are never allowed; expected {kind.name}"
         )
-    prefixes = (*BUILTIN_PREFIXES, *allowed)
-    if not any(_matches(target, p) for p in prefixes):
+    user = kind.user_prefixes and any(_matches(target, p) for p in usable)
+    if not (user or _builtin_member(target, kind)):
         raise ConfigError(
-            f"{key}._target_: {target!r} is not an allowed target; allowed prefixes: "
-            f"{', '.join(prefixes)} (add your package to allowed_targets=[...])"
+            f"{key}._target_={target!r}: expected {kind.name}; allowed here: "
+            f"{_allowed_here(kind, usable)}"
         )
 
 
-def resolve_target(target: str, *, key: str, allowed: Iterable[str] = ()) -> Any:
-    check_target(target, key=key, allowed=allowed)
-    module_name, _, attr = target.rpartition(".")
+def _import(path: str, *, key: str) -> Any:
+    module_name, _, attr = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as error:
-        raise ConfigError(f"{key}._target_: cannot import {target!r} ({error})") from None
+        raise ConfigError(f"{key}._target_: cannot import {path!r} ({error})") from None
+
+
+def resolve_target(target: str, *, key: str, allowed: Iterable[str] = ()) -> Any:
+    """The object `target` names, imported only once the path passed `check_target`, and
+    checked to be of the slot's kind before anything calls it."""
+    check_target(target, key=key, allowed=allowed)
+    fn = _import(target, key=key)
+    kind = slot_kind(key)
+    if kind.base is not None:
+        base = _import(kind.base, key=key)
+        if not (inspect.isclass(fn) and issubclass(fn, base)):
+            raise ConfigError(f"{key}._target_={target!r}: expected {kind.name}, found {fn!r}")
+    elif not (inspect.isclass(fn) or inspect.isfunction(fn)):
+        raise ConfigError(
+            f"{key}._target_={target!r}: expected {kind.name} (a function or class), found {fn!r}"
+        )
+    return fn
+
+
+def _check_result(result: Any, *, key: str, target: str) -> Any:
+    kind = slot_kind(key)
+    if kind.returns is not None and not isinstance(result, _import(kind.returns, key=key)):
+        raise ConfigError(
+            f"{key}._target_={target!r}: returned a {type(result).__name__}, expected {kind.name}"
+        )
+    return result
 
 
 def instantiate(
@@ -56,13 +279,14 @@ def instantiate(
 
     Args:
       node: a config node with `_target_` and keyword arguments (plain values, no nesting).
-      key: where the node sits in the config, for error messages (e.g. "model").
+      key: the slot the node sits in (e.g. "model"); it says which kind is accepted.
       allowed: extra import prefixes from the config's `allowed_targets`.
       **runtime_kwargs: arguments known only at run time (input shape, number of classes).
 
     Raises:
-      ConfigError: the target is not allowed or does not exist, does not accept the configured
-        arguments, or rejects their values (a `ValueError` from the builder).
+      ConfigError: the target is not of the slot's kind or does not exist, does not accept the
+        configured arguments, rejects their values (a `ValueError` from the builder), or built
+        something of the wrong type.
     """
     kwargs = {k: v for k, v in node.items() if k != "_target_"}
     target = node.get("_target_")
@@ -74,6 +298,120 @@ def instantiate(
     except ValueError:  # builtins without a signature: let the call itself check
         pass
     try:
-        return fn(**kwargs, **runtime_kwargs)
+        result = fn(**kwargs, **runtime_kwargs)
     except ValueError as error:
         raise ConfigError(f"{key}: {error}") from None
+    return _check_result(result, key=key, target=target)
+
+
+# --- every target of a composed config, Hydra's included -----------------------------------------
+# Hydra's logging config goes to logging.config.dictConfig, which imports `class` and calls `()`.
+_LOG_CLASSES = frozenset(
+    {
+        "logging.StreamHandler",
+        "logging.FileHandler",
+        "logging.NullHandler",
+        "logging.Formatter",
+        "logging.handlers.RotatingFileHandler",
+        "logging.handlers.TimedRotatingFileHandler",
+        "logging.handlers.WatchedFileHandler",
+    }
+)
+_LOG_STREAMS = frozenset({"ext://sys.stdout", "ext://sys.stderr"})
+
+
+def _walk(node: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every entry of a nested container."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield (*path, str(key)), value
+            yield from _walk(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk(value, (*path, str(index)))
+
+
+def config_problems(
+    container: Mapping[str, Any], hydra: DictConfig | None, *, allowed: Iterable[Any] = ()
+) -> list[str]:
+    """Every problem of the allow-list in a composed config: `allowed_targets` entries, each
+    `_target_` of the resolved `container`, and what Hydra's node (when given) would import."""
+    allowed = list(allowed)
+    problems = [p for p in map(allowed_prefix_problem, allowed) if p]
+    problems += target_problems(container, allowed=allowed)
+    if hydra is not None:
+        problems += hydra_problems(hydra, allowed=allowed)
+    return problems
+
+
+def target_problems(container: Mapping[str, Any], *, allowed: Iterable[Any] = ()) -> list[str]:
+    """Every `_target_` anywhere in a resolved config, checked against its slot's kind. A target
+    under a refused `allowed_targets` entry is left to that entry's own problem."""
+    _, refused = usable_prefixes(allowed)
+    problems = []
+    for path, value in _walk(container):
+        if path[-1] != "_target_":
+            continue
+        if isinstance(value, str) and any(_matches(value, str(r)) for r in refused):
+            continue
+        try:
+            check_target(value, key=".".join(path[:-1]), allowed=allowed)
+        except ConfigError as error:
+            problems += error.problems
+    return problems
+
+
+def _resolved_leaves(node: DictConfig) -> dict[str, Any]:
+    """`node` as plain containers, each interpolation resolved where it can be (Hydra's node
+    holds values set only once a job runs, e.g. `hydra.job.num`); one that cannot stays as
+    written, which no check below accepts."""
+    container = OmegaConf.to_container(node, resolve=False)
+    for path, value in list(_walk(container)):
+        if isinstance(value, str) and "${" in value:
+            with contextlib.suppress(Exception):
+                parent = functools.reduce(
+                    lambda c, k: c[int(k) if isinstance(c, list) else k], path[:-1], container
+                )
+                resolved = OmegaConf.select(node, ".".join(path), throw_on_missing=True)
+                parent[int(path[-1]) if isinstance(parent, list) else path[-1]] = resolved
+    return container
+
+
+def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[str]:
+    """What Hydra would import or call from its own config node (`hydra.*`), refused unless it
+    is a target of a known kind, a standard logging class or an allowed search-space function."""
+    hydra = _resolved_leaves(node)
+    # Hydra callbacks are refused as a whole, whatever they name.
+    others = {key: value for key, value in hydra.items() if key != "callbacks"}
+    problems = target_problems({"hydra": others}, allowed=allowed)
+    for name in hydra.get("callbacks") or {}:
+        problems.append(
+            f"hydra.callbacks.{name}: Hydra callbacks are not supported (Hydra would run them "
+            "outside tfrecipe's allow-list); use callbacks.extra.NAME for a Keras callback"
+        )
+    for part in ("hydra_logging", "job_logging"):
+        problems += _logging_problems(f"hydra.{part}", hydra.get(part) or {})
+    search_space = (hydra.get("sweeper") or {}).get("custom_search_space")
+    usable, _ = usable_prefixes(allowed)
+    if search_space is not None and not any(_matches(str(search_space), p) for p in usable):
+        problems.append(
+            f"hydra.sweeper.custom_search_space={search_space!r}: expected your own function "
+            f"under allowed_targets={usable}"
+        )
+    return problems
+
+
+def _logging_problems(key: str, config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for path, value in _walk(config):
+        where = ".".join((key, *path))
+        if path[-1] == "()":
+            problems.append(f"{where}: logging factories ('()') are not allowed; use class")
+        elif path[-1] == "class" and value not in _LOG_CLASSES:
+            problems.append(
+                f"{where}={value!r}: expected a standard logging class: "
+                f"{', '.join(sorted(_LOG_CLASSES))}"
+            )
+        elif isinstance(value, str) and value.startswith("ext://") and value not in _LOG_STREAMS:
+            problems.append(f"{where}={value!r}: expected {' or '.join(sorted(_LOG_STREAMS))}")
+    return problems

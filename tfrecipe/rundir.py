@@ -33,15 +33,34 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 _SECRET = re.compile(r"api_?key|token|secret|password|credential", re.IGNORECASE)
 
 
+# Shorter environment values are not treated as secrets: redacting every "1" or "true" found
+# in a config would hide ordinary settings.
+_MIN_SECRET_LENGTH = 8
+
+
+def secret_values() -> list[str]:
+    """The values of environment variables whose names look like secrets (WANDB_API_KEY, ...):
+    a config may reach them through `${oc.env:...}`, under any key."""
+    return [
+        value
+        for name, value in os.environ.items()
+        if _SECRET.search(name) and len(value) >= _MIN_SECRET_LENGTH
+    ]
+
+
 def public_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config without Hydra's node, secrets (keys that look like API keys, tokens
-    or passwords) redacted: what may be saved, printed or sent to a tracker."""
+    """The resolved config without Hydra's node, secrets redacted: what may be saved, printed or
+    sent to a tracker. A secret is a value under a key that looks like an API key, token or
+    password, or any text holding a secret environment variable's value (`secret_values`)."""
+    secrets = secret_values()
 
     def redact(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: "***" if _SECRET.search(str(k)) else redact(v) for k, v in node.items()}
         if isinstance(node, list):
             return [redact(v) for v in node]
+        if isinstance(node, str) and any(secret in node for secret in secrets):
+            return "***"
         return node
 
     resolved = OmegaConf.to_container(cfg, resolve=True)

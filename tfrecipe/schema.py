@@ -7,6 +7,7 @@ problem as `key: what is wrong (received value)`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
@@ -320,7 +321,9 @@ class RunConfig(_Schema):
 
 
 def validate(cfg: DictConfig) -> RunConfig:
-    """Checks the composed config; returns it typed or raises `ConfigError` with every problem."""
+    """Checks the composed config; returns it typed or raises `ConfigError` with every problem.
+    A config composed with Hydra's node (`hydra.*`) has that node's targets checked too."""
+    cfg_hydra = cfg.hydra if "hydra" in cfg else None
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     missing = sorted(OmegaConf.missing_keys(cfg))
     problems = [f"{key}: required value is missing (set {key}=...)" for key in missing]
@@ -328,21 +331,28 @@ def validate(cfg: DictConfig) -> RunConfig:
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception as error:  # an interpolation that cannot be resolved
         raise ConfigError(f"{getattr(error, 'full_key', '')}: {error}".strip(": ")) from None
+    allow_list = _allow_list_problems(container, cfg_hydra)
     try:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
         problems += [p for p in _describe(error) if p.split(":")[0] not in missing]
-        problems += _unvalidated_target_problems(container, reported=problems)
+        reported = {p.split(":")[0].removesuffix("._target_") for p in problems}
+        problems += [p for p in allow_list if problem_key(p) not in reported]
         raise ConfigError(problems) from None
+    problems += allow_list
     problems += _cross_checks(run)
     if problems:
         raise ConfigError(problems)
     return run
 
 
+def problem_key(problem: str) -> str:
+    """The slot a problem is about ("model" for "model._target_='x': ...")."""
+    return re.split(r"[:=]", problem, maxsplit=1)[0].removesuffix("._target_")
+
+
 def _cross_checks(run: RunConfig) -> list[str]:
-    problems = _target_problems(run)
-    problems += _cluster_problems(run)
+    problems = _cluster_problems(run)
     problems += _loop_problems(run)
     problems += _resume_problems(run)
     problems += _rollback_problems(run)
@@ -438,43 +448,15 @@ def _cluster_problems(run: RunConfig) -> list[str]:
     return problems
 
 
-def _target_problems(run: RunConfig) -> list[str]:
-    """Every `_target_` must be under an allowed prefix (checked without importing it)."""
-    from tfrecipe.instantiate import check_target
-
-    nodes = {"model": run.model, "dataset": run.dataset}
-    nodes |= {f"callbacks.extra.{name}": node for name, node in run.callbacks.extra.items()}
-    problems = []
-    for key, node in nodes.items():
-        try:
-            check_target(node.target, key=key, allowed=run.allowed_targets)
-        except ConfigError as error:
-            problems += error.problems
-    return problems
-
-
-def _unvalidated_target_problems(container: dict, *, reported: list[str]) -> list[str]:
-    """The `_target_` allow-list check when the schema failed elsewhere, so that every problem
-    is in the one report (targets the schema already complained about are skipped)."""
-    from tfrecipe.instantiate import check_target
+def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[str]:
+    """`allowed_targets` and every `_target_` (Hydra's too) by the kind its slot takes, checked
+    without importing anything (tfrecipe/instantiate.py has the allow-list)."""
+    from tfrecipe.instantiate import config_problems
 
     allowed = container.get("allowed_targets")
-    if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
+    if not isinstance(allowed, list):
         allowed = []
-    callbacks = container.get("callbacks")
-    extra = callbacks.get("extra") if isinstance(callbacks, dict) else None
-    nodes = {"model": container.get("model"), "dataset": container.get("dataset")}
-    if isinstance(extra, dict):
-        nodes |= {f"callbacks.extra.{name}": node for name, node in extra.items()}
-    problems = []
-    for key, node in nodes.items():
-        if not isinstance(node, dict) or any(p.startswith(f"{key}.") for p in reported):
-            continue
-        try:
-            check_target(node.get("_target_"), key=key, allowed=allowed)
-        except ConfigError as error:
-            problems += error.problems
-    return problems
+    return config_problems(container, hydra, allowed=allowed)
 
 
 _TAGS = {*STRATEGY_NAMES, "adam", "adamw", "sgd", "none", "tf_config", "local", "slurm"}

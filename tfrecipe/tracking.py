@@ -40,19 +40,22 @@ class WandbTracker:
         import wandb
 
         self.spec = spec
+        # The run's text fields as the public config has them: redacted like the rest, so a
+        # secret interpolated into e.g. notes reaches neither W&B's files nor its debug.log.
+        public = (config.get("logger") or {}).get("wandb") or {}
         id_file = run_dir / "wandb" / RUN_ID_FILE
         previous = id_file.read_text().strip() if resume and id_file.is_file() else None
         self.run = wandb.init(
             id=previous,
             resume="allow" if previous else None,
             mode=spec.mode,
-            project=spec.project,
-            entity=spec.entity,
-            name=spec.name,
-            tags=list(spec.tags),
-            notes=spec.notes,
-            group=spec.group or sweep_group,
-            job_type=spec.job_type,
+            project=public.get("project", spec.project),
+            entity=public.get("entity", spec.entity),
+            name=public.get("name", spec.name),
+            tags=list(public.get("tags", spec.tags)),
+            notes=public.get("notes", spec.notes),
+            group=public.get("group", spec.group) or sweep_group,
+            job_type=public.get("job_type", spec.job_type),
             config=config,
             dir=str(run_dir),
             reinit="finish_previous",  # sweeps run several jobs in one process
