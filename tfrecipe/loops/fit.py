@@ -36,7 +36,8 @@ def run(
         run restored mid-epoch.
     """
     # Under a strategy Keras would build the model from a throwaway iterator and train on a
-    # second one: another order, as the training data reshuffle on every iteration.
+    # second one (another order: the training data reshuffle on every iteration), and weigh a
+    # short batch's examples unequally when the replicas split it unevenly.
     fix_fit_under_strategy(model)
     start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
     if start == 0:
