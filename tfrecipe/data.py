@@ -160,6 +160,9 @@ def distribute(
     back to data, "off" gives every worker all the data.
     `skip` global batches are dropped from the start of the (endless) stream: a run restored at
     step N continues where the interrupted one stopped (the order is seeded, so the same).
+    That order is the dataset's first iteration: every further `iter()` reshuffles (the seeded
+    shuffle's generator belongs to the dataset), so loops train on the first one and never open
+    another to peek (`tfrecipe.keras_fixes.fix_fit_under_strategy` keeps `fit` from it).
     """
     dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
     if batch_map is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfrecipe.keras_fixes import fix_fit_under_strategy
 from tfrecipe.loops.options import LoopOptions
 
 
@@ -34,6 +35,10 @@ def run(
       train_data_from: step -> the training data from that step on; needed only to continue a
         run restored mid-epoch.
     """
+    # Under a strategy Keras would build the model from a throwaway iterator and train on a
+    # second one (another order: the training data reshuffle on every iteration), and weigh a
+    # short batch's examples unequally when the replicas split it unevenly.
+    fix_fit_under_strategy(model)
     start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
     if start == 0:
         _fit(model, train_data, validation_data, options, callbacks, start_epoch, options.epochs)
