@@ -104,7 +104,11 @@ def _task(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _Invocation.job_dir = run_dir
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
-    print_config(cfg)
+    from tfrecipe.cluster import is_chief_process
+
+    if is_chief_process():  # the other tasks of a cluster run the same config
+        print_config(cfg)
+    discover_devices()
     from tfrecipe.preemption import Preempted
     from tfrecipe.train import train
 
@@ -130,6 +134,49 @@ def _task(cfg) -> dict:
         run_dir,
     )
     return _objective(summary, cfg.sweep.objective)
+
+
+# TensorFlow's line where no CUDA driver is installed, when it looks for GPUs: there a failed
+# cuInit is the normal case (the CPU trains), not an error.
+_NO_DRIVER_LINE = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
+
+
+def discover_devices() -> None:
+    """Lets TensorFlow find its devices, without the cuInit error line where no CUDA driver is
+    installed. Where a driver is (a GPU machine), a failed cuInit is a real error and shows."""
+    import ctypes
+
+    import tensorflow as tf
+
+    try:
+        ctypes.CDLL("libcuda.so.1")  # the driver TensorFlow's cuInit would call
+    except OSError:
+        with _stderr_without(_NO_DRIVER_LINE):
+            tf.config.list_physical_devices()
+    else:
+        tf.config.list_physical_devices()
+
+
+@contextlib.contextmanager
+def _stderr_without(line: re.Pattern[bytes]):
+    """Holds back what is written to file descriptor 2 (TensorFlow's C++ log writes there, below
+    Python), then passes it on, minus the lines matching `line`."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [text for text in held.read().splitlines(keepends=True) if not line.search(text)]
+            sys.stderr.buffer.write(b"".join(kept))
+            sys.stderr.flush()
 
 
 def _note_failed_job(run_dir: Path) -> None:
@@ -222,6 +269,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from tfrecipe.commands import COMMANDS
 
+    if argv[:1] == ["help"]:
+        argv = ["--help", *argv[1:]]
+    elif argv and argv[0].endswith((".yaml", ".yml")):  # `tfrecipe mine.yaml`: a recipe file
+        argv = [f"recipe={argv[0]}", *argv[1:]]
     try:
         if argv and argv[0] in COMMANDS:
             COMMANDS[argv[0]](argv[1:])
@@ -244,23 +295,44 @@ def main(argv: list[str] | None = None) -> None:
 def _run_hydra(argv: list[str]) -> None:
     import hydra
 
-    from tfrecipe.configs import config_dir, register_recipes
+    from tfrecipe.configs import config_dir, recipe_file_overrides, register_recipes
 
     register_recipes()
+    if _answered_help(argv):
+        return
     hydra_main = hydra.main(
         config_path=str(config_dir()), config_name="config", version_base="1.3"
     )(_task)
-    sys.argv = [sys.argv[0], *_precheck(argv)]
+    sys.argv = [sys.argv[0], *_precheck(recipe_file_overrides(argv))]
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
         from tfrecipe.launcher import run_local_cluster
 
-        raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster))
+        # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
+        # the pinned run dir.
+        raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], _Invocation.cluster))
     with _failed_jobs_file() as failed_jobs:
         hydra_main()
         failed = failed_jobs()
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
+
+
+def _answered_help(argv: list[str]) -> bool:
+    """Prints `--help` (tfrecipe fills Hydra's help template faster than Hydra; see
+    commands.help_text). False where Hydra answers: a custom config dir, or a template that lists
+    Hydra's own groups."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if not args.help or args.config_path or args.config_dir or args.config_name:
+        return False
+    from tfrecipe.commands import help_text
+
+    text = help_text(args.overrides, resolve=args.resolve)
+    if text is not None:
+        print(text)
+    return text is not None
 
 
 def _discard_new_run_dir() -> None:
