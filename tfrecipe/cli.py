@@ -136,47 +136,70 @@ def _task(cfg) -> dict:
     return _objective(summary, cfg.sweep.objective)
 
 
-# TensorFlow's line where no CUDA driver is installed, when it looks for GPUs: there a failed
-# cuInit is the normal case (the CPU trains), not an error.
+# What TensorFlow's C++ side writes to fd 2 while it loads, before its log level applies
+# (TF_CPP_MIN_LOG_LEVEL does not reach these lines in TF 2.21): INFO lines and absl's notice.
+_START_UP_INFO = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
+# Its line where no CUDA driver is installed, when it looks for GPUs: there a failed cuInit is the
+# normal case (the CPU trains), not an error.
 _NO_DRIVER_LINE = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
 
 
 def discover_devices() -> None:
-    """Lets TensorFlow find its devices, without the cuInit error line where no CUDA driver is
-    installed. Where a driver is (a GPU machine), a failed cuInit is a real error and shows."""
-    import ctypes
+    """Imports TensorFlow and lets it find its devices, keeping its start-up INFO lines (unless
+    TF_CPP_MIN_LOG_LEVEL=0 asks for them) and, where no CUDA driver is installed, the cuInit
+    error off the console. Every other line shows, a failed cuInit on a machine with a driver
+    too: there it is a real error."""
+    hidden = [] if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" else [_START_UP_INFO]
+    if not _cuda_driver_installed():
+        hidden.append(_NO_DRIVER_LINE)
+    with _stderr_without(*hidden):
+        import tensorflow as tf
 
-    import tensorflow as tf
-
-    try:
-        ctypes.CDLL("libcuda.so.1")  # the driver TensorFlow's cuInit would call
-    except OSError:
-        with _stderr_without(_NO_DRIVER_LINE):
-            tf.config.list_physical_devices()
-    else:
         tf.config.list_physical_devices()
 
 
+def _cuda_driver_installed() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")  # the driver TensorFlow's cuInit calls
+    except OSError:
+        return False
+    return True
+
+
+# The filter process of _stderr_without: drops the lines matching one of the patterns in argv.
+_FILTER = """
+import re, sys
+hidden = [re.compile(pattern.encode()) for pattern in sys.argv[1:]]
+for line in sys.stdin.buffer:
+    if not any(pattern.search(line) for pattern in hidden):
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
+
+
 @contextlib.contextmanager
-def _stderr_without(line: re.Pattern[bytes]):
-    """Holds back what is written to file descriptor 2 (TensorFlow's C++ log writes there, below
-    Python), then passes it on, minus the lines matching `line`."""
-    import tempfile
+def _stderr_without(*lines: re.Pattern[bytes]):
+    """Passes what is written to file descriptor 2 meanwhile (TensorFlow's C++ log writes there,
+    below Python) through a filter that drops the lines matching one of `lines`. The filter is a
+    process, not a thread: should TensorFlow abort this process (a CPU it cannot run on), the
+    filter still passes its last words on."""
+    import subprocess
 
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
+    patterns = [line.pattern.decode() for line in lines]
+    command = [sys.executable, "-I", "-S", "-c", _FILTER, *patterns]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=saved) as filtering:
+        os.dup2(filtering.stdin.fileno(), 2)
         try:
             yield
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            held.seek(0)
-            kept = [text for text in held.read().splitlines(keepends=True) if not line.search(text)]
-            sys.stderr.buffer.write(b"".join(kept))
-            sys.stderr.flush()
+            filtering.stdin.close()  # the filter reads to the end, then exits
 
 
 def _note_failed_job(run_dir: Path) -> None:
@@ -271,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv[:1] == ["help"]:
         argv = ["--help", *argv[1:]]
-    elif argv and argv[0].endswith((".yaml", ".yml")):  # `tfrecipe mine.yaml`: a recipe file
+    elif argv and "=" not in argv[0] and argv[0].endswith((".yaml", ".yml")):  # a recipe file
         argv = [f"recipe={argv[0]}", *argv[1:]]
     try:
         if argv and argv[0] in COMMANDS:
