@@ -160,3 +160,21 @@ def test_a_piped_mirrored_run_prints_one_line_per_epoch_and_no_noise(copied_reci
     assert len(re.findall(r"^3/3 - .*val_loss", run.stdout, re.MULTILINE)) == 2, run.stdout
     for noise in NOISE:
         assert noise not in console, f"{noise!r} in the console:\n{console[-3000:]}"
+
+
+@pytest.mark.slow
+def test_a_local_cluster_console_has_the_chiefs_lines_only(cli, tmp_path):
+    """Two workers train in step: the chief alone shows the config and the progress; the launcher
+    says nothing when all goes well; TensorFlow's collective INFO lines stay off."""
+    run = cli(
+        "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
+        "loop.epochs=2", "loop.steps_per_epoch=3", "batching.per_replica_batch_size=16",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    console = run.stdout + run.stderr
+    assert run.returncode == 0, console[-3000:]
+    assert "[worker 0] config" in console and "[worker 1] config" not in console
+    assert console.count("[worker 0] 3/3 - ") == 2 and "[worker 1] 3/3" not in console
+    assert "[launcher]" not in console
+    for noise in NOISE:
+        assert noise not in console, f"{noise!r} in the console:\n{console[-3000:]}"
