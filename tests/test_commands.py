@@ -155,7 +155,9 @@ def test_cp_copies_a_recipe_and_never_overwrites(cli, tmp_path):
     result = cli("cp", "digits_cnn_mirrored", "mine.yaml")
     assert result.returncode == 0, result.stderr
     copy = tmp_path / "mine.yaml"
-    assert copy.read_text() == (REPO / "recipes" / "digits_cnn_mirrored.yaml").read_text()
+    shipped = (REPO / "recipes" / "digits_cnn_mirrored.yaml").read_text().splitlines()
+    # the same recipe, its first line the command that runs the copy
+    assert copy.read_text().splitlines() == ["# python -m tfrecipe recipe=mine.yaml", *shipped[1:]]
     copy.write_text("# edited\n")
     again = cli("cp", "digits_cnn_mirrored", "mine.yaml")
     assert again.returncode == 2 and "already exists" in again.stderr

@@ -27,12 +27,15 @@ def launch(tmp_path):
 
 @pytest.mark.slow
 def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, tmp_path):
-    """The acceptance run (bundled digits, the default model, 300 steps): asynchronous training
-    varies from run to run; 300 steps measured 0.975-0.978 test accuracy over 5 runs (200 steps
-    spread 0.93-0.98)."""
+    """The acceptance run (bundled digits, the default model, 300 steps). Asynchronous updates
+    arrive in a different order each run, with stale gradients; at a constant learning rate the
+    final model is wherever the last noisy steps left it (validation accuracy swung 0.93 -> 0.88
+    -> 0.96 between epochs, and one loaded run ended at 0.897). A cosine decay to zero shrinks the
+    last steps, so the final model sits near the optimum whatever the order: that is what the
+    95% bar measures."""
     run_dir = tmp_path / "run"
     run = launch(*PS, "loop.epochs=12", "loop.steps_per_epoch=25", "loop.verbose=2",
-                 f"hydra.run.dir={run_dir}")  # fmt: skip
+                 "optimizer.schedule=cosine", f"hydra.run.dir={run_dir}")  # fmt: skip
     code = run.finish(timeout=400)
     assert code == 0, run.output[-4000:]
     for task in ("[ps 0]", "[worker 0]", "[worker 1]"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -11,6 +12,7 @@ import keras
 
 from tfrecipe import schema
 from tfrecipe.backup import current_step
+from tfrecipe.cluster import is_chief_process
 from tfrecipe.instantiate import instantiate
 from tfrecipe.optim import current_learning_rate
 from tfrecipe.rundir import export_model, write_history
@@ -147,6 +149,18 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
         return []
     with path.open(newline="") as file:
         return [row for row in csv.DictReader(file) if int(row["step"]) <= step]
+
+
+def progress_verbosity(verbose: int | str, *, enabled: bool) -> int:
+    """Keras' `verbose` for `loop.verbose`: "auto" is the bar on a terminal and one line per epoch
+    anywhere else, where a bar's carriage returns and escapes would litter the log (SLURM output
+    files, CI logs, `| tee`). Only the chief shows progress: the other workers of a synchronous
+    cluster would print the same lines again."""
+    if not enabled or not is_chief_process():
+        return 0
+    if verbose == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    return int(verbose)
 
 
 def build_callbacks(

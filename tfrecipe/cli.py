@@ -174,7 +174,11 @@ def _task(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _Invocation.job_dir = run_dir
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
-    print_config(cfg)
+    from tfrecipe.cluster import is_chief_process
+
+    if is_chief_process():  # the other tasks of a cluster run the same config
+        print_config(cfg)
+    discover_devices()
     from tfrecipe.preemption import Preempted
     from tfrecipe.train import train
 
@@ -200,6 +204,72 @@ def _task(cfg) -> dict:
         run_dir,
     )
     return _objective(summary, cfg.sweep.objective)
+
+
+# What TensorFlow's C++ side writes to fd 2 while it loads, before its log level applies
+# (TF_CPP_MIN_LOG_LEVEL does not reach these lines in TF 2.21): INFO lines and absl's notice.
+_START_UP_INFO = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
+# Its line where no CUDA driver is installed, when it looks for GPUs: there a failed cuInit is the
+# normal case (the CPU trains), not an error.
+_NO_DRIVER_LINE = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
+
+
+def discover_devices() -> None:
+    """Imports TensorFlow and lets it find its devices, keeping its start-up INFO lines (unless
+    TF_CPP_MIN_LOG_LEVEL=0 asks for them) and, where no CUDA driver is installed, the cuInit
+    error off the console. Every other line shows, a failed cuInit on a machine with a driver
+    too: there it is a real error."""
+    hidden = [] if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" else [_START_UP_INFO]
+    if not _cuda_driver_installed():
+        hidden.append(_NO_DRIVER_LINE)
+    with _stderr_without(*hidden):
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+
+
+def _cuda_driver_installed() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")  # the driver TensorFlow's cuInit calls
+    except OSError:
+        return False
+    return True
+
+
+# The filter process of _stderr_without: drops the lines matching one of the patterns in argv.
+_FILTER = """
+import re, sys
+hidden = [re.compile(pattern.encode()) for pattern in sys.argv[1:]]
+for line in sys.stdin.buffer:
+    if not any(pattern.search(line) for pattern in hidden):
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
+
+
+@contextlib.contextmanager
+def _stderr_without(*lines: re.Pattern[bytes]):
+    """Passes what is written to file descriptor 2 meanwhile (TensorFlow's C++ log writes there,
+    below Python) through a filter that drops the lines matching one of `lines`. The filter is a
+    process, not a thread: should TensorFlow abort this process (a CPU it cannot run on), the
+    filter still passes its last words on."""
+    import subprocess
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    patterns = [line.pattern.decode() for line in lines]
+    command = [sys.executable, "-I", "-S", "-c", _FILTER, *patterns]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=saved) as filtering:
+        os.dup2(filtering.stdin.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            filtering.stdin.close()  # the filter reads to the end, then exits
 
 
 def _note_failed_job(run_dir: Path) -> None:
@@ -292,6 +362,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from tfrecipe.commands import COMMANDS
 
+    if argv[:1] == ["help"]:
+        argv = ["--help", *argv[1:]]
+    elif argv and "=" not in argv[0] and argv[0].endswith((".yaml", ".yml")):  # a recipe file
+        argv = [f"recipe={argv[0]}", *argv[1:]]
     try:
         if argv and argv[0] in COMMANDS:
             COMMANDS[argv[0]](argv[1:])
@@ -314,23 +388,44 @@ def main(argv: list[str] | None = None) -> None:
 def _run_hydra(argv: list[str]) -> None:
     import hydra
 
-    from tfrecipe.configs import config_dir, register_recipes
+    from tfrecipe.configs import config_dir, recipe_file_overrides, register_recipes
 
     register_recipes()
+    if _answered_help(argv):
+        return
     hydra_main = hydra.main(
         config_path=str(config_dir()), config_name="config", version_base="1.3"
     )(_task)
-    sys.argv = [sys.argv[0], *_precheck(argv)]
+    sys.argv = [sys.argv[0], *_precheck(recipe_file_overrides(argv))]
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
         from tfrecipe.launcher import run_local_cluster
 
-        raise SystemExit(run_local_cluster(sys.argv[1:], _Invocation.cluster))
+        # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
+        # the pinned run dir.
+        raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], _Invocation.cluster))
     with _failed_jobs_file() as failed_jobs:
         hydra_main()
         failed = failed_jobs()
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
+
+
+def _answered_help(argv: list[str]) -> bool:
+    """Prints `--help` (tfrecipe fills Hydra's help template faster than Hydra; see
+    commands.help_text). False where Hydra answers: a custom config dir, or a template that lists
+    Hydra's own groups."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if not args.help or args.config_path or args.config_dir or args.config_name:
+        return False
+    from tfrecipe.commands import help_text
+
+    text = help_text(args.overrides, resolve=args.resolve)
+    if text is not None:
+        print(text)
+    return text is not None
 
 
 def _discard_new_run_dir() -> None:

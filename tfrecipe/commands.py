@@ -6,11 +6,14 @@ tfrecipe cp NAME PATH                copy a recipe to edit it
 tfrecipe validate [NAME|PATH] [overrides]   check everything without training
 tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
 tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
+tfrecipe help [overrides]            the same as `tfrecipe --help`
 """
 
 from __future__ import annotations
 
-import shutil
+import re
+import shlex
+import string
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,12 +53,8 @@ def ls(args: list[str]) -> None:
 
 def _recipe_overrides(name_or_path: str) -> list[str]:
     """`recipe=NAME` for a shipped recipe, or for a recipe file registered under its stem."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise ConfigError(f"recipe={name_or_path}: no such file")
-        configs.register_recipe_file(path)
-        return [f"recipe={path.stem}"]
+    if name_or_path.endswith((".yaml", ".yml")):
+        return configs.recipe_file_overrides([f"recipe={name_or_path}"])
     available = sorted(p.stem for p in configs.recipes_dir().glob("*.yaml"))
     if name_or_path not in available:
         raise ConfigError(
@@ -89,8 +88,59 @@ def cp(args: list[str]) -> None:
         target = target / f"{name}.yaml"
     if target.exists():
         raise ConfigError(f"cp: {target} already exists; choose another path (nothing copied)")
-    shutil.copyfile(configs.recipes_dir() / f"{name}.yaml", target)
-    print(f"copied recipe {name} to {target}; run it with: tfrecipe validate {target}")
+    text, command = _with_command((configs.recipes_dir() / f"{name}.yaml").read_text(), target)
+    target.write_text(text)
+    print(f"copied recipe {name} to {target}; check it with `tfrecipe validate {shlex.quote(str(target))}`, run it "
+          f"with `{command}`")  # fmt: skip
+
+
+def _with_command(text: str, target: Path) -> tuple[str, str]:
+    """(the recipe text whose first line runs the copy at `target`, that command)."""
+    first, _, rest = text.partition("\n")
+    selection = shlex.quote(f"recipe={target}")
+    if first.startswith("# python -m tfrecipe "):  # keep its flags (a sweep preset's -m)
+        command = re.sub(r"recipe=\S+", lambda _: selection, first[2:])
+        return f"# {command}\n{rest}", command
+    command = f"python -m tfrecipe {selection}"
+    return f"# {command}\n{text}", command
+
+
+def help_text(overrides: list[str], *, resolve: bool = False) -> str | None:
+    """`tfrecipe --help`: Hydra's help template (`hydra.help`) filled in by tfrecipe, or None where
+    the template asks for Hydra's own config groups (then Hydra answers).
+
+    Hydra lists the config groups by copying its whole config store once per group and option
+    (1.3-1.9 s); the groups are the folders of conf/ and recipes/, listed here in milliseconds,
+    so --help answers as fast as --cfg job.
+    """
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import flag_override
+
+    cfg = configs.compose(overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # what `${hydra:...}` in the help resolves against
+    template = cfg.hydra.help.template
+    if "HYDRA_CONFIG_GROUPS" in template:
+        return None
+    with flag_override(cfg, ["struct", "readonly"], [False, False]):
+        del cfg["hydra"]
+    return string.Template(template).substitute(
+        FLAGS_HELP=Hydra.format_args_help(get_args_parser()),
+        APP_CONFIG_GROUPS="".join(f"{g}: {', '.join(o)}\n" for g, o in _group_options().items()),
+        CONFIG=OmegaConf.to_yaml(cfg, resolve=resolve),
+    )
+
+
+def _group_options() -> dict[str, list[str]]:
+    """Every config group (recipes too) and its options, sorted: what `group=option` accepts."""
+    groups = {
+        group.name: sorted(option.stem for option in group.glob("*.yaml"))
+        for group in configs.config_dir().iterdir()
+        if group.is_dir()
+    }
+    groups["recipe"] = sorted(recipe.stem for recipe in configs.recipes_dir().glob("*.yaml"))
+    return dict(sorted(groups.items()))
 
 
 def target_problems(cfg: DictConfig) -> list[str]:
@@ -135,12 +185,14 @@ def validate(args: list[str]) -> None:
     problems += [p for p in target_problems(cfg) if problem_key(p) not in reported]
     if problems:
         raise ConfigError(problems)
-    print(f"valid: {' '.join([*recipe, *overrides]) or 'the default config'}")
+    print(f"valid: {' '.join(args) or 'the default config'}")
 
 
 def evaluate(args: list[str]) -> None:
+    from tfrecipe.cli import discover_devices
     from tfrecipe.evaluate import main as evaluate_main  # imports TensorFlow
 
+    discover_devices()
     evaluate_main(args)
 
 

@@ -21,6 +21,8 @@ from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
+# The numbers the table shows, each a name `--sort` accepts.
+_COLUMNS = (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")
 # Metrics where bigger is better; everything else sorts ascending.
 _HIGHER_IS_BETTER = ("accuracy", "val_accuracy", "test_accuracy", "examples_per_sec")
 
@@ -41,7 +43,7 @@ def find_runs(directories: list[Path]) -> list[Run]:
         if not directory.is_dir():
             raise ConfigError(f"compare: {directory} is not a directory")
         for summary_path in sorted(directory.rglob(SUMMARY), key=_natural_key):
-            run_dir = summary_path.parent
+            run_dir = summary_path.parent.resolve()  # rows name runs relative to a common parent
             summary = read_summary(run_dir)
             if summary is None:
                 continue
@@ -65,7 +67,21 @@ def differing_keys(runs: list[Run]) -> list[str]:
     return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
 
 
+def sortable(runs: list[Run]) -> list[str]:
+    """The names `--sort` accepts: the table's numbers and every metric some run has."""
+    names = dict.fromkeys(_COLUMNS)
+    for run in runs:
+        names |= dict.fromkeys(run.summary.get("metrics") or {})
+        names |= dict.fromkeys(f"test_{name}" for name in run.summary.get("test") or {})
+    return list(names)
+
+
 def _sorted(runs: list[Run], metric: str) -> list[Run]:
+    if metric not in sortable(runs):
+        raise ConfigError(
+            f"compare --sort={metric}: not a column of these runs; sortable: "
+            f"{', '.join(sortable(runs))}"
+        )
     sign = -1 if metric in _HIGHER_IS_BETTER else 1
 
     def key(run: Run) -> tuple[bool, float]:
@@ -77,13 +93,11 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
 
 
 def table(runs: list[Run], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = ["run", *keys, "status", *_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s"]
+    header = ["run", *keys, "status", *_COLUMNS]
     rows = []
     common = _common_parent([run.path for run in runs])
     for run in runs:
-        values = [
-            run.value(m) for m in (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")
-        ]
+        values = [run.value(m) for m in _COLUMNS]
         rows.append(
             [
                 str(run.path.relative_to(common)) if common else str(run.path),

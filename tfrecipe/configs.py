@@ -7,9 +7,12 @@ package; an installed wheel carries them inside it (pyproject's force-include).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from tfrecipe.errors import ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -49,6 +52,23 @@ def register_recipe_file(path: Path) -> None:
     )
 
 
+def recipe_file_overrides(overrides: Sequence[str]) -> list[str]:
+    """`recipe=PATH.yaml` (a user's recipe file, e.g. a `tfrecipe cp` copy) as `recipe=STEM`, the
+    file registered under its stem: Hydra finds options by name, never by path. Every process
+    that composes (a local cluster's tasks too) calls this on the user's own overrides."""
+    result = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "recipe" and value.endswith((".yaml", ".yml")):
+            path = Path(value).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"recipe={value}: no such file")
+            register_recipe_file(path)
+            override = f"recipe={path.stem}"
+        result.append(override)
+    return result
+
+
 def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = False) -> DictConfig:
     """Composes the config the way `python -m tfrecipe` does (for tests and subcommands)."""
     from hydra import compose as hydra_compose
@@ -57,5 +77,7 @@ def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = F
     register_recipes()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(
-            "config", overrides=list(overrides or []), return_hydra_config=return_hydra_config
+            "config",
+            overrides=recipe_file_overrides(overrides or []),
+            return_hydra_config=return_hydra_config,
         )

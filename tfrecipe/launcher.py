@@ -376,8 +376,9 @@ def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
             group = _Cluster(options.grace_period_s, stop_first=coordinator)
             interrupt = None
             try:
-                attempt = f"attempt {restarts.used + 1} of {options.max_restarts + 1}"
-                _log(f"starting {_describe(spec)} ({attempt})")
+                if restarts.used:  # the first start is what the user asked for: nothing to say
+                    attempt = f"attempt {restarts.used + 1} of {options.max_restarts + 1}"
+                    _log(f"starting {_describe(spec)} ({attempt})")
                 _start(group, overrides, spec, options, restarts.used)
                 code = _watch(group, options, restarts)
             except Interrupted as caught:
@@ -405,7 +406,11 @@ def _interrupted_exit_code(group: _Cluster, options: LaunchOptions, interrupt) -
 
 
 def _describe(spec: dict[str, list[str]]) -> str:
-    return ", ".join(f"{len(addrs)} {role}" for role, addrs in spec.items())
+    plural = {"worker": "workers", "evaluator": "evaluators"}  # "1 chief", "2 ps"
+    return ", ".join(
+        f"{len(addrs)} {role if len(addrs) == 1 else plural.get(role, role)}"
+        for role, addrs in spec.items()
+    )
 
 
 def run_local_cluster(argv: Sequence[str], spec) -> int:

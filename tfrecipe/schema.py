@@ -158,7 +158,7 @@ class Loop(_Schema):
     epochs: PositiveInt
     steps_per_epoch: PositiveInt | None = None
     validation_freq: PositiveInt = 1
-    verbose: Literal[0, 1, 2] = 1
+    verbose: Literal[0, 1, 2, "auto"] = "auto"
     steps_per_loop: PositiveInt = 1
     gradient_accumulation_steps: PositiveInt = 1
 

@@ -218,6 +218,7 @@ class _Inputs:
 def _load_data(run: schema.RunConfig, global_batch: int):
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
     splits = factory.load_splits(run)
+    _check_batch_fits(run.batching, global_batch, splits.info.num_train)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
     steps_per_epoch = run.loop.steps_per_epoch or math.ceil(
@@ -374,13 +375,14 @@ def _run_loop(
 ) -> None:
     """Trains with the configured loop (again from a backup after each rollback), then evaluates
     the test split and exports the model."""
+    from tfrecipe.callbacks import progress_verbosity
     from tfrecipe.loops.options import LoopOptions
 
     options = LoopOptions(
         epochs=run.loop.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
-        verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
+        verbose=progress_verbosity(run.loop.verbose, enabled=run.callbacks.progress.enabled),
         steps_per_loop=run.loop.steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         initial_step=start_step,
@@ -624,16 +626,23 @@ def _sweep_group() -> str | None:
     return "-".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
 
 
-def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int:
-    steps = (
-        num_examples // global_batch if drop_remainder else math.ceil(num_examples / global_batch)
+def _check_batch_fits(spec: schema.Batching, global_batch: int, num_train: int) -> None:
+    """A global batch larger than the training split is a typo (every step would repeat
+    examples within one batch, or drop_remainder=true would leave no step at all)."""
+    if global_batch <= num_train:
+        return
+    key = "global_batch_size" if spec.global_batch_size is not None else "per_replica_batch_size"
+    raise ConfigError(
+        f"batching.{key}={getattr(spec, key)}: the global batch ({global_batch}) is larger than "
+        f"the training split ({num_train} examples); choose a global batch of at most {num_train}"
     )
-    if steps == 0:
-        raise ConfigError(
-            f"batching: the global batch ({global_batch}) is larger than the training split "
-            f"({num_examples} examples) and drop_remainder=true leaves no steps"
-        )
-    return steps
+
+
+def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int:
+    # _check_batch_fits made sure global_batch <= num_examples: at least one step.
+    if drop_remainder:
+        return num_examples // global_batch
+    return math.ceil(num_examples / global_batch)
 
 
 def _initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
