@@ -38,6 +38,12 @@ EXIT_PREEMPTED = 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # Ctrl-C stops a run as a preemption does
 
 
+def _watched_signals() -> list[signal.Signals]:
+    """SIGTERM, and SIGINT unless it is ignored (a shell script's background job: Ctrl-C there
+    is meant for the script)."""
+    return [s for s in _STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+
+
 class Preempted(Exception):
     """Training stopped on SIGTERM or SIGINT (Ctrl-C), after saving a backup when it had begun.
 
@@ -72,7 +78,7 @@ def signals_preempt() -> Iterator[None]:
     def stop(signum, frame):
         raise Preempted(signal_name=signal.Signals(signum).name, saved=False)
 
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, stop) for signum in _watched_signals()}
     try:
         yield
     finally:
@@ -119,7 +125,8 @@ def watch(
         watcher = _flag_watcher(save, current_step, restore_handler, received)
     else:
         watcher = _handler_watcher(save, cluster_resolver, current_step, restore_handler, received)
-    _forward_ctrl_c(received)
+    if signal.SIGINT in _watched_signals():
+        _forward_ctrl_c(received)
     return watcher
 
 
