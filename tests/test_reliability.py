@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import REPO, TINY
 
 from tfrecipe.cli import EXIT_PREEMPTED
@@ -78,6 +79,30 @@ def test_a_second_process_on_a_busy_run_dir_is_refused_and_a_killed_one_frees_it
     finally:
         first.kill()  # SIGKILL: no clean-up of its own; the kernel releases the lock
         first.wait()
+    assert not _is_locked(run_dir)
+
+
+def test_train_refuses_a_run_dir_another_process_holds_and_gives_its_own_back(tmp_path):
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.rundir import lock_run_dir, unlock_run_dir
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from tfrecipe.rundir import lock_run_dir; lock_run_dir(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(60)", str(run_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"run dir in use by PID {holder.pid}"):
+            lock_run_dir(run_dir)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_run_dir(run_dir)  # the killed holder's lock went with it
+    assert _is_locked(run_dir)
+    unlock_run_dir(run_dir)
     assert not _is_locked(run_dir)
 
 

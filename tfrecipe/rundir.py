@@ -131,6 +131,23 @@ def lock_run_dir(run_dir: Path) -> None:
     os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{run_dir}"
 
 
+def holds_run_dir(run_dir: Path) -> bool:
+    """Whether this process holds `run_dir`'s lock (`lock_run_dir`)."""
+    return run_dir.resolve() in _held
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Gives back the lock of `run_dir`, for `train()` in a process that goes on (a sweep's
+    jobs, a notebook); a no-op when this process does not hold it."""
+    run_dir = run_dir.resolve()
+    descriptor = _held.pop(run_dir, None)
+    if descriptor is None:
+        return
+    os.close(descriptor)  # its only descriptor: closing it releases the flock
+    if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
+        del os.environ[LOCK_HOLDER_ENV]
+
+
 def _lock_holder(run_dir: Path) -> str:
     """The PID holding `run_dir`'s flock, from /proc/locks (Linux); "unknown" elsewhere."""
     stat = os.stat(run_dir)

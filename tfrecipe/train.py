@@ -130,6 +130,9 @@ def _train(
     from tfrecipe.preemption import Preempted, signals_preempt
 
     attempt: dict[str, Any] = {}  # "summary": this attempt's, once training set it up
+    # The command line locks the run dir for the whole process; a lock taken here (train()
+    # called directly, a sweep's job) is given back when the run ends.
+    locked_before = rundir.holds_run_dir(run_dir)
     with signals_preempt():
         try:
             return _train_steps(
@@ -143,6 +146,9 @@ def _train(
                 status = "preempted" if isinstance(error, Preempted) else "failed"
                 _record_unfinished(run_dir, summary, status, error, chief=shared_run_dir is None)
             raise
+        finally:
+            if not locked_before:
+                rundir.unlock_run_dir(run_dir)
 
 
 def _record_unfinished(
