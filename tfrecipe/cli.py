@@ -23,6 +23,7 @@ log = logging.getLogger("tfrecipe")
 EXIT_CONFIG = 2
 EXIT_TRAINING = 1
 EXIT_PREEMPTED = 75  # = tfrecipe.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
 
 # A file each failed sweep job appends its run dir to: jobs may run in other processes (the
 # joblib launcher's workers), where this process's memory cannot see them.
@@ -58,6 +59,7 @@ def _precheck(argv: list[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     from tfrecipe.configs import compose
+    from tfrecipe.rundir import lock_run_dir
     from tfrecipe.schema import validate
     from tfrecipe.train import ensure_fresh_run_dir
 
@@ -69,10 +71,14 @@ def _precheck(argv: list[str]) -> list[str]:
     check_environment(_Invocation.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
     _check_writable(run_dir)
+    _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
+    if run.cluster.name in ("none", "local") or (
+        run.cluster.name == "tf_config" and is_chief_process()
+    ):  # the one process of the run (the launcher for local); a SLURM chief locks in train()
+        lock_run_dir(run_dir)  # before judging it: the run there may end meanwhile
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
-    _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
     # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
 
@@ -380,6 +386,9 @@ def main(argv: list[str] | None = None) -> None:
         _discard_new_run_dir()
         print(f"tfrecipe: invalid configuration: {_describe_hydra_error(error)}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training watches for it
+        print("tfrecipe: interrupted (Ctrl-C): stopped without a backup", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:  # `tfrecipe ls | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0) from None
@@ -403,7 +412,7 @@ def _run_hydra(argv: list[str]) -> None:
         # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
         # the pinned run dir.
         raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], _Invocation.cluster))
-    with _failed_jobs_file() as failed_jobs:
+    with _failed_jobs_file() as failed_jobs, _logging_config_errors():
         hydra_main()
         failed = failed_jobs()
     if failed:
@@ -426,6 +435,24 @@ def _answered_help(argv: list[str]) -> bool:
     if text is not None:
         print(text)
     return text is not None
+
+
+@contextlib.contextmanager
+def _logging_config_errors():
+    """Hydra's logging config (`hydra.job_logging`, `hydra.hydra_logging`) is applied by
+    `logging.config.dictConfig` inside Hydra: its ValueError becomes a config error."""
+    try:
+        yield
+    except ValueError as error:
+        frames = traceback.extract_tb(error.__traceback__)
+        if not frames or not frames[-1].filename.endswith(os.path.join("logging", "config.py")):
+            raise
+        key = "job_logging" if any(f.name == "run_job" for f in frames) else "hydra_logging"
+        cause = f" ({type(error.__cause__).__name__}: {error.__cause__})" if error.__cause__ else ""
+        raise ConfigError(
+            f"hydra.{key}: {error}{cause}; fix or remove that override (Hydra's logging config: "
+            "https://hydra.cc/docs/configure_hydra/logging/)"
+        ) from None
 
 
 def _discard_new_run_dir() -> None:

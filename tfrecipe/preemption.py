@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM -> a backup at a step every worker agrees on -> a clean exit.
+"""Preemption: SIGTERM (or Ctrl-C) -> a backup at a step every worker agrees on -> a clean exit.
 
 Cluster managers (SLURM, Kubernetes, GCE) send SIGTERM some seconds before they stop a task. On
 every strategy but parameter servers, TensorFlow's `PreemptionCheckpointHandler` picks the step:
@@ -35,21 +35,61 @@ log = logging.getLogger("tfrecipe")
 
 # EX_TEMPFAIL (sysexits.h): "temporary failure, try again" — rerun the same command to resume.
 EXIT_PREEMPTED = 75
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # Ctrl-C stops a run as a preemption does
+
+
+def _watched_signals() -> list[signal.Signals]:
+    """SIGTERM, and SIGINT unless it is ignored (a shell script's background job: Ctrl-C there
+    is meant for the script)."""
+    return [s for s in _STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
 
 
 class Preempted(Exception):
-    """Training stopped on a preemption signal after saving a backup."""
+    """Training stopped on SIGTERM or SIGINT (Ctrl-C), after saving a backup when it had begun.
 
-    def __init__(self, step: int | None = None):
+    Args:
+      step: the step the backup holds.
+      signal_name: the signal that stopped it.
+      saved: False when it stopped before training began (nothing to back up).
+    """
+
+    def __init__(
+        self, step: int | None = None, *, signal_name: str = "SIGTERM", saved: bool = True
+    ):
         self.step = step
+        reason = f"{'interrupted' if signal_name == 'SIGINT' else 'preempted'} ({signal_name})"
         where = f" at step {step}" if step is not None else ""
-        super().__init__(f"preempted (SIGTERM): backup saved{where}; rerun to resume")
+        if saved:
+            message = f"{reason}: backup saved{where}; rerun to resume"
+        else:
+            message = f"{reason} before training began: nothing to back up; rerun to start again"
+        super().__init__(message)
+
+
+@contextlib.contextmanager
+def signals_preempt() -> Iterator[None]:
+    """SIGTERM and Ctrl-C stop the run with `Preempted` (exit code 75, one line, summary.json
+    "preempted") while training is not watching for them yet (`watch` takes over then); a
+    no-op outside the main thread, where signal handlers cannot be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Preempted(signal_name=signal.Signals(signum).name, saved=False)
+
+    previous = {signum: signal.signal(signum, stop) for signum in _watched_signals()}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class Watcher:
     """`check()` at each step boundary: saves and raises `Preempted` once the run is preempted.
 
-    `close()` stops watching and gives SIGTERM back its previous handler.
+    `close()` stops watching and gives SIGTERM and SIGINT back their previous handlers.
     """
 
     def __init__(self, check: Callable[[], None], close: Callable[[], None]):
@@ -63,7 +103,7 @@ def watch(
     parameter_servers: bool,
     current_step: Callable[[], int],
 ) -> Watcher | None:
-    """Starts watching for SIGTERM; None where a signal handler cannot be installed (a thread).
+    """Starts watching for SIGTERM and Ctrl-C; None where a signal handler cannot be installed (a thread).
 
     Args:
       save: saves a backup of the current state (every worker calls it).
@@ -74,33 +114,57 @@ def watch(
     if threading.current_thread() is not threading.main_thread():
         log.warning("preemption: not in the main thread, SIGTERM is not watched")
         return None
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
 
     def restore_handler() -> None:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
+    received = ["SIGTERM"]  # the signal that stops the run: SIGINT when Ctrl-C forwarded it
     if parameter_servers:
-        return _flag_watcher(save, current_step, restore_handler)
-    return _handler_watcher(save, cluster_resolver, current_step, restore_handler)
+        watcher = _flag_watcher(save, current_step, restore_handler, received)
+    else:
+        watcher = _handler_watcher(save, cluster_resolver, current_step, restore_handler, received)
+    if signal.SIGINT in _watched_signals():
+        _forward_ctrl_c(received)
+    return watcher
 
 
-def _flag_watcher(save, current_step, restore_handler) -> Watcher:
-    received = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: received.set())
+def _forward_ctrl_c(received: list[str]) -> None:
+    """Ctrl-C (SIGINT) is handled as SIGTERM: a backup, then `Preempted`. A second Ctrl-C
+    stops at once, without one (KeyboardInterrupt)."""
+
+    def forward(signum, frame) -> None:
+        received[0] = "SIGINT"
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log.warning(
+            "interrupted (SIGINT): saving a backup at the next step (Ctrl-C again stops at "
+            "once, without one)"
+        )
+        os.kill(os.getpid(), signal.SIGTERM)  # whatever watches SIGTERM takes it from here
+
+    signal.signal(signal.SIGINT, forward)
+
+
+def _flag_watcher(save, current_step, restore_handler, received: list[str]) -> Watcher:
+    flag = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
 
     def check() -> None:
-        if received.is_set():
+        if flag.is_set():
             save()
-            raise Preempted(current_step())
+            raise Preempted(current_step(), signal_name=received[0])
 
     return Watcher(check, restore_handler)
 
 
-def _handler_watcher(save, cluster_resolver, current_step, restore_handler) -> Watcher:
+def _handler_watcher(
+    save, cluster_resolver, current_step, restore_handler, received: list[str]
+) -> Watcher:
     import tensorflow as tf
 
     def exit_fn() -> None:
-        raise Preempted(current_step())
+        raise Preempted(current_step(), signal_name=received[0])
 
     config = tf.distribute.experimental.TerminationConfig(
         exit_fn=exit_fn, save_fn=lambda *args, **kwargs: save(), grace_period=0

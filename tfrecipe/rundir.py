@@ -7,8 +7,10 @@ place, so a crash never leaves a half-written summary, history or model behind.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from tfrecipe.errors import ConfigError
+
+log = logging.getLogger("tfrecipe")
 
 SUMMARY = "summary.json"
 
@@ -102,6 +108,78 @@ def export_model(model, run_dir: Path, formats: Collection[str], *, epoch: int |
         save_model(model, run_dir / f"model{suffix}.keras")
     if "saved_model" in formats:
         export_saved_model(model, run_dir / f"saved_model{suffix}")
+
+
+# "PID:RUN_DIR" of the process holding RUN_DIR's lock, for the processes it starts (the local
+# launcher's workers train into the run dir their launcher holds).
+LOCK_HOLDER_ENV = "TFRECIPE_RUN_DIR_LOCK"
+_held: dict[Path, int] = {}  # run dir -> the descriptor whose flock this process holds
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Makes this process the one that trains into `run_dir` until it exits, creating the dir.
+
+    An exclusive `flock` on the directory itself: no file is added, and the kernel releases it
+    when the process ends in any way (even SIGKILL), so a preempted or crashed run's dir can be
+    resumed at once. Nothing happens when this process, or its parent that started it to train
+    there (the local launcher), already holds it.
+
+    Raises:
+      ConfigError: another process holds it ("run dir in use by PID ...").
+    """
+    run_dir = run_dir.resolve()
+    if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(run_dir, os.O_RDONLY)  # close-on-exec: not inherited by programs run
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: run dir in use by PID {_lock_holder(run_dir)} (another "
+            "run trains into it); wait for it to end, or choose another hydra.run.dir"
+        ) from None
+    except OSError as error:  # a file system without locks (some network mounts)
+        os.close(descriptor)
+        log.warning(
+            "cannot lock the run dir %s (%s): nothing stops a second run there", run_dir, error
+        )
+        return
+    _held[run_dir] = descriptor
+    os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{run_dir}"
+
+
+def holds_run_dir(run_dir: Path) -> bool:
+    """Whether this process holds `run_dir`'s lock (`lock_run_dir`)."""
+    return run_dir.resolve() in _held
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Gives back the lock of `run_dir`, for `train()` in a process that goes on (a sweep's
+    jobs, a notebook); a no-op when this process does not hold it."""
+    run_dir = run_dir.resolve()
+    descriptor = _held.pop(run_dir, None)
+    if descriptor is None:
+        return
+    os.close(descriptor)  # its only descriptor: closing it releases the flock
+    if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
+        del os.environ[LOCK_HOLDER_ENV]
+
+
+def _lock_holder(run_dir: Path) -> str:
+    """The PID holding `run_dir`'s flock, from /proc/locks (Linux); "unknown" elsewhere."""
+    stat = os.stat(run_dir)
+    where = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    for fields in (line.split() for line in lines):
+        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146483 0 EOF" (waiters have a "->" field)
+        if len(fields) == 8 and fields[1] == "FLOCK" and fields[5] == where:
+            return fields[4]
+    return "unknown"
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:

@@ -125,11 +125,62 @@ def _train(
     shared_run_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Trains into `run_dir` (a non-chief's scratch dir; its backups are read from
-    `shared_run_dir`, the chief's run dir)."""
+    `shared_run_dir`, the chief's run dir). However it ends, summary.json says how: also after
+    a failure, SIGTERM or Ctrl-C before training began (a config error writes nothing)."""
+    from tfrecipe.preemption import Preempted, signals_preempt
+
+    attempt: dict[str, Any] = {}  # "summary": this attempt's, once training set it up
+    # The command line locks the run dir for the whole process; a lock taken here (train()
+    # called directly, a sweep's job) is given back when the run ends.
+    locked_before = rundir.holds_run_dir(run_dir)
+    with signals_preempt():
+        try:
+            return _train_steps(
+                cfg, run, task, run_dir=run_dir, shared_run_dir=shared_run_dir, attempt=attempt
+            )
+        except ConfigError:
+            raise
+        except BaseException as error:
+            summary = attempt.get("summary")
+            if summary is None or summary["status"] == "running":  # not recorded by _finish
+                status = "preempted" if isinstance(error, Preempted) else "failed"
+                _record_unfinished(run_dir, summary, status, error, chief=shared_run_dir is None)
+            raise
+        finally:
+            if not locked_before:
+                rundir.unlock_run_dir(run_dir)
+
+
+def _record_unfinished(
+    run_dir: Path, summary: dict | None, status: str, error: BaseException, *, chief: bool
+) -> None:
+    """The final status of a run that stopped before training: this attempt's summary, else
+    the one an earlier attempt left (a rerun), else a new one."""
+    if chief:
+        try:
+            rundir.lock_run_dir(run_dir)  # creates it; never write into another run's dir
+        except ConfigError:
+            return
+    summary = summary or rundir.read_summary(run_dir) or {}
+    summary.update(status=status, error=f"{type(error).__name__}: {error}")
+    rundir.write_summary(run_dir, summary)
+
+
+def _train_steps(
+    cfg: DictConfig,
+    run: schema.RunConfig,
+    task: cluster.Task,
+    *,
+    run_dir: Path,
+    shared_run_dir: Path | None,
+    attempt: dict[str, Any],
+) -> dict[str, Any]:
     from tfrecipe.optim import base_learning_rate
     from tfrecipe.preemption import Preempted
 
     started = time.perf_counter()
+    if shared_run_dir is None and run_dir.exists():  # the chief: another run may train there
+        rundir.lock_run_dir(run_dir)
     ensure_fresh_run_dir(run_dir, resume=run.resume)
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
@@ -151,9 +202,12 @@ def _train(
     summary["resumed_from_step"] = resumed.step if resumed else None
     if resumed:
         summary["rollbacks"] = recovery.resume(model, backup_dir.parent, resumed.step)
+    if shared_run_dir is None:
+        rundir.lock_run_dir(run_dir)  # creates it (a no-op when held: the command line locks)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_config(run_dir, cfg)
     rundir.write_summary(run_dir, summary)
+    attempt["summary"] = summary
 
     monitors = _monitors(
         run, cfg, task, run_dir, inputs, global_batch, start_step, resuming=resumed is not None

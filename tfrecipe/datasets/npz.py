@@ -112,7 +112,23 @@ def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: {x_key} must hold real numbers, received dtype {x.dtype}")
     if not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{path}: {y_key} must hold integer class labels, received {y.dtype}")
-    return x if x.dtype == np.uint8 else x.astype("float32"), y.astype("int32")
+    x = x if x.dtype == np.uint8 else x.astype("float32")
+    _check_finite(path, x_key, x)
+    return x, y.astype("int32")
+
+
+def _check_finite(path: str, key: str, x: np.ndarray) -> None:
+    """NaN or Inf inputs would train into a NaN loss, which reads as a diverged learning rate:
+    refused when the data are loaded (also values beyond float32's range, Inf once converted)."""
+    if x.dtype.kind != "f":
+        return
+    bad = x.size - np.count_nonzero(np.isfinite(x))
+    if bad:
+        first = np.unravel_index(int(np.argmin(np.isfinite(x))), x.shape)
+        raise ValueError(
+            f"{path}: {key} holds {bad} non-finite values (NaN or Inf; the first at "
+            f"{key}[{', '.join(map(str, first))}]={x[first]}); inputs must be finite numbers"
+        )
 
 
 def _check_labels(path: str, key: str, labels: np.ndarray, num_classes: int) -> None:

@@ -1,0 +1,207 @@
+"""Every way a run can end leaves a clear line and a final status (issue 11, section 3).
+
+Each test runs the real command line in a real process, as a user meets it: a second process
+on a busy run dir, a failure before training, an unreadable only backup, Ctrl-C, data that cannot
+fit in memory, a Hydra logging mistake, NaN inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, TINY
+
+from tfrecipe.cli import EXIT_PREEMPTED
+
+USER_ENV = {"PYTHONPATH": str(REPO)}  # tests.helpers is importable, like a user's package
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _one_line_refusal(result, *fragments: str) -> str:
+    """Exit code 2 and one line on stderr holding every fragment; no traceback."""
+    output = f"stdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-3000:]}"
+    assert result.returncode == 2, output
+    assert "Traceback" not in result.stderr + result.stdout, output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfrecipe:")]
+    assert len(lines) == 1, output
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} missing from: {lines[0]}"
+    return lines[0]
+
+
+def _is_locked(run_dir: Path) -> bool:
+    """Whether some process holds the run dir's lock (taking it here, and giving it back, if not)."""
+    with contextlib.suppress(FileNotFoundError):
+        descriptor = os.open(run_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(descriptor)  # closing releases a lock taken here
+    return False
+
+
+def _wait(predicate, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None and not predicate():
+        time.sleep(0.05)
+
+
+# --- one run per run dir ---------------------------------------------------------------------
+def test_a_second_process_on_a_busy_run_dir_is_refused_and_a_killed_one_frees_it(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "tfrecipe", "loop.epochs=100", "loop.verbose=0",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        # Without a lock, wait until it trains (its summary.json says "running").
+        _wait(lambda: _is_locked(run_dir) or (run_dir / "summary.json").exists(), first, 120)
+        assert first.poll() is None, f"the first run ended with exit code {first.returncode}"
+        second = cli(*TINY, f"hydra.run.dir={run_dir}")
+
+        _one_line_refusal(second, f"hydra.run.dir={run_dir}", f"in use by PID {first.pid}")
+    finally:
+        first.kill()  # SIGKILL: no clean-up of its own; the kernel releases the lock
+        first.wait()
+    assert not _is_locked(run_dir)
+
+
+def test_train_refuses_a_run_dir_another_process_holds_and_gives_its_own_back(tmp_path):
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.rundir import lock_run_dir, unlock_run_dir
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from tfrecipe.rundir import lock_run_dir; lock_run_dir(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(60)", str(run_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"run dir in use by PID {holder.pid}"):
+            lock_run_dir(run_dir)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_run_dir(run_dir)  # the killed holder's lock went with it
+    assert _is_locked(run_dir)
+    unlock_run_dir(run_dir)
+    assert not _is_locked(run_dir)
+
+
+# --- a final status on every exit path -------------------------------------------------------
+def test_a_failure_while_building_the_model_leaves_a_failed_summary(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli(
+        *TINY, "model._target_=tests.helpers.failing_model.out_of_memory", "~model.filters",
+        "~model.dense_units", "~model.dropout", "allowed_targets=[tests.helpers]",
+        f"hydra.run.dir={run_dir}", env=USER_ENV,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "summary.json and traceback.txt have the details" in result.stdout + result.stderr
+    summary = _summary(run_dir)
+    assert summary["status"] == "failed"
+    assert "OOM when allocating" in summary["error"]
+    assert "OOM when allocating" in (run_dir / "traceback.txt").read_text()
+
+
+def test_a_rerun_whose_only_backup_is_unreadable_ends_failed_not_running(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    backup = run_dir / "backup"
+    backup.mkdir(parents=True)
+    # What a killed run leaves: status "running", one backup (here damaged).
+    (run_dir / "summary.json").write_text(json.dumps({"status": "running", "steps_completed": 3}))
+    (backup / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n'
+    )
+    (backup / "ckpt-3.index").write_bytes(b"not a checkpoint index")
+    (backup / "ckpt-3.data-00000-of-00001").write_bytes(b"not checkpoint data")
+
+    result = cli(*TINY, f"hydra.run.dir={run_dir}")
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = _summary(run_dir)
+    assert summary["status"] == "failed", summary
+    assert "can be restored" in summary["error"]
+
+
+def test_ctrl_c_saves_a_backup_and_exits_preempted_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "tfrecipe", "loop.epochs=2", "loop.steps_per_epoch=200",
+        "loop.verbose=0", "batching.per_replica_batch_size=16", "logger.csv.every_n_steps=1",
+        f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        steps = run_dir / "steps.csv"
+        _wait(lambda: steps.exists() and len(steps.read_text().splitlines()) > 3, process, 120)
+        process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == EXIT_PREEMPTED, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert "interrupted (SIGINT)" in output and "rerun to resume" in output, output[-3000:]
+    summary = _summary(run_dir)
+    assert summary["status"] == "preempted"
+    assert (run_dir / "backup" / f"ckpt-{summary['steps_completed']}.index").is_file()
+
+
+# --- refused before anything is allocated or trained -----------------------------------------
+def test_synthetic_data_that_cannot_fit_in_memory_is_refused_with_the_estimate(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    # 10^6 images of 1024x1024x3 float32: 12.6 TB, more than any machine here has.
+    result = cli(
+        "dataset=synthetic", "dataset.num_examples=1000000", "dataset.shape=[1024,1024,3]",
+        f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    line = _one_line_refusal(result, "dataset.num_examples=1000000", "TB", "available")
+    assert "[1024, 1024, 3]" in line
+    assert not run_dir.exists()
+
+
+def test_the_memory_estimate_counts_what_synthetic_data_holds():
+    from tfrecipe.data import synthetic_bytes
+
+    assert synthetic_bytes(num_examples=20000, shape=[256, 256, 3]) == 20000 * 256 * 256 * 3 * 4
+
+
+def test_a_hydra_logging_mistake_is_one_line(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli("hydra.job_logging.handlers.file.class=nope.Nope", f"hydra.run.dir={run_dir}")
+    _one_line_refusal(result, "hydra.job_logging", "nope")
+    assert not run_dir.exists()
+
+
+def test_nan_features_in_an_npz_file_are_refused_when_loaded(cli, tmp_path):
+    x = np.random.default_rng(0).normal(size=(64, 8, 8, 1)).astype("float32")
+    x[3, 0, 0, 0] = x[7, 1, 2, 0] = x[9, 4, 4, 0] = np.nan
+    x[11, 0, 0, 0] = np.inf
+    path = tmp_path / "data.npz"
+    np.savez(path, x=x, y=np.arange(64) % 2)
+    run_dir = tmp_path / "run"
+
+    result = cli(*TINY, "dataset=npz", f"dataset.path={path}", f"hydra.run.dir={run_dir}")
+
+    _one_line_refusal(result, str(path), "4 non-finite")
+    assert not run_dir.exists()
