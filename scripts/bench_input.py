@@ -6,7 +6,7 @@ consumes, for the default models on their default-ish data, in one run.
 The data are TFRecord files of PNG-encoded uint8 images (so the pipeline pays for reading,
 parsing and decoding, as with real files) read through tfrecipe's loader, pipeline (default
 options: memory cache, seeded shuffle, normalization; `--augment` adds flip + crop) and
-`data.distribute`. "input" iterates the distributed dataset alone; "train" is Model.fit on the
+`data.distribute.distribute`. "input" iterates the distributed dataset alone; "train" is Model.fit on the
 same dataset (compile and the first epoch excluded). Headroom = input / train; the goal is >= 10.
 Cache off (`--no-cache`) measures decoding every epoch.
 """
@@ -25,9 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import data, models
-from tfrecipe.datasets.tfrecord import load
-from tfrecipe.pipeline import PipelineOptions, batch_transform, prepare
+from tfrecipe import models
+from tfrecipe.data.distribute import distribute as distribute_dataset
+from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
+from tfrecipe.data.tfrecord import load
 
 # model -> image shape of its default-ish data (mlp: MNIST-like, cnn: digits-like, resnet: CIFAR)
 CASES = {"mlp": (28, 28, 1), "cnn": (8, 8, 1), "resnet": (32, 32, 3)}
@@ -92,7 +93,7 @@ def main() -> None:
         for name, shape in CASES.items():
             pattern = write_images(Path(tmp), shape, args.examples)
             splits = load(train_files=pattern, feature_shape=list(shape), num_classes=10)
-            dataset = data.distribute(
+            dataset = distribute_dataset(
                 strategy,
                 prepare(splits.train, options, split="train", training=True, seed=0),
                 global_batch_size=args.batch,

@@ -88,7 +88,7 @@ def overrides(args: argparse.Namespace, loop: str, steps_per_loop: int) -> list[
 
 def measure(args: argparse.Namespace, loop: str, k: int, root: Path) -> tuple[float, float]:
     """One run: (examples/s, examples per CPU-second)."""
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
     from tfrecipe.train import train
 
     run_dir = root / f"{loop}-{k}-{time.monotonic_ns()}"

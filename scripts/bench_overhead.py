@@ -4,7 +4,7 @@
     python scripts/bench_overhead.py --model mlp --batch 128 --repeats 7
 
 Both sides train the same architecture (tfrecipe's builder; the same layers written out by hand)
-on the same synthetic data (`tfrecipe.data.synthetic`, float32 images or vectors) with the same
+on the same synthetic data (`tfrecipe.data.bundled.synthetic`, float32 images or vectors) with the same
 batch size, steps, optimizer, loss and metric, on the default strategy:
 
 - tfrecipe: `tfrecipe.train.train` on the composed config with its defaults (its callbacks:
@@ -69,7 +69,7 @@ def steady_rates(examples_per_epoch: int) -> tuple[float, float]:
 
 # --- the two sides ----------------------------------------------------------------------------------
 def run_tfrecipe(args: argparse.Namespace, run_dir: Path) -> tuple[tuple[float, float], dict]:
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
     from tfrecipe.train import train
 
     overrides = [
@@ -170,7 +170,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_overhead
 
-    from tfrecipe.data import synthetic
+    from tfrecipe.data.bundled import synthetic
 
     splits = synthetic(
         num_examples=args.examples,

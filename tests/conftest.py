@@ -37,7 +37,7 @@ def _split_cpu_in_two() -> None:
 @pytest.fixture
 def compose_cfg() -> Callable[..., object]:
     """compose_cfg(*overrides, tiny=True): the config `python -m tfrecipe` would run."""
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
 
     def _compose(*overrides: str, tiny: bool = True):
         return compose([*(TINY if tiny else []), *overrides])

@@ -266,7 +266,7 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     import numpy as np
     from omegaconf import OmegaConf
 
-    from tfrecipe.data import digits
+    from tfrecipe.data.bundled import digits
 
     run_dir = tmp_path / "run"
     result = cli(f"hydra.run.dir={run_dir}")

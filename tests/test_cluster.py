@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tfrecipe import cluster, launcher
+from tfrecipe.config.schema import validate
+from tfrecipe.distribute import cluster, launcher
 from tfrecipe.errors import ConfigError
-from tfrecipe.schema import validate
 
 TWO_WORKERS = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 
@@ -148,7 +148,7 @@ def test_tasks_run_the_same_overrides_joining_through_tf_config():
 
 
 def test_the_launcher_does_not_import_tensorflow():
-    code = "import sys, tfrecipe.cli, tfrecipe.launcher; print('tensorflow' in sys.modules)"
+    code = "import sys, tfrecipe.cli.main, tfrecipe.distribute.launcher; print('tensorflow' in sys.modules)"
     import subprocess
 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -171,7 +171,7 @@ def test_keras_fix_covers_the_installed_keras():
     fails until someone checks (tests/test_multi_worker.py) whether the fix is still needed."""
     import keras
 
-    from tfrecipe.keras_fixes import needs_fix
+    from tfrecipe.compat import needs_fix
 
     assert needs_fix(keras.__version__)
     assert not needs_fix("3.16.0") and not needs_fix("2.15.0")

@@ -15,7 +15,7 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 
 _NO_TF = """
 import sys
-from tfrecipe.cli import main
+from tfrecipe.cli.main import main
 try:
     main(sys.argv[1:])
 except SystemExit as exit:
@@ -52,7 +52,7 @@ def test_cat_prints_the_composed_recipe(cli):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_validates(recipe, capsys):
-    from tfrecipe.commands import validate
+    from tfrecipe.cli.commands import validate
 
     validate([recipe])
     assert "valid" in capsys.readouterr().out
@@ -65,7 +65,7 @@ def test_every_recipe_starts_with_the_command_that_runs_it(recipe):
 
 
 def _cluster(recipe: str) -> str:
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
 
     return compose([f"recipe={recipe}"]).cluster.name
 
@@ -78,9 +78,7 @@ IN_PROCESS_RECIPES = [r for r in RECIPES if r not in CLUSTER_RECIPES]
 @pytest.mark.parametrize("recipe", IN_PROCESS_RECIPES)
 def test_every_recipe_smoke_runs(recipe, train_run, compose_cfg):
     # TFDS recipes have no data offline: their real loading code runs on TFDS' mock data.
-    uses_tfds = compose_cfg(f"recipe={recipe}").dataset._target_.startswith(
-        "tfrecipe.datasets.tfds"
-    )
+    uses_tfds = compose_cfg(f"recipe={recipe}").dataset._target_.startswith("tfrecipe.data.tfds")
     with _tfds_mock_data() if uses_tfds else contextlib.nullcontext():
         summary, _ = train_run(f"recipe={recipe}", *_emulate_if_not_native(recipe))
     assert summary["status"] == "completed"
@@ -90,7 +88,7 @@ def _emulate_if_not_native(recipe: str) -> list[str]:
     """A recipe whose precision this machine only emulates (bfloat16 on a CPU without
     AVX512_BF16/AMX, the common case on CI machines) still smoke-runs its code paths, emulated;
     the refusal itself is tested in test_cli."""
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
     from tfrecipe.precision import native_support_problem
 
     policy = compose([f"recipe={recipe}"]).precision.policy
@@ -119,7 +117,7 @@ def test_every_cluster_recipe_smoke_runs(recipe, tmp_path):
 
 
 def _dataset_target(recipe: str) -> str:
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
 
     return compose([f"recipe={recipe}"]).dataset._target_
 
@@ -209,7 +207,7 @@ def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
 
 
 def test_objective_is_returned_for_optimizing_sweepers():
-    from tfrecipe.cli import _objective
+    from tfrecipe.cli.main import _objective
 
     summary = {"metrics": {"val_loss": 0.5}, "test": {"accuracy": 0.9}, "examples_per_sec": 10.0}
     assert _objective(summary, "val_loss") == 0.5

@@ -38,7 +38,7 @@ def _images(n=32):
 
 def _prepare(dataset, *, training=True, seed=1, **options):
     """prepare() and the batch transform that distribute() applies, unbatched again."""
-    from tfrecipe.pipeline import PipelineOptions, batch_transform, prepare
+    from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 
     options = PipelineOptions(**options)
     dataset = prepare(dataset, options, split="train", training=training, seed=seed)
@@ -103,7 +103,7 @@ def test_file_cache_writes_the_split_to_the_given_prefix(tmp_path):
 
 # --- builders -----------------------------------------------------------------------------------
 def test_tfrecord_reads_decoded_images_and_counts_every_file(tmp_path):
-    from tfrecipe.datasets.tfrecord import load
+    from tfrecipe.data.tfrecord import load
 
     for i in range(3):
         write_tfrecord(tmp_path / f"train-{i}.tfrecord", 5, first_id=10 * i)
@@ -122,7 +122,7 @@ def test_tfrecord_reads_decoded_images_and_counts_every_file(tmp_path):
 
 
 def test_tfrecord_reads_float_tensors(tmp_path):
-    from tfrecipe.datasets.tfrecord import load
+    from tfrecipe.data.tfrecord import load
 
     write_tfrecord(tmp_path / "t.tfrecord", 6, kind="float", feature_key="features")
     splits = load(
@@ -137,7 +137,7 @@ def test_tfrecord_reads_float_tensors(tmp_path):
 
 
 def test_npz_splits_one_file_or_reads_separate_ones(tmp_path):
-    from tfrecipe.datasets.npz import load
+    from tfrecipe.data.npz import load
 
     write_npz(tmp_path / "train.npz", 40, x_key="images", y_key="labels")
     write_npz(tmp_path / "test.npz", 6, x_key="images", y_key="labels")
@@ -156,7 +156,7 @@ def test_npz_splits_one_file_or_reads_separate_ones(tmp_path):
 
 
 def test_image_folder_labels_by_sorted_subfolder_and_resizes(tmp_path):
-    from tfrecipe.datasets.image_folder import load
+    from tfrecipe.data.image_folder import load
 
     write_image_folder(tmp_path / "pics")
     splits = load(
@@ -171,7 +171,7 @@ def test_image_folder_labels_by_sorted_subfolder_and_resizes(tmp_path):
 
 
 def test_tfds_reads_mocked_mnist_with_configured_splits(mock_tfds):
-    from tfrecipe.datasets.tfds import load
+    from tfrecipe.data.tfds import load
 
     splits = load(name="mnist", train_split="train[:90%]", validation_split="train[90%:]")
     assert splits.info.input_shape == (28, 28, 1) and splits.info.num_classes == 10
@@ -181,7 +181,7 @@ def test_tfds_reads_mocked_mnist_with_configured_splits(mock_tfds):
 
 
 def test_tfds_without_prepared_data_says_how_to_prepare_it(tmp_path):
-    from tfrecipe.datasets.tfds import load
+    from tfrecipe.data.tfds import load
 
     with pytest.raises(ValueError) as error:
         load(name="cifar10", data_dir=str(tmp_path))
@@ -190,7 +190,7 @@ def test_tfds_without_prepared_data_says_how_to_prepare_it(tmp_path):
 
 
 def test_tfds_unknown_name_or_key_is_a_value_error(mock_tfds):
-    from tfrecipe.datasets.tfds import load
+    from tfrecipe.data.tfds import load
 
     with pytest.raises(ValueError, match="not a TensorFlow Datasets dataset"):
         load(name="no_such_dataset_anywhere")
@@ -245,4 +245,4 @@ def test_user_file_options_train(tmp_path, train_run):
     for name, overrides in runs.items():
         summary, _ = train_run(*overrides, "model=mlp")
         assert summary["status"] == "completed", name
-        assert summary["dataset"] == f"tfrecipe.datasets.{name}.load"
+        assert summary["dataset"] == f"tfrecipe.data.{name}.load"

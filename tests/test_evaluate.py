@@ -7,8 +7,8 @@ import json
 import keras
 import pytest
 
+from tfrecipe.cli.evaluate import evaluate_run
 from tfrecipe.errors import ConfigError
-from tfrecipe.evaluate import evaluate_run
 
 
 def test_evaluate_reports_the_runs_own_test_metrics(train_run):

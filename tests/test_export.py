@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_cli import assert_refused
 
+from tfrecipe.config.schema import validate
 from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import export_saved_model
-from tfrecipe.schema import validate
 
 BOTH = ["callbacks.export.formats=[keras,saved_model]", "callbacks.export.every_n_epochs=1"]
 

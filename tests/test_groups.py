@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, TINY
 from omegaconf import OmegaConf
 
-from tfrecipe.schema import validate
+from tfrecipe.config.schema import validate
 from tfrecipe.train import TrainingError
 
 CONF = REPO / "conf"
@@ -164,7 +164,7 @@ def _needs_external_data(group: str, option: str) -> str | None:
     if group != "dataset":
         return None
     spec = load_yaml(group, option)
-    if spec._target_.startswith("tfrecipe.datasets.tfds."):
+    if spec._target_.startswith("tfrecipe.data.tfds."):
         return (
             "reads TFDS data prepared beforehand (tfrecipe never downloads); trained under "
             "tfds.testing.mock_data by tests/test_data.py::test_tfds_options_train"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfrecipe import schema
+from tfrecipe.config import schema
 from tfrecipe.optim import build_optimizer
 
 INF, ONE = [np.inf, 1.0, 1.0], [1.0, 1.0, 1.0]
@@ -52,7 +52,9 @@ def test_a_skipped_step_counts_once_across_replicas(tf_two_cpus):
     import keras
 
     tf = tf_two_cpus
-    from tfrecipe.strategy import build_strategy  # fresh collective keys for this process
+    from tfrecipe.distribute.strategy import (
+        build_strategy,  # fresh collective keys for this process
+    )
 
     strategy = build_strategy(
         schema.MirroredStrategy(name="mirrored", devices=["/cpu:0", "/cpu:1"])

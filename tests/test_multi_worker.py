@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY
 from helpers.launch import launching
 
-from tfrecipe.cluster import CRASH_TIMES_ENV, CRASH_WORKER_ENV
+from tfrecipe.distribute.cluster import CRASH_TIMES_ENV, CRASH_WORKER_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def assert_chief_wrote_a_complete_run(run_dir: Path, loop: str, tmp_path: Path) 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_two_workers_train_together(launch, tmp_path, loop):
-    """loop=fit across workers needs tfrecipe.keras_fixes (keras-team/keras#20585): this test
+    """loop=fit across workers needs tfrecipe.compat (keras-team/keras#20585): this test
     fails with "Attempt to convert a value (PerReplica...)" when that fix stops working."""
     run_dir = tmp_path / "run"
     run = launch(*MWMS, f"loop={loop}", *TINY, f"hydra.run.dir={run_dir}")

@@ -188,7 +188,7 @@ def test_a_bad_rollback_setting_is_refused(cli, tmp_path, case):
     ids=["terminate_on_nan_off", "parameter_server"],
 )
 def test_rollbacks_need_terminate_on_nan_and_a_restartable_loop(compose_cfg, overrides, fragment):
-    from tfrecipe import schema
+    from tfrecipe.config import schema
     from tfrecipe.errors import ConfigError
 
     cfg = compose_cfg("callbacks.terminate_on_nan.max_rollbacks=1", *overrides)

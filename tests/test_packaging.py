@@ -66,7 +66,7 @@ def test_wheel_carries_the_configs_and_recipes(installed):
 
 def test_the_installed_copy_runs_not_the_checkout(installed):
     bin_dir, elsewhere = installed
-    code = "import tfrecipe, tfrecipe.configs as c; print(tfrecipe.__file__); print(c.config_dir())"
+    code = "import tfrecipe, tfrecipe.config.compose as c; print(tfrecipe.__file__); print(c.config_dir())"
     package_file, config_dir = _run(bin_dir / "python", "-c", code, cwd=elsewhere).stdout.split()
     venv = str(bin_dir.parent)
     assert package_file.startswith(venv), package_file

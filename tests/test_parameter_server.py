@@ -13,8 +13,8 @@ import pytest
 from conftest import TINY
 from helpers.launch import launching
 
+from tfrecipe.config.schema import validate
 from tfrecipe.errors import ConfigError
-from tfrecipe.schema import validate
 
 PS = ["strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1"]
 PS += ["loop=custom"]
@@ -71,8 +71,8 @@ def test_the_partitioners_build(compose_cfg):
     """The builder behind the option, ready for a Keras that updates sharded variables."""
     import tensorflow as tf
 
-    from tfrecipe.schema import ParameterServerStrategy
-    from tfrecipe.strategy import _variable_partitioner
+    from tfrecipe.config.schema import ParameterServerStrategy
+    from tfrecipe.distribute.strategy import _variable_partitioner
 
     partitioners = tf.distribute.experimental.partitioners
     expected = {
@@ -89,7 +89,7 @@ def test_the_partitioners_build(compose_cfg):
 @pytest.mark.slow
 def test_metric_updates_from_concurrent_workers_are_all_counted():
     """Keras' assign_add reads then writes: two workers' steps interleave on the parameter server
-    and lose updates (a Mean counted 16640 of 25600 examples) unless tfrecipe.keras_fixes makes
+    and lose updates (a Mean counted 16640 of 25600 examples) unless tfrecipe.compat makes
     it TensorFlow's atomic assign_add."""
     helper = Path(__file__).parent / "helpers" / "ps_metric_count.py"
     done = subprocess.run(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tfrecipe.cli import EXIT_PREEMPTED
+from tfrecipe.cli.main import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
 

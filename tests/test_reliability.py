@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import REPO, TINY
 
-from tfrecipe.cli import EXIT_PREEMPTED
+from tfrecipe.cli.main import EXIT_PREEMPTED
 
 USER_ENV = {"PYTHONPATH": str(REPO)}  # tests.helpers is importable, like a user's package
 
@@ -181,7 +181,7 @@ def test_synthetic_data_that_cannot_fit_in_memory_is_refused_with_the_estimate(c
 
 
 def test_the_memory_estimate_counts_what_synthetic_data_holds():
-    from tfrecipe.data import synthetic_bytes
+    from tfrecipe.data.bundled import synthetic_bytes
 
     assert synthetic_bytes(num_examples=20000, shape=[256, 256, 3]) == 20000 * 256 * 256 * 3 * 4
 

@@ -224,7 +224,7 @@ def test_the_kinds_tfrecipe_ships_are_valid(cli):
 
 def _tampered_run_dir(root: Path, **changes: str) -> Path:
     """A run dir as someone else might hand it over: its config.yaml edited."""
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
     from tfrecipe.rundir import write_config
 
     cfg = compose(TINY)

@@ -1,6 +1,6 @@
 """Auto-shard policies on a real 2-worker cluster: two local processes, each with its own
 TF_CONFIG, build MultiWorkerMirroredStrategy over gRPC on 127.0.0.1 and read the same TFRecord
-files through tfrecipe's loader, pipeline (seeded shuffle) and `data.distribute`."""
+files through tfrecipe's loader, pipeline (seeded shuffle) and `data.distribute.distribute`."""
 
 from __future__ import annotations
 

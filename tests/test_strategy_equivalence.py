@@ -11,8 +11,8 @@ servers are asynchronous, so they are held to convergence instead
 (tests/test_parameter_server.py).
 
 This caught `fit` under any explicit strategy training on another data order than the default
-strategy (training loss 2.20722 instead of 2.10956): tfrecipe.keras_fixes.fix_fit_under_strategy.
-central_storage matches only with tfrecipe.keras_fixes.fix_shared_variable_increments (Keras'
+strategy (training loss 2.20722 instead of 2.10956): tfrecipe.compat.fix_fit_under_strategy.
+central_storage matches only with tfrecipe.compat.fix_shared_variable_increments (Keras'
 metric updates double-count without it).
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfrecipe.launcher import free_ports
+from tfrecipe.distribute.launcher import free_ports
 
 
 @pytest.mark.slow

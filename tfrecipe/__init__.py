@@ -10,22 +10,22 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tfrecipe.configs import compose
-    from tfrecipe.data import DatasetInfo, Splits
+    from tfrecipe.config.compose import compose
+    from tfrecipe.config.instantiate import instantiate
+    from tfrecipe.config.schema import validate
+    from tfrecipe.data.splits import DatasetInfo, Splits
+    from tfrecipe.distribute.strategy import build_strategy
     from tfrecipe.errors import ConfigError
-    from tfrecipe.instantiate import instantiate
-    from tfrecipe.schema import validate
-    from tfrecipe.strategy import build_strategy
     from tfrecipe.train import TrainingError, train
 
 _PUBLIC = {
-    "compose": "tfrecipe.configs",
-    "DatasetInfo": "tfrecipe.data",
-    "Splits": "tfrecipe.data",
+    "compose": "tfrecipe.config.compose",
+    "DatasetInfo": "tfrecipe.data.splits",
+    "Splits": "tfrecipe.data.splits",
     "ConfigError": "tfrecipe.errors",
-    "instantiate": "tfrecipe.instantiate",
-    "validate": "tfrecipe.schema",
-    "build_strategy": "tfrecipe.strategy",
+    "instantiate": "tfrecipe.config.instantiate",
+    "validate": "tfrecipe.config.schema",
+    "build_strategy": "tfrecipe.distribute.strategy",
     "TrainingError": "tfrecipe.train",
     "train": "tfrecipe.train",
 }

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import keras
 
-from tfrecipe import schema
-from tfrecipe.backup import current_step
-from tfrecipe.cluster import is_chief_process
-from tfrecipe.instantiate import instantiate
+from tfrecipe.config import schema
+from tfrecipe.config.instantiate import instantiate
+from tfrecipe.distribute.cluster import is_chief_process
+from tfrecipe.fault.backup import current_step
 from tfrecipe.optim import current_learning_rate
 from tfrecipe.rundir import export_model, write_history
 

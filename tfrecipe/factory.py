@@ -3,8 +3,8 @@ sidecar evaluator (which must build exactly what training built)."""
 
 from __future__ import annotations
 
-from tfrecipe import schema
-from tfrecipe.instantiate import instantiate
+from tfrecipe.config import schema
+from tfrecipe.config.instantiate import instantiate
 
 
 def load_splits(run: schema.RunConfig):

@@ -6,7 +6,7 @@ import math
 
 import keras
 
-from tfrecipe import schema
+from tfrecipe.config import schema
 
 _OPTIMIZERS = {
     "adam": keras.optimizers.Adam,

@@ -14,7 +14,8 @@ from typing import Any
 
 import keras
 
-from tfrecipe import rundir, schema
+from tfrecipe import rundir
+from tfrecipe.config import schema
 
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
 

@@ -19,12 +19,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe import cluster, factory, rundir, schema
+from tfrecipe import factory, rundir
+from tfrecipe.config import schema
+from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
 
-BACKUP_DIR = "backup"  # RUN_DIR/backup (tfrecipe.backup.BACKUP_DIR; this module loads no TF)
+BACKUP_DIR = "backup"  # RUN_DIR/backup (tfrecipe.fault.backup.BACKUP_DIR; this module loads no TF)
 
 
 class TrainingError(RuntimeError):
@@ -92,7 +94,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     run = schema.validate(cfg)
     task = _join_cluster(run)
     if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
-        from tfrecipe.evaluator import evaluate_checkpoints
+        from tfrecipe.distribute.evaluator import evaluate_checkpoints
 
         return evaluate_checkpoints(run, run_dir=Path(run_dir))
     if task.is_chief:
@@ -127,7 +129,7 @@ def _train(
     """Trains into `run_dir` (a non-chief's scratch dir; its backups are read from
     `shared_run_dir`, the chief's run dir). However it ends, summary.json says how: also after
     a failure, SIGTERM or Ctrl-C before training began (a config error writes nothing)."""
-    from tfrecipe.preemption import Preempted, signals_preempt
+    from tfrecipe.fault.preemption import Preempted, signals_preempt
 
     attempt: dict[str, Any] = {}  # "summary": this attempt's, once training set it up
     # The command line locks the run dir for the whole process; a lock taken here (train()
@@ -175,8 +177,8 @@ def _train_steps(
     shared_run_dir: Path | None,
     attempt: dict[str, Any],
 ) -> dict[str, Any]:
+    from tfrecipe.fault.preemption import Preempted
     from tfrecipe.optim import base_learning_rate
-    from tfrecipe.preemption import Preempted
 
     started = time.perf_counter()
     if shared_run_dir is None and run_dir.exists():  # the chief: another run may train there
@@ -243,8 +245,8 @@ def _train_steps(
 def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
     """The strategy (first: logical devices must be set before any other TensorFlow call),
     then seeds, then the precision policy (seeding clears the Keras session, which resets it)."""
+    from tfrecipe.distribute.strategy import build_strategy, device_kinds
     from tfrecipe.precision import set_precision
-    from tfrecipe.strategy import build_strategy, device_kinds
 
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
     cluster.maybe_crash_for_test(task)
@@ -290,15 +292,15 @@ def _build_inputs(
     global_batch: int,
     start_step: int = 0,
 ) -> _Inputs:
-    from tfrecipe import data
-    from tfrecipe.pipeline import batch_transform, prepare
+    from tfrecipe.data.distribute import distribute as distribute_dataset
+    from tfrecipe.data.pipeline import batch_transform, prepare
 
     def distribute(dataset, *, split: str, start: int = 0):
         if dataset is None:
             return None
         training = split == "train"
         dataset = prepare(dataset, run.pipeline, split=split, training=training, seed=run.seed)
-        return data.distribute(
+        return distribute_dataset(
             strategy,
             dataset,
             global_batch_size=global_batch,
@@ -327,7 +329,7 @@ def _build_inputs(
 
 def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, global_batch: int):
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
-    from tfrecipe.strategy import model_scope
+    from tfrecipe.distribute.strategy import model_scope
 
     with model_scope(strategy):
         model = factory.build_model(run, info)
@@ -405,7 +407,7 @@ def _monitors(
         ),
     ]
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
-        from tfrecipe.evaluator import checkpoint_callbacks
+        from tfrecipe.distribute.evaluator import checkpoint_callbacks
 
         callbacks += checkpoint_callbacks(run_dir)
     # One W&B run per training run: the chief's (other workers train into a scratch dir).
@@ -476,7 +478,7 @@ def _finish(
     error: BaseException | None = None,
 ) -> None:
     """Writes the final summary.json (also after a failure) and finishes the W&B run."""
-    from tfrecipe import backup
+    from tfrecipe.fault import backup
 
     rows = monitors.history.rows
     summary.update(
@@ -497,7 +499,7 @@ def _finish(
 
 def _restore(run: schema.RunConfig, model, backup_dir: Path):
     """Restores the state to continue from (`resume`); returns a backup.ResumePoint or None."""
-    from tfrecipe import backup
+    from tfrecipe.fault import backup
 
     backup.build_optimizer(model)  # its variables must exist to be restored into
     candidates = _candidates(run, backup_dir)
@@ -517,7 +519,7 @@ def _restore(run: schema.RunConfig, model, backup_dir: Path):
 def _candidates(run: schema.RunConfig, backup_dir: Path) -> list[str]:
     """The checkpoints to continue from, newest first: the run's own backups, else those of
     `resume=PATH` (so a rollback before the first own backup restores the run's start)."""
-    from tfrecipe import backup
+    from tfrecipe.fault import backup
 
     own = backup.checkpoints_in(backup_dir)
     if run.resume in ("auto", "never") or own:
@@ -553,7 +555,8 @@ class _Recovery:
         """Restores the newest good backup into `model` and lowers its learning rate to
         base x lr_factor^k for the k-th rollback; records it in `rollbacks` and returns the
         restored step. Raises TrainingError when no rollback is left or nothing restores."""
-        from tfrecipe import backup, optim
+        from tfrecipe import optim
+        from tfrecipe.fault import backup
 
         limit = self.spec.max_rollbacks
         if len(rollbacks) >= limit:
@@ -628,7 +631,7 @@ def _fault_tolerance(
     Args:
       save_at_start: with rollbacks, also back up the state training starts from.
     """
-    from tfrecipe import backup, preemption
+    from tfrecipe.fault import backup, preemption
 
     spec = run.callbacks.backup
     rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0

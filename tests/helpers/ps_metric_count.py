@@ -11,8 +11,8 @@ import socket
 import keras
 import tensorflow as tf
 
-from tfrecipe.schema import ParameterServerStrategy
-from tfrecipe.strategy import build_strategy
+from tfrecipe.config.schema import ParameterServerStrategy
+from tfrecipe.distribute.strategy import build_strategy
 
 STEPS, BATCH = 400, 64
 

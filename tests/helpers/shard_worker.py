@@ -12,9 +12,9 @@ import sys
 
 import tensorflow as tf
 
-from tfrecipe import data
-from tfrecipe.datasets.tfrecord import load
-from tfrecipe.pipeline import PipelineOptions, prepare
+from tfrecipe.data.distribute import distribute as distribute_dataset
+from tfrecipe.data.pipeline import PipelineOptions, prepare
+from tfrecipe.data.tfrecord import load
 
 
 def main(pattern: str, out: str, policies: list[str]) -> None:
@@ -30,7 +30,7 @@ def main(pattern: str, out: str, policies: list[str]) -> None:
     for policy in policies:
         options = PipelineOptions(cache=None, shuffle_buffer=64, auto_shard_policy=policy)
         dataset = prepare(splits.train, options, split="train", training=True, seed=7)
-        distributed = data.distribute(
+        distributed = distribute_dataset(
             strategy, dataset, global_batch_size=4, auto_shard_policy=policy
         )
         ids = []

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe.keras_fixes import fix_fit_under_strategy
+from tfrecipe.compat import fix_fit_under_strategy
 from tfrecipe.loops.options import LoopOptions
 
 

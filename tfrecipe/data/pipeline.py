@@ -1,6 +1,6 @@
 """The input pipeline between a dataset builder and the strategy: cache, shuffle, augment, normalize.
 
-Builders (tfrecipe.data, tfrecipe.datasets) return unbatched `(features, label)` datasets,
+Builders (tfrecipe.data.bundled, .tfds, .npz, ...) return unbatched `(features, label)` datasets,
 already read and decoded; `prepare` turns one split into what the model eats, in the order the
 tf.data performance guide recommends::
 
@@ -85,7 +85,7 @@ def prepare(
 
 
 def batch_transform(options: PipelineOptions):
-    """The per-batch map `data.distribute` applies after batching: normalization and int32
+    """The per-batch map `data.distribute.distribute` applies after batching: normalization and int32
     labels. Vectorized over the batch: a per-example map costs tens of microseconds of tf.data
     overhead per example, more than a small model's training step per example."""
     import tensorflow as tf

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe.data import DatasetInfo, Splits, split_indices
+from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 
 def load(

@@ -195,7 +195,7 @@ def _keras_is_known() -> bool:
         "Keras %s is outside the versions whose Model.fit tfrecipe fixes under a strategy (%s): "
         "the fixes (keras-team/keras#20585, the model built from a throwaway batch) are not "
         "installed; if loop=fit fails or trains unlike the default strategy, verify and extend "
-        "tfrecipe.keras_fixes.BROKEN_KERAS",
+        "tfrecipe.compat.BROKEN_KERAS",
         keras.__version__,
         BROKEN_KERAS,
     )

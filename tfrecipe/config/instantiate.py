@@ -70,16 +70,16 @@ MODEL = Kind(
     returns="keras.Model",
 )
 DATASET = Kind(
-    "a dataset builder returning tfrecipe.data.Splits",
+    "a dataset builder returning tfrecipe.Splits",
     builders=(
-        "tfrecipe.data.digits",
-        "tfrecipe.data.synthetic",
-        "tfrecipe.datasets.tfds.load",
-        "tfrecipe.datasets.npz.load",
-        "tfrecipe.datasets.tfrecord.load",
-        "tfrecipe.datasets.image_folder.load",
+        "tfrecipe.data.bundled.digits",
+        "tfrecipe.data.bundled.synthetic",
+        "tfrecipe.data.tfds.load",
+        "tfrecipe.data.npz.load",
+        "tfrecipe.data.tfrecord.load",
+        "tfrecipe.data.image_folder.load",
     ),
-    returns="tfrecipe.data.Splits",
+    returns="tfrecipe.data.splits.Splits",
 )
 CALLBACK = Kind(
     "a keras.callbacks.Callback subclass",
@@ -207,6 +207,23 @@ def _allowed_here(kind: Kind, allowed: list[str]) -> str:
     return ", ".join(where)
 
 
+# Targets of tfrecipe's flat layout (before its modules were grouped into packages) and where they
+# live now, so a saved config that names one gets the new path instead of "not allowed".
+_MOVED = {
+    "tfrecipe.data.digits": "tfrecipe.data.bundled.digits",
+    "tfrecipe.data.synthetic": "tfrecipe.data.bundled.synthetic",
+    "tfrecipe.datasets.": "tfrecipe.data.",
+}
+
+
+def moved_target(target: str) -> str | None:
+    """Where an old `_target_` of tfrecipe's lives now (None: it did not move)."""
+    for old, new in _MOVED.items():
+        if target == old or (old.endswith(".") and target.startswith(old)):
+            return new + target[len(old) :] if old.endswith(".") else new
+    return None
+
+
 def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> None:
     """Raises `ConfigError` unless `target` is of the kind slot `key` takes. Imports nothing.
 
@@ -224,6 +241,11 @@ def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> No
         )
     if not _is_dotted_path(target):
         raise ConfigError(f"{key}._target_: expected a dotted import path, received {target!r}")
+    moved = moved_target(target)
+    if moved:
+        raise ConfigError(
+            f"{key}._target_={target!r}: tfrecipe moved it to {moved!r}; update your config"
+        )
     usable, _ = usable_prefixes(allowed)
     if _private(target, kind):
         raise ConfigError(

@@ -38,8 +38,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tfrecipe import cluster
-from tfrecipe.preemption import EXIT_PREEMPTED
+from tfrecipe.distribute import cluster
+from tfrecipe.fault.preemption import EXIT_PREEMPTED
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -104,7 +104,7 @@ def _recipe_cluster_deletions(overrides: tuple[str, ...]) -> list[str]:
     """`~cluster.KEY` for the local-cluster keys a recipe sets in its body (num_workers, num_ps,
     ...): its tasks join through TF_CONFIG, where those keys mean nothing (and would be refused
     as unknown)."""
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
 
     cluster = compose(list(overrides)).cluster
     return [f"~cluster.{key}" for key in cluster if key not in ("name", "evaluator")]

@@ -10,7 +10,7 @@ epoch before it has finished its epoch-end work (validation, history), so
     epoch = step // steps_per_epoch, step in that epoch = step % steps_per_epoch,
     input position = step x gradient_accumulation_steps global batches.
 
-A restored run rebuilds the training data skipping the batches already consumed (`data.distribute`
+A restored run rebuilds the training data skipping the batches already consumed (`data.distribute.distribute`
 `skip`) instead of checkpointing the iterator: it works the same for `Model.fit` (whose iterator
 is its own), the custom loop and every strategy, at the cost of reading the skipped batches once.
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 import tensorflow as tf
 
-from tfrecipe.data import DatasetInfo, Splits
+from tfrecipe.data.splits import DatasetInfo, Splits
 
 FeatureKind = Literal["image", "float", "int"]
 

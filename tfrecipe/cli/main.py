@@ -22,7 +22,7 @@ log = logging.getLogger("tfrecipe")
 
 EXIT_CONFIG = 2
 EXIT_TRAINING = 1
-EXIT_PREEMPTED = 75  # = tfrecipe.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
+EXIT_PREEMPTED = 75  # = tfrecipe.fault.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
 
 # A file each failed sweep job appends its run dir to: jobs may run in other processes (the
@@ -58,13 +58,13 @@ def _precheck(argv: list[str]) -> list[str]:
 
     from omegaconf import OmegaConf
 
-    from tfrecipe.configs import compose
+    from tfrecipe.config.compose import compose
+    from tfrecipe.config.schema import validate
     from tfrecipe.rundir import lock_run_dir
-    from tfrecipe.schema import validate
     from tfrecipe.train import ensure_fresh_run_dir
 
     cfg = compose(args.overrides, return_hydra_config=True)
-    from tfrecipe.cluster import check_environment, is_chief_process
+    from tfrecipe.distribute.cluster import check_environment, is_chief_process
 
     run = validate(cfg)
     _Invocation.cluster = run.cluster
@@ -90,7 +90,7 @@ def _check_hydra_targets(args) -> None:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from tfrecipe.instantiate import config_problems
+    from tfrecipe.config.instantiate import config_problems
 
     overrides = OverridesParser.create().parse_overrides(args.overrides)
     base = [o.input_line for o in overrides if not o.is_sweep_override()]
@@ -127,7 +127,7 @@ def _compose_as_hydra(args, overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from tfrecipe.configs import config_dir
+    from tfrecipe.config.compose import config_dir
 
     search_path = create_automatic_config_search_path(
         *detect_calling_file_or_module_from_task_function(_task),
@@ -175,17 +175,17 @@ def _task(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from tfrecipe.display import print_config
+    from tfrecipe.cli.display import print_config
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     _Invocation.job_dir = run_dir
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
-    from tfrecipe.cluster import is_chief_process
+    from tfrecipe.distribute.cluster import is_chief_process
 
     if is_chief_process():  # the other tasks of a cluster run the same config
         print_config(cfg)
     discover_devices()
-    from tfrecipe.preemption import Preempted
+    from tfrecipe.fault.preemption import Preempted
     from tfrecipe.train import train
 
     try:
@@ -311,7 +311,7 @@ def _objective(summary: dict, metric: str) -> float:
 def _record_failure(run_dir: Path, error: Exception) -> None:
     """Says what failed: on the console, in traceback.txt and (for config errors, which stop
     before training writes one) in summary.json, so a sweep's failed job is visible."""
-    from tfrecipe.cluster import is_chief_process
+    from tfrecipe.distribute.cluster import is_chief_process
     from tfrecipe.rundir import read_summary, write_summary
     from tfrecipe.train import TrainingError
 
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us: we report them, exit code 2
 
-    from tfrecipe.commands import COMMANDS
+    from tfrecipe.cli.commands import COMMANDS
 
     if argv[:1] == ["help"]:
         argv = ["--help", *argv[1:]]
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
 def _run_hydra(argv: list[str]) -> None:
     import hydra
 
-    from tfrecipe.configs import config_dir, recipe_file_overrides, register_recipes
+    from tfrecipe.config.compose import config_dir, recipe_file_overrides, register_recipes
 
     register_recipes()
     if _answered_help(argv):
@@ -407,7 +407,7 @@ def _run_hydra(argv: list[str]) -> None:
     )(_task)
     sys.argv = [sys.argv[0], *_precheck(recipe_file_overrides(argv))]
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
-        from tfrecipe.launcher import run_local_cluster
+        from tfrecipe.distribute.launcher import run_local_cluster
 
         # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
         # the pinned run dir.
@@ -429,7 +429,7 @@ def _answered_help(argv: list[str]) -> bool:
     args = get_args_parser().parse_args(argv)
     if not args.help or args.config_path or args.config_dir or args.config_name:
         return False
-    from tfrecipe.commands import help_text
+    from tfrecipe.cli.commands import help_text
 
     text = help_text(args.overrides, resolve=args.resolve)
     if text is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe import configs
+from tfrecipe.config import compose as configs
 from tfrecipe.errors import ConfigError
 
 # Runtime arguments the factory passes to builders, besides the configured ones.
@@ -146,8 +146,8 @@ def _group_options() -> dict[str, list[str]]:
 def target_problems(cfg: DictConfig) -> list[str]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
-    from tfrecipe.instantiate import check_target
-    from tfrecipe.targets import Unresolvable, argument_problems
+    from tfrecipe.config.instantiate import check_target
+    from tfrecipe.config.targets import Unresolvable, argument_problems
 
     nodes = {key: cfg.get(key) for key in _RUNTIME_ARGUMENTS}
     nodes |= {f"callbacks.extra.{k}": v for k, v in (cfg.callbacks.get("extra") or {}).items()}
@@ -170,8 +170,8 @@ def target_problems(cfg: DictConfig) -> list[str]:
 
 
 def validate(args: list[str]) -> None:
-    from tfrecipe.schema import problem_key
-    from tfrecipe.schema import validate as validate_schema
+    from tfrecipe.config.schema import problem_key
+    from tfrecipe.config.schema import validate as validate_schema
 
     recipe, overrides = _split(args)
     # With Hydra's node: what Hydra itself would instantiate is checked too.
@@ -189,15 +189,15 @@ def validate(args: list[str]) -> None:
 
 
 def evaluate(args: list[str]) -> None:
-    from tfrecipe.cli import discover_devices
-    from tfrecipe.evaluate import main as evaluate_main  # imports TensorFlow
+    from tfrecipe.cli.evaluate import main as evaluate_main  # imports TensorFlow
+    from tfrecipe.cli.main import discover_devices
 
     discover_devices()
     evaluate_main(args)
 
 
 def compare(args: list[str]) -> None:
-    from tfrecipe.compare import main as compare_main
+    from tfrecipe.cli.compare import main as compare_main
 
     compare_main(args)
 

@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.errors import ConfigError
-from tfrecipe.pipeline import PipelineOptions
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -267,7 +267,7 @@ class NoCluster(_Schema):
 
 class TFConfigCluster(_Schema):
     name: Literal["tf_config"]
-    # Workers save per-epoch weights for a sidecar evaluator task (tfrecipe/evaluator.py).
+    # Workers save per-epoch weights for a sidecar evaluator task (tfrecipe/distribute/evaluator.py).
     evaluator: bool = False
 
 
@@ -450,8 +450,8 @@ def _cluster_problems(run: RunConfig) -> list[str]:
 
 def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[str]:
     """`allowed_targets` and every `_target_` (Hydra's too) by the kind its slot takes, checked
-    without importing anything (tfrecipe/instantiate.py has the allow-list)."""
-    from tfrecipe.instantiate import config_problems
+    without importing anything (tfrecipe/config/instantiate.py has the allow-list)."""
+    from tfrecipe.config.instantiate import config_problems
 
     allowed = container.get("allowed_targets")
     if not isinstance(allowed, list):

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tfrecipe import rundir, schema
+from tfrecipe import rundir
+from tfrecipe.config import schema
 
 CHECKPOINTS = "checkpoints"
 PATTERN = "epoch-{epoch:03d}.weights.h5"
@@ -45,7 +46,7 @@ def _training_ended(run_dir: Path) -> bool:
 def _build(run: schema.RunConfig):
     """The run's model (compiled like training) and its evaluation data, on the default strategy."""
     from tfrecipe import factory
-    from tfrecipe.evaluate import evaluation_data
+    from tfrecipe.cli.evaluate import evaluation_data
 
     splits = factory.load_splits(run)
     model = factory.build_model(run, splits.info)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe.errors import ConfigError
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # tfrecipe/
 
 
 def _find(name: str) -> Path:

@@ -16,7 +16,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import factory, rundir, schema
+from tfrecipe import factory, rundir
+from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
 
@@ -24,10 +25,10 @@ def evaluation_data(run: schema.RunConfig, dataset, *, split: str):
     """One split, prepared and batched as training evaluates it, on the default strategy."""
     import tensorflow as tf
 
-    from tfrecipe import data
-    from tfrecipe.pipeline import batch_transform, prepare
+    from tfrecipe.data.distribute import distribute as distribute_dataset
+    from tfrecipe.data.pipeline import batch_transform, prepare
 
-    return data.distribute(
+    return distribute_dataset(
         tf.distribute.get_strategy(),
         prepare(dataset, run.pipeline, split=split, training=False, seed=run.seed),
         global_batch_size=run.batching.per_replica_batch_size,

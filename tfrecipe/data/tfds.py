@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tfrecipe.data import DatasetInfo, Splits
+from tfrecipe.data.splits import DatasetInfo, Splits
 
 
 def load(

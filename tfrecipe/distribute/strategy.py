@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from tfrecipe import schema
+from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
 
@@ -97,7 +97,7 @@ def _multi_worker_mirrored(spec, cluster_resolver) -> tf.distribute.Strategy:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_resolver, communication_options=_communication_options(spec)
     )
-    from tfrecipe.keras_fixes import fix_multi_worker_fit
+    from tfrecipe.compat import fix_multi_worker_fit
 
     fix_multi_worker_fit(strategy)  # keras-team/keras#20585, only where Keras needs it
     return strategy
@@ -124,7 +124,7 @@ def _parameter_server(spec, cluster_resolver) -> tf.distribute.Strategy:
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         cluster_resolver, variable_partitioner=_variable_partitioner(spec, num_ps)
     )
-    from tfrecipe.keras_fixes import fix_shared_variable_increments
+    from tfrecipe.compat import fix_shared_variable_increments
 
     fix_shared_variable_increments(strategy)  # concurrent workers lose metric updates otherwise
     return strategy
@@ -170,7 +170,7 @@ def build_strategy(
 
     Args:
       spec: the strategy config.
-      cluster_resolver: the cluster (tfrecipe.cluster.build_resolver) for multi-worker and
+      cluster_resolver: the cluster (tfrecipe.distribute.cluster.build_resolver) for multi-worker and
         parameter-server strategies; None = this process alone.
     """
     if spec.name == "default":
@@ -191,7 +191,7 @@ def build_strategy(
             compute_devices=_local_devices(spec.devices, spec.logical_cpus),
             parameter_device=spec.parameter_device,
         )
-        from tfrecipe.keras_fixes import fix_shared_variable_increments
+        from tfrecipe.compat import fix_shared_variable_increments
 
         fix_shared_variable_increments(strategy)  # Keras metrics double-count otherwise
         return strategy

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NoReturn
 
-from tfrecipe import schema
+from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
 if TYPE_CHECKING:
