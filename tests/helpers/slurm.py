@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -29,6 +29,7 @@ SBIN = Path("/usr/sbin")
 GRACE_S = 30
 KILL_WAIT_S = 30
 CRED_EXPIRE_S = 5
+CPUS = 2  # whatever the machine has (config_overrides): tests fill the node with 2 tasks
 
 
 def missing() -> str | None:
@@ -44,7 +45,7 @@ def missing() -> str | None:
     return None
 
 
-def slurm_conf(root: Path, cpus: int) -> str:
+def slurm_conf(root: Path, cpus: int = CPUS) -> str:
     """One node `localhost` with `cpus` CPUs; partitions `low` (default; preempted with requeue
     after a grace time) and `high` (preempts `low`)."""
     return f"""\
@@ -61,11 +62,12 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
 KillWait={KILL_WAIT_S}
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -80,7 +82,7 @@ PartitionName=high Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=10 Pre
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as probe:
@@ -93,9 +95,9 @@ class Cluster:
     root: Path
     env: dict[str, str]
 
-    def run(self, *args: str, check: bool = True) -> str:
+    def run(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
         """A SLURM client command (sbatch, squeue, ...) against this cluster; its stdout."""
-        done = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(args, env=env or self.env, capture_output=True, text=True, timeout=30)
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} exited {done.returncode}: {done.stderr}")
         return done.stdout.strip()
@@ -108,27 +110,44 @@ class Cluster:
             fields[key] = value
         return fields
 
-    def wait_for(self, job_id: str, *states: str, timeout: float = 120) -> dict[str, str]:
-        """Waits until the job is in one of `states`; returns its fields."""
+    def wait_for(
+        self, job_id: str, *states: str, timeout: float = 120, hurry: bool = False
+    ) -> dict[str, str]:
+        """Waits until the job is in one of `states`; returns its fields. `hurry`: a requeued
+        job waiting for its begin time (SLURM holds it back for a while) may start at once."""
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(job_id)
             if fields.get("JobState") in states:
                 return fields
+            if (
+                hurry
+                and fields.get("JobState") == "PENDING"
+                and fields.get("Reason") == "BeginTime"
+            ):
+                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is {fields.get('JobState')}, not {states}")
             time.sleep(0.2)
 
+    @staticmethod
+    def wait(predicate: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{predicate} still false after {timeout} s")
+            time.sleep(0.2)
+
 
 @contextlib.contextmanager
-def cluster(root: Path, cpus: int | None = None) -> Iterator[Cluster]:
+def cluster(root: Path, cpus: int = CPUS) -> Iterator[Cluster]:
     """Starts munged, slurmctld and slurmd in `root`; yields once the node is idle; stops the
     daemons (by the PIDs they were started with) and cancels leftover jobs afterwards."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool"):
         (root / sub).mkdir(exist_ok=True)
     conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, cpus or os.cpu_count() or 1))
+    conf.write_text(slurm_conf(root, cpus))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     started: list[subprocess.Popen] = []
     try:
@@ -215,6 +234,10 @@ def _stop(process: subprocess.Popen) -> None:
 if __name__ == "__main__":
     import sys
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # ^C or kill: stop the daemons
     with cluster(Path(sys.argv[1]).resolve()) as running:
         print(f"export SLURM_CONF={running.env['SLURM_CONF']}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
