@@ -123,8 +123,8 @@ class Job:
         self.slurm.wait(lambda: (self.run_dir / "backup" / "checkpoint").exists(), timeout)
 
     def finish(self, *states: str, timeout: float = 300) -> dict[str, str]:
-        """Waits for a final state; a requeued job may start at once (not SLURM's delay)."""
-        return self.slurm.wait_for(self.id, *states, timeout=timeout, hurry=True)
+        """Waits for one of the final `states`."""
+        return self.slurm.wait_for(self.id, *states, timeout=timeout)
 
     def scratch_left(self) -> list[str]:
         return sorted(p.name for p in self.tmp.iterdir())
@@ -165,7 +165,7 @@ def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
     slurm.run("sbatch", "--partition=high", f"--cpus-per-task={slurm_cluster.CPUS}",
               f"--output={tmp_path}/high-%j.out", "--wrap=true")  # fmt: skip
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", job.log[-3000:]
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
     saved = _saved_steps(job.log)
     assert len(saved) == 2 and saved[0] == saved[1]  # both tasks at the same step
     assert "Exited with exit code 75" in job.log and "requeueing job" in job.log
@@ -184,7 +184,7 @@ def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
     slurm.wait_for(job.id, "PENDING", "RUNNING", timeout=60)
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=10")
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", job.log[-3000:]
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
     saved = _saved_steps(job.log)
     assert len(saved) == 2 and saved[0] == saved[1], job.log[-3000:]
     assert "stopped (exit 75)" in job.log  # every task exited 75: srun's own exit code

@@ -25,7 +25,7 @@ SBIN = Path("/usr/sbin")
 
 # Short times so that tests wait little: a preempted job gets GRACE_S seconds to save, a
 # cancelled one KILL_WAIT_S before SIGKILL, and a requeued job may start again after
-# CRED_EXPIRE_S (SLURM's own default is 120 s).
+# CRED_EXPIRE_S (SLURM's own default is 120 s; the minimum is 5).
 GRACE_S = 30
 KILL_WAIT_S = 30
 CRED_EXPIRE_S = 5
@@ -110,22 +110,15 @@ class Cluster:
             fields[key] = value
         return fields
 
-    def wait_for(
-        self, job_id: str, *states: str, timeout: float = 120, hurry: bool = False
-    ) -> dict[str, str]:
-        """Waits until the job is in one of `states`; returns its fields. `hurry`: a requeued
-        job waiting for its begin time (SLURM holds it back for a while) may start at once."""
+    def wait_for(self, job_id: str, *states: str, timeout: float = 120) -> dict[str, str]:
+        """Waits until the job is in one of `states`; returns its fields. (A requeued job starts
+        again CRED_EXPIRE_S after its requeue at the earliest: hurrying it with StartTime=now
+        gets it killed, "Job credential revoked".)"""
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(job_id)
             if fields.get("JobState") in states:
                 return fields
-            if (
-                hurry
-                and fields.get("JobState") == "PENDING"
-                and fields.get("Reason") == "BeginTime"
-            ):
-                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is {fields.get('JobState')}, not {states}")
             time.sleep(0.2)
