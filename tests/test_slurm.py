@@ -100,7 +100,7 @@ class Job:
         env = {
             **slurm.env,
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",  # tests/helpers as `helpers`
             "RUN_DIR": str(self.run_dir),
             "PORT_BASE": str(slurm_cluster.free_port()),
             "TMPDIR": str(self.tmp),
@@ -176,7 +176,10 @@ def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
 def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
     # SIGTERM to every task once 100 s of the time limit are left. The limit is set once training
     # is under way (a signal during start-up would find nothing to save: exit 143, requeued too).
-    job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100")
+    # SLURM checks time limits every 30 s: steps of at least 0.5 s keep the run training longer.
+    slow = ["+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
+            "+callbacks.extra.slow.seconds=0.5", "allowed_targets=[helpers]"]  # fmt: skip
+    job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *slow])
     job.wait_for_backup()
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=2")
     slurm.wait(lambda: "requeueing job" in job.log, timeout=120)
