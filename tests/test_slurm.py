@@ -200,14 +200,26 @@ def test_scancel_leaves_a_consistent_run_that_a_resubmission_completes(slurm, tm
     job.wait_for_backup()
     slurm.run("scancel", job.id)
     fields = job.finish("CANCELLED", "COMPLETED", "FAILED")
-    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0"
+    assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0")
     # Saved at an agreed step (preempted) or SIGKILLed by srun first (failed): either way the
     # summary counts the steps of the backup a rerun starts from, and no scratch is left.
     summary = job.summary()
-    latest = cluster._latest_backup_step(job.run_dir / "backup")
+    latest = _latest_backup(job)
     assert summary["status"] in ("preempted", "failed"), summary
     assert 0 < summary["steps_completed"] == latest < TOTAL_STEPS
     assert job.scratch_left() == []
-    again = Job(slurm, tmp_path / "again", run_dir=job.run_dir)  # the same run dir
-    assert again.finish("COMPLETED", "FAILED", "CANCELLED")["JobState"] == "COMPLETED"
-    _assert_resumed_to_completion(again, stopped_at=latest)
+
+    # The same run dir again; `scancel --full -s TERM` signals srun too (which SIGKILLs the
+    # tasks unless they saved first): requeued either way, and resumed from the latest backup.
+    again = Job(slurm, tmp_path / "again", run_dir=job.run_dir)
+    slurm.wait(lambda: (_latest_backup(again) or 0) > latest, timeout=180)
+    slurm.run("scancel", "--full", "--signal=TERM", again.id)
+    fields = again.finish("COMPLETED", "FAILED", "CANCELLED")
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), again.log[-3000:]
+    resumed = [int(n) for n in re.findall(r"resuming from .* at step (\d+)", again.log)]
+    assert resumed[0] == latest and resumed[-1] > latest
+    _assert_resumed_to_completion(again, stopped_at=resumed[-1])
+
+
+def _latest_backup(job: Job) -> int | None:
+    return cluster._latest_backup_step(job.run_dir / "backup")
