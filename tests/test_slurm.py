@@ -222,4 +222,4 @@ def test_scancel_leaves_a_consistent_run_that_a_resubmission_completes(slurm, tm
 
 
 def _latest_backup(job: Job) -> int | None:
-    return cluster._latest_backup_step(job.run_dir / "backup")
+    return cluster.latest_backup_step(job.run_dir / "backup")

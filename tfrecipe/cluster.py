@@ -223,7 +223,7 @@ def settle_summary(run_dir: str | Path) -> None:
     summary = rundir.read_summary(run_dir)
     if not summary or summary.get("status") != "running":
         return
-    step = _latest_backup_step(run_dir / "backup")
+    step = latest_backup_step(run_dir / "backup")
     if step is not None:
         summary["steps_completed"] = step
     summary["status"] = "failed"
@@ -234,7 +234,7 @@ def settle_summary(run_dir: str | Path) -> None:
     rundir.write_summary(run_dir, summary)
 
 
-def _latest_backup_step(backup_dir: Path) -> int | None:
+def latest_backup_step(backup_dir: Path) -> int | None:
     """The step of the newest backup (CheckpointManager's state file names it `ckpt-STEP`)."""
     try:
         state = (backup_dir / "checkpoint").read_text()
