@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from tfrecipe import rundir
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
@@ -173,26 +176,73 @@ def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.Clust
     if spec.name == "tf_config":
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if spec.name == "slurm":
-        gpus = spec.gpus_per_node
-        if gpus is None and shutil.which("nvidia-smi") is None:
-            gpus = 0  # TensorFlow would count GPUs with nvidia-smi, absent on CPU nodes
-        # TensorFlow's resolver pairs each task's port with a slice of GPUs and so finds no task
-        # on a node without GPUs: there, give it one placeholder slot per task and never set
-        # CUDA_VISIBLE_DEVICES from it (auto_set_gpu=False).
-        gpu_args = (
-            {"gpus_per_node": gpus}
-            if gpus != 0
-            else {"gpus_per_node": _CPU_TASK_SLOTS, "gpus_per_task": 1, "auto_set_gpu": False}
-        )
         try:
-            return tf.distribute.cluster_resolver.SlurmClusterResolver(
-                port_base=spec.port_base, tasks_per_node=spec.tasks_per_node, **gpu_args
-            )
+            return _slurm_resolver(spec)
         except (RuntimeError, ValueError, KeyError, OSError) as error:
             raise ConfigError(
                 f"cluster=slurm: cannot read the SLURM allocation ({error})"
             ) from None
     return None
+
+
+def _slurm_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.ClusterResolver:
+    import tensorflow as tf
+
+    slurm = tf.distribute.cluster_resolver.SlurmClusterResolver
+    gpus = spec.gpus_per_node
+    if gpus is None and shutil.which("nvidia-smi") is None:
+        gpus = 0  # TensorFlow would count GPUs with nvidia-smi, absent on CPU nodes
+    if gpus != 0:
+        return slurm(
+            port_base=spec.port_base, tasks_per_node=spec.tasks_per_node, gpus_per_node=gpus
+        )
+
+    class CpuSlurmClusterResolver(slurm):
+        """A CPU node: no accelerators. TensorFlow's resolver pairs each task's port with a
+        slice of GPUs and so finds no task on a node without any: it gets one private
+        placeholder slot per task, never shown (num_accelerators, which strategies read to
+        pick their devices, says none) nor used for CUDA_VISIBLE_DEVICES (auto_set_gpu)."""
+
+        def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+            return {}
+
+    return CpuSlurmClusterResolver(
+        port_base=spec.port_base,
+        tasks_per_node=spec.tasks_per_node,
+        gpus_per_node=_CPU_TASK_SLOTS,
+        gpus_per_task=1,
+        auto_set_gpu=False,
+    )
+
+
+def settle_summary(run_dir: str | Path) -> None:
+    """After a SLURM step (scripts/slurm_multi_worker.sbatch): a summary.json still "running" is
+    that of a chief that was SIGKILLed (srun's answer to its own SIGTERM, or a cancelled job past
+    KillWait), which could not say so. Mark it "failed", counting the steps of the last backup,
+    where a rerun resumes. Any other summary (or none) is left as it is."""
+    run_dir = Path(run_dir)
+    summary = rundir.read_summary(run_dir)
+    if not summary or summary.get("status") != "running":
+        return
+    step = latest_backup_step(run_dir / "backup")
+    if step is not None:
+        summary["steps_completed"] = step
+    summary["status"] = "failed"
+    summary["error"] = (
+        "killed (SIGKILL) before it could save; a rerun resumes from the last backup "
+        f"({'step ' + str(step) if step is not None else 'none: from the start'})"
+    )
+    rundir.write_summary(run_dir, summary)
+
+
+def latest_backup_step(backup_dir: Path) -> int | None:
+    """The step of the newest backup (CheckpointManager's state file names it `ckpt-STEP`)."""
+    try:
+        state = (backup_dir / "checkpoint").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^model_checkpoint_path: ".*?ckpt-(\d+)"', state, re.MULTILINE)
+    return int(match[1]) if match else None
 
 
 def is_chief_process(environ: Mapping[str, str] | None = None) -> bool:

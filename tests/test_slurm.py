@@ -1,0 +1,225 @@
+"""cluster=slurm: the resolver on CPU and GPU nodes, and scripts/slurm_multi_worker.sbatch on a
+real one-node SLURM cluster (munged, slurmctld, slurmd started by the `slurm` fixture) through
+every way SLURM stops a job: each stopped run resumes and completes with the exact step count."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.helpers import slurm as slurm_cluster
+from tfrecipe.config.schema import validate
+from tfrecipe.distribute import cluster
+
+SCRIPT = REPO / "scripts" / "slurm_multi_worker.sbatch"
+EPOCHS, STEPS_PER_EPOCH = 2, 40  # long enough to stop mid-run, short enough for CI
+RUN = [
+    f"loop.epochs={EPOCHS}",
+    f"loop.steps_per_epoch={STEPS_PER_EPOCH}",
+    "loop.verbose=0",
+    "batching.per_replica_batch_size=16",
+    "callbacks.progress.enabled=false",
+    "callbacks.backup.every_n_steps=5",
+]
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+
+
+# --- the resolver (no cluster needed) -----------------------------------------------------------
+SLURM_JOB = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_PROCID": "1",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NODELIST": "node01",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+}
+
+
+def _resolver(monkeypatch, compose_cfg, *overrides: str):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi (nor scontrol: one node)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name, value in SLURM_JOB.items():
+        monkeypatch.setenv(name, value)
+    run = validate(compose_cfg("strategy=multi_worker_mirrored", "cluster=slurm", *overrides))
+    resolver = cluster.build_resolver(run.cluster)
+    return resolver, resolver.cluster_spec().as_dict()
+
+
+def test_a_cpu_node_has_no_gpu(monkeypatch, compose_cfg):
+    resolver, spec = _resolver(monkeypatch, compose_cfg, "cluster.port_base=9000")
+    assert spec == {"worker": ["node01:9000", "node01:9001"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    assert resolver.num_accelerators() == {}  # MultiWorkerMirroredStrategy picks the CPU
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_a_gpu_node_splits_its_gpus_between_its_tasks(monkeypatch, compose_cfg):
+    resolver, spec = _resolver(monkeypatch, compose_cfg, "cluster.gpus_per_node=4")
+    assert spec == {"worker": ["node01:8888", "node01:8889"]}
+    assert resolver.num_accelerators() == {"GPU": 2}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"  # task 1's half
+
+
+def test_settle_summary_marks_a_killed_run_at_its_last_backup(tmp_path):
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-15"\nall_model_checkpoint_paths: "ckpt-15"\n'
+    )
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "steps_completed": 0}))
+    cluster.settle_summary(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps_completed"] == 15
+    assert "step 15" in summary["error"]
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "preempted"}))
+    cluster.settle_summary(tmp_path)  # a run that said how it ended is left alone
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "preempted"}
+
+
+# --- a real SLURM cluster ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if reason := slurm_cluster.missing():
+        pytest.skip(reason)
+    with slurm_cluster.cluster(tmp_path_factory.mktemp("slurm")) as running:
+        yield running
+
+
+class Job:
+    """One submission of the sbatch script, in its own directory (run dir, log, TMPDIR)."""
+
+    def __init__(self, slurm, where: Path, *sbatch_args: str, overrides=RUN, run_dir=None):
+        self.slurm, self.where = slurm, where
+        self.run_dir = run_dir or where / "run"
+        self.tmp = where / "tmp"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        env = {
+            **slurm.env,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",  # tests/helpers as `helpers`
+            "RUN_DIR": str(self.run_dir),
+            "PORT_BASE": str(slurm_cluster.free_port()),
+            "TMPDIR": str(self.tmp),
+        }
+        self.id = slurm.run(
+            "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+            f"--output={where}/slurm-%j.out", *sbatch_args, str(SCRIPT), *overrides,
+            env=env,
+        )  # fmt: skip
+
+    @property
+    def log(self) -> str:
+        return (self.where / f"slurm-{self.id}.out").read_text(errors="replace")
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def wait_for_backup(self, timeout: float = 180) -> None:
+        """Until the chief has saved its first periodic backup (training is under way)."""
+        self.slurm.wait(lambda: (self.run_dir / "backup" / "checkpoint").exists(), timeout)
+
+    def finish(self, *states: str, timeout: float = 300) -> dict[str, str]:
+        """Waits for one of the final `states`."""
+        return self.slurm.wait_for(self.id, *states, timeout=timeout)
+
+    def scratch_left(self) -> list[str]:
+        return sorted(p.name for p in self.tmp.iterdir())
+
+
+def _saved_steps(log: str) -> list[int]:
+    return [int(n) for n in re.findall(r"backup saved at step (\d+)", log)]
+
+
+def _assert_resumed_to_completion(job: Job, stopped_at: int) -> None:
+    summary = job.summary()
+    assert summary["status"] == "completed", job.log[-3000:]
+    assert summary["steps_completed"] == TOTAL_STEPS
+    assert summary["resumed_from_step"] == stopped_at
+    assert f"resuming from {job.run_dir}/backup/ckpt-{stopped_at} at step {stopped_at}" in job.log
+    assert job.scratch_left() == []
+
+
+@pytest.mark.slow
+def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
+    job = Job(slurm, tmp_path, overrides=["loop.epochs=2", "loop.steps_per_epoch=3",
+                                          "loop.verbose=0", "callbacks.progress.enabled=false"])  # fmt: skip
+    fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
+    assert fields["JobState"] == "COMPLETED", job.log[-3000:]
+    summary = job.summary()
+    assert summary["status"] == "completed" and summary["num_replicas"] == 2
+    assert summary["steps_completed"] == 6
+    assert job.log.count("num_workers = 2") == 2  # both tasks joined the same cluster
+    assert "device:CPU:0" in job.log and "GPU:0" not in job.log  # no phantom GPU
+    assert job.scratch_left() == []
+
+
+@pytest.mark.slow
+def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
+    job = Job(slurm, tmp_path)
+    job.wait_for_backup()
+    # A job of the high-priority partition that needs the whole node preempts the training job.
+    slurm.run("sbatch", "--partition=high", f"--cpus-per-task={slurm_cluster.CPUS}",
+              f"--output={tmp_path}/high-%j.out", "--wrap=true")  # fmt: skip
+    fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
+    saved = _saved_steps(job.log)
+    assert len(saved) == 2 and saved[0] == saved[1]  # both tasks at the same step
+    assert "Exited with exit code 75" in job.log and "requeueing job" in job.log
+    _assert_resumed_to_completion(job, stopped_at=saved[0])
+
+
+@pytest.mark.slow
+def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
+    # SIGTERM to every task once 100 s of the time limit are left. The limit is set once training
+    # is under way (a signal during start-up would find nothing to save: exit 143, requeued too).
+    # SLURM checks time limits every 30 s: steps of at least 0.5 s keep the run training longer.
+    slow = ["+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
+            "+callbacks.extra.slow.seconds=0.5", "allowed_targets=[helpers]"]  # fmt: skip
+    job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *slow])
+    job.wait_for_backup()
+    slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=2")
+    slurm.wait(lambda: "requeueing job" in job.log, timeout=120)
+    # The requeued job gets the limit back, so that the rest of the run fits.
+    slurm.wait_for(job.id, "PENDING", "RUNNING", timeout=60)
+    slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=10")
+    fields = job.finish("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
+    saved = _saved_steps(job.log)
+    assert len(saved) == 2 and saved[0] == saved[1], job.log[-3000:]
+    assert "stopped (exit 75)" in job.log  # every task exited 75: srun's own exit code
+    _assert_resumed_to_completion(job, stopped_at=saved[0])
+
+
+@pytest.mark.slow
+def test_scancel_leaves_a_consistent_run_that_a_resubmission_completes(slurm, tmp_path):
+    job = Job(slurm, tmp_path / "first")
+    job.wait_for_backup()
+    slurm.run("scancel", job.id)
+    fields = job.finish("CANCELLED", "COMPLETED", "FAILED")
+    assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0")
+    # Saved at an agreed step (preempted) or SIGKILLed by srun first (failed): either way the
+    # summary counts the steps of the backup a rerun starts from, and no scratch is left.
+    summary = job.summary()
+    latest = _latest_backup(job)
+    assert summary["status"] in ("preempted", "failed"), summary
+    assert 0 < summary["steps_completed"] == latest < TOTAL_STEPS
+    assert job.scratch_left() == []
+
+    # The same run dir again; `scancel --full -s TERM` signals srun too (which SIGKILLs the
+    # tasks unless they saved first): requeued either way, and resumed from the latest backup.
+    again = Job(slurm, tmp_path / "again", run_dir=job.run_dir)
+    slurm.wait(lambda: (_latest_backup(again) or 0) > latest, timeout=180)
+    slurm.run("scancel", "--full", "--signal=TERM", again.id)
+    fields = again.finish("COMPLETED", "FAILED", "CANCELLED")
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), again.log[-3000:]
+    resumed = [int(n) for n in re.findall(r"resuming from .* at step (\d+)", again.log)]
+    assert resumed[0] == latest and resumed[-1] > latest
+    _assert_resumed_to_completion(again, stopped_at=resumed[-1])
+
+
+def _latest_backup(job: Job) -> int | None:
+    return cluster.latest_backup_step(job.run_dir / "backup")
