@@ -280,3 +280,18 @@ def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, 
 
     with pytest.raises(ConfigError, match=message):
         validate(compose_cfg(*overrides))
+
+
+def test_every_loop_is_called_the_same_way():
+    """train calls whichever loop the config picks through `Loop`: same names, kinds, defaults."""
+    import inspect
+
+    from tfrecipe.loops import Loop, custom, fit, parameter_server
+
+    def parameters(function) -> list[tuple]:
+        params = inspect.signature(function).parameters.values()
+        return [(p.name, p.kind, p.default) for p in params if p.name != "self"]
+
+    for name in ("run", "evaluate"):
+        for loop in (fit, custom, parameter_server):
+            assert parameters(getattr(loop, name)) == parameters(getattr(Loop, name)), loop

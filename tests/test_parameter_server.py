@@ -60,6 +60,22 @@ def test_a_tiny_parameter_server_run_leaves_no_process(launch, tmp_path):
     assert not run.leftovers()
 
 
+def test_gradient_accumulation_is_refused_before_any_cluster_starts(cli, tmp_path):
+    """Exit 2 with one line from the schema, not exit 1 from the chief once restarts are spent."""
+    run_dir = tmp_path / "run"
+    done = cli(*PS, "loop.gradient_accumulation_steps=2", f"hydra.run.dir={run_dir}", timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "loop.gradient_accumulation_steps=2" in lines[0], lines
+    assert "strategy=parameter_server" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no run dir, no launcher state
+
+
+def test_steps_per_loop_is_refused_as_the_coordinator_schedules_single_steps(compose_cfg):
+    with pytest.raises(ConfigError, match=r"loop.steps_per_loop=4: strategy=parameter_server"):
+        validate(compose_cfg(*PS, "loop.steps_per_loop=4"))
+
+
 @pytest.mark.parametrize("partitioner", ["min_size", "max_size", "fixed_shards"])
 def test_variable_partitioners_are_refused_until_keras_supports_them(compose_cfg, partitioner):
     cfg = compose_cfg(*PS, f"strategy.variable_partitioner={partitioner}")

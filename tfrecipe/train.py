@@ -442,16 +442,14 @@ def _run_loop(
         steps_per_loop=run.loop.steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         initial_step=start_step,
+        train_data_from=inputs.train_from,
     )
     # Parameter servers train through a ClusterCoordinator: their own custom loop.
     loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
-    extra = {"train_data_from": inputs.train_from} if loop_module == "fit" else {}
     train_data = inputs.train
     while True:
-        loop.run(
-            model, train_data, inputs.validation, options=options, callbacks=callbacks, **extra
-        )
+        loop.run(model, train_data, inputs.validation, options=options, callbacks=callbacks)
         blow_up = _loss_blow_up(history.rows)
         if blow_up is None:
             break

@@ -354,6 +354,7 @@ def problem_key(problem: str) -> str:
 def _cross_checks(run: RunConfig) -> list[str]:
     problems = _cluster_problems(run)
     problems += _loop_problems(run)
+    problems += _parameter_server_loop_problems(run)
     problems += _resume_problems(run)
     problems += _rollback_problems(run)
     return problems
@@ -406,6 +407,26 @@ def _loop_problems(run: RunConfig) -> list[str]:
         problems.append(
             f"batching.steps_per_execution={run.batching.steps_per_execution}: a Model.fit knob; "
             "with loop=custom set loop.steps_per_loop"
+        )
+    return problems
+
+
+def _parameter_server_loop_problems(run: RunConfig) -> list[str]:
+    """The ClusterCoordinator loop schedules one batch per step on whichever worker is free, so
+    the custom loop's step knobs have nothing to act on; refused here, before a cluster starts."""
+    loop, problems = run.loop, []
+    if run.strategy.name != "parameter_server" or loop.name != "custom":
+        return []  # loop=fit is refused on its own (and its knobs by _loop_problems)
+    if loop.gradient_accumulation_steps != 1:
+        problems.append(
+            f"loop.gradient_accumulation_steps={loop.gradient_accumulation_steps}: "
+            "strategy=parameter_server applies each worker's batch on its own (asynchronous "
+            "steps, nothing to accumulate); set loop.gradient_accumulation_steps=1"
+        )
+    if loop.steps_per_loop != 1:
+        problems.append(
+            f"loop.steps_per_loop={loop.steps_per_loop}: strategy=parameter_server schedules one "
+            "step per closure (ClusterCoordinator); set loop.steps_per_loop=1"
         )
     return problems
 

@@ -35,6 +35,9 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+# A restore needs the optimizer's variables; they are built as the loops build them.
+from tfrecipe.loops.objective import build_optimizer as build_optimizer
+
 log = logging.getLogger("tfrecipe")
 
 BACKUP_DIR = "backup"
@@ -83,14 +86,6 @@ def _rng_states(model: keras.Model) -> dict[str, tf.Variable]:
         for index, generator in enumerate(getattr(layer, "_seed_generators", ())):
             states[f"{layer.name}-{index}"] = generator.state.value
     return states
-
-
-def build_optimizer(model: keras.Model) -> None:
-    """Creates the optimizer's variables now, under the strategy's scope, so that a restore
-    fills them at once (fit and the custom loop build it only if it is not built yet)."""
-    if not model.optimizer.built:
-        with model.distribute_strategy.scope():
-            model.optimizer.build(model.trainable_variables)
 
 
 def current_step(model: keras.Model) -> int:

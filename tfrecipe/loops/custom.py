@@ -30,66 +30,18 @@ Where it deliberately differs:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from tfrecipe.loops import objective as objectives
+from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
 
 Logs = dict[str, Any]
 Evaluator = Callable[..., dict[str, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Objective:
-    """The compiled loss, unreduced (one value per example), and fresh metric objects.
-
-    Made under the model's strategy scope, so each replica updates its own copy of the metric
-    variables and reading a result sums the copies.
-    """
-
-    per_example_loss: keras.losses.Loss
-    loss: keras.metrics.Mean
-    metrics: tuple[keras.metrics.Metric, ...]
-
-    def update(self, labels: tf.Tensor, logits: tf.Tensor, losses: tf.Tensor) -> None:
-        self.loss.update_state(losses)  # a vector: the mean over examples, as fit's tracker
-        for metric in self.metrics:
-            metric.update_state(labels, logits)
-
-    def results(self) -> dict[str, tf.Tensor]:
-        return {metric.name: metric.result() for metric in (self.loss, *self.metrics)}
-
-    def reset(self) -> None:
-        for metric in (self.loss, *self.metrics):
-            metric.reset_state()
-
-
-def _objective(model: keras.Model) -> _Objective:
-    """Rebuilds the loss and metrics the model was compiled with (from its compile config)."""
-    config = model.get_compile_config() if model.compiled else None
-    if not config or not isinstance(config.get("loss"), dict) or config.get("weighted_metrics"):
-        raise ValueError(
-            "loop=custom expects a model compiled with one Keras Loss object and metric objects "
-            f"(no weighted_metrics), received compile config {config}"
-        )
-    loss = config["loss"]
-    loss = {**loss, "config": {**loss["config"], "reduction": None}}
-    with model.distribute_strategy.scope():
-        return _Objective(
-            per_example_loss=keras.losses.deserialize(loss),
-            loss=keras.metrics.Mean(name="loss"),
-            metrics=tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ()),
-        )
-
-
-def _regularization_loss(model: keras.Model) -> tf.Tensor:
-    """The model's regularization losses from its last call, summed (0 without any)."""
-    losses = [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in model.losses]
-    return tf.add_n(losses) if losses else tf.constant(0.0)
 
 
 def _global_examples(strategy: tf.distribute.Strategy, micro_batches: Sequence[Any]) -> tf.Tensor:
@@ -106,7 +58,7 @@ def _global_examples(strategy: tf.distribute.Strategy, micro_batches: Sequence[A
 
 def _train_replica_step(
     model: keras.Model,
-    objective: _Objective,
+    objective: Objective,
     micro_batches: Sequence[tuple[tf.Tensor, tf.Tensor]],
     global_examples: tf.Tensor,
 ) -> None:
@@ -116,35 +68,24 @@ def _train_replica_step(
     micro-batches and (through the optimizer's all-reduce) over replicas is the gradient of the
     mean loss of all the step's examples.
     """
-    optimizer, variables = model.optimizer, model.trainable_variables
+
+    def reduce(per_example: tf.Tensor, regularization: tf.Tensor) -> tf.Tensor:
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_examples)
+        # Regularization counts once per step: split over micro-batches and replicas.
+        return loss + tf.nn.scale_regularization_loss(regularization) / len(micro_batches)
+
     gradients: list[tf.Tensor | None] = []
     for features, labels in micro_batches:
         # The next micro-batch starts once this one's gradients exist: one set of activations at
         # a time, which is what accumulation is for.
         with tf.control_dependencies([g for g in gradients if g is not None]):
-            with tf.GradientTape() as tape:
-                logits = model(features, training=True)
-                per_example = objective.per_example_loss(labels, logits)
-                regularization = _regularization_loss(model)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_examples)
-                # Regularization counts once per step: split over micro-batches and replicas.
-                loss += tf.nn.scale_regularization_loss(regularization) / len(micro_batches)
-                scaled_loss = optimizer.scale_loss(loss)  # dynamic loss scale for float16
-            step_gradients = tape.gradient(scaled_loss, variables)
+            _, step_gradients = objective.gradients(model, features, labels, reduce)
         gradients = step_gradients if not gradients else list(map(_add, gradients, step_gradients))
-        objective.update(labels, logits, per_example + regularization)
-    optimizer.apply_gradients(zip(gradients, variables, strict=True))
+    model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
 
 def _add(a: tf.Tensor | None, b: tf.Tensor | None) -> tf.Tensor | None:
     return b if a is None else a if b is None else a + b
-
-
-def _test_replica_step(model: keras.Model, objective: _Objective, batch: Any) -> None:
-    features, labels = batch
-    logits = model(features, training=False)
-    losses = objective.per_example_loss(labels, logits) + _regularization_loss(model)
-    objective.update(labels, logits, losses)
 
 
 def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
@@ -156,7 +97,7 @@ def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
 
 
 def _make_train_function(
-    model: keras.Model, objective: _Objective, gradient_accumulation_steps: int
+    model: keras.Model, objective: Objective, gradient_accumulation_steps: int
 ) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
     """`train_steps(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
     `tf.function` call (a graph loop, so Python runs once per call, not once per step)."""
@@ -180,14 +121,14 @@ def _make_train_function(
 
 
 def _make_test_function(
-    model: keras.Model, objective: _Objective
+    model: keras.Model, objective: Objective
 ) -> Callable[[Any, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
     """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
     batches in one call; fewer when the (finite) data ends."""
     strategy = model.distribute_strategy
 
     def replica_step(batch):
-        _test_replica_step(model, objective, batch)
+        objective.test_batch(model, *batch)
 
     @_compiled_like_fit(model)
     def step(batch):
@@ -220,7 +161,7 @@ def _num_batches(data: Any) -> int | None:
 def _evaluator(model: keras.Model, *, steps_per_loop: int) -> Evaluator:
     """`evaluate(data, *, steps=None, callbacks) -> metrics`, built once (metrics, traced graph)
     and reused for every validation."""
-    objective = _objective(model)
+    objective = objectives.build(model)
     test_steps = _make_test_function(model, objective)
 
     def evaluate(
@@ -242,7 +183,7 @@ def _evaluator(model: keras.Model, *, steps_per_loop: int) -> Evaluator:
             callbacks.on_test_batch_end(batch - 1, logs)
             if ran < num_steps or model.stop_evaluating:
                 break
-        results = {name: float(value) for name, value in objective.results().items()}
+        results = objective.float_results()
         callbacks.on_test_end(results)
         return results
 
@@ -253,16 +194,6 @@ def evaluate(model: keras.Model, data: Any, steps: int | None = None) -> dict[st
     """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
     callbacks = keras.callbacks.CallbackList([], model=model)
     return _evaluator(model, steps_per_loop=1)(data, steps=steps, callbacks=callbacks)
-
-
-def _build_optimizer(model: keras.Model) -> None:
-    """Creates the optimizer's variables up front (under the strategy's scope), as fit does:
-    variables cannot be created inside the training loop's graph."""
-    if model.optimizer is None:
-        raise ValueError("loop=custom expects a compiled model (model.compile(optimizer=...))")
-    if not model.optimizer.built:
-        with model.distribute_strategy.scope():
-            model.optimizer.build(model.trainable_variables)
 
 
 def _train_epoch(
@@ -285,25 +216,13 @@ def _train_epoch(
 
 
 def run(
-    model: keras.Model,
-    train_data: tf.distribute.DistributedDataset,
-    validation_data: tf.distribute.DistributedDataset | None,
-    *,
-    options: LoopOptions,
-    callbacks: list[keras.callbacks.Callback],
+    model: keras.Model, train_data, validation_data, *, options: LoopOptions, callbacks
 ) -> None:
-    """Trains `model` (compiled, built under the strategy's scope) on `train_data` (endless).
-
-    Args:
-      model: compiled with its optimizer, one Keras loss object and metric objects.
-      train_data: endless distributed training data, one global batch per element.
-      validation_data: finite distributed data, or None.
-      options: epochs, steps per epoch and per call, validation frequency, verbosity,
-        gradient accumulation.
-      callbacks: Keras callbacks, driven through their public hooks as fit drives them.
-    """
-    _build_optimizer(model)
-    objective = _objective(model)
+    """`Loop.run` on `strategy.run` (see the module docstring): distributed data, one global batch
+    per element, validation data finite; `options.gradient_accumulation_steps` micro-batches per
+    optimizer step and `options.steps_per_loop` steps per `tf.function` call."""
+    objectives.build_optimizer(model)
+    objective = objectives.build(model)
     train_steps = _make_train_function(model, objective, options.gradient_accumulation_steps)
     validate = None
     if validation_data is not None:
@@ -328,7 +247,7 @@ def run(
         callbacks.on_epoch_begin(epoch)
         _train_epoch(model, train_steps, iterator, callbacks, options, start)
         start = 0
-        epoch_logs: Logs = {name: float(v) for name, v in objective.results().items()}
+        epoch_logs: Logs = objective.float_results()
         if validate and (epoch + 1) % options.validation_freq == 0:
             val_logs = validate(validation_data, callbacks=callbacks)
             epoch_logs |= {f"val_{name}": value for name, value in val_logs.items()}

@@ -10,8 +10,6 @@ numbered as in an uninterrupted run (batch indices of the short epoch count from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -21,20 +19,9 @@ from tfrecipe.loops.options import LoopOptions
 
 
 def run(
-    model: keras.Model,
-    train_data: tf.distribute.DistributedDataset,
-    validation_data: tf.distribute.DistributedDataset | None,
-    *,
-    options: LoopOptions,
-    callbacks: list[keras.callbacks.Callback],
-    train_data_from: Callable[[int], Any] | None = None,
+    model: keras.Model, train_data, validation_data, *, options: LoopOptions, callbacks
 ) -> None:
-    """Trains `model` on `train_data` (endless, starting at `options.initial_step`).
-
-    Args:
-      train_data_from: step -> the training data from that step on; needed only to continue a
-        run restored mid-epoch.
-    """
+    """`Loop.run` with `Model.fit` (a run restored mid-epoch needs `options.train_data_from`)."""
     # Under a strategy Keras would build the model from a throwaway iterator and train on a
     # second one (another order: the training data reshuffle on every iteration), and weigh a
     # short batch's examples unequally when the replicas split it unevenly.
@@ -43,8 +30,8 @@ def run(
     if start == 0:
         _fit(model, train_data, validation_data, options, callbacks, start_epoch, options.epochs)
         return
-    if train_data_from is None:
-        raise ValueError("loop=fit: continuing mid-epoch needs train_data_from")
+    if options.train_data_from is None:
+        raise ValueError("loop=fit: continuing mid-epoch needs LoopOptions.train_data_from")
     relay = _OneTrainingRun(callbacks, model, last=start_epoch + 1 >= options.epochs)
     rest = dataclasses.replace(options, steps_per_epoch=options.steps_per_epoch - start)
     _fit(model, train_data, validation_data, rest, [relay], start_epoch, start_epoch + 1)
@@ -54,7 +41,7 @@ def run(
         relay.end()
         return
     relay.last = True
-    next_data = train_data_from((start_epoch + 1) * options.steps_per_epoch)
+    next_data = options.train_data_from((start_epoch + 1) * options.steps_per_epoch)
     _fit(model, next_data, validation_data, options, [relay], start_epoch + 1, options.epochs)
 
 

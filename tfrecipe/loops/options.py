@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +19,8 @@ class LoopOptions:
       and per loop count optimizer steps.
     initial_step: optimizer steps already done (a restored run): training continues in epoch
       initial_step // steps_per_epoch, at its step initial_step % steps_per_epoch.
+    train_data_from: step -> the training data from that step on; loop=fit needs it to continue
+      a run restored mid-epoch (its second `fit` starts at the next epoch's first step).
     """
 
     epochs: int
@@ -26,3 +30,4 @@ class LoopOptions:
     steps_per_loop: int = 1
     gradient_accumulation_steps: int = 1
     initial_step: int = 0
+    train_data_from: Callable[[int], Any] | None = None

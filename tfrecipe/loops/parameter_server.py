@@ -25,25 +25,24 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe.loops.custom import _objective  # the compiled loss and metrics, rebuilt
+from tfrecipe.loops import objective as objectives
+from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
 
 
-def _make_train_step(model: keras.Model, objective) -> tf.types.experimental.GenericFunction:
+def _make_train_step(
+    model: keras.Model, objective: Objective
+) -> tf.types.experimental.GenericFunction:
     strategy = model.distribute_strategy
 
+    def reduce(per_example: tf.Tensor, regularization: tf.Tensor) -> tf.Tensor:
+        # Asynchronous training: each step is one worker's own batch, averaged over its
+        # examples (there is no all-reduce to divide by the replicas).
+        return tf.reduce_mean(per_example) + regularization
+
     def replica_step(features, labels):
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            per_example = objective.per_example_loss(labels, logits)
-            regularization = tf.add_n([tf.reduce_sum(x) for x in model.losses] or [0.0])
-            # Asynchronous training: each step is one worker's own batch, averaged over its
-            # examples (there is no all-reduce to divide by the replicas).
-            loss = tf.reduce_mean(per_example) + regularization
-            scaled_loss = model.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        loss, gradients = objective.gradients(model, features, labels, reduce)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        objective.update(labels, logits, per_example + regularization)
         return loss
 
     @tf.function
@@ -63,29 +62,14 @@ def _train_epoch(coordinator, train_step, iterator, steps: int) -> int:
 
 
 def run(
-    model: keras.Model,
-    train_data: tf.distribute.DistributedDataset,
-    validation_data: tf.data.Dataset | None,
-    *,
-    options: LoopOptions,
-    callbacks: list[keras.callbacks.Callback],
+    model: keras.Model, train_data, validation_data, *, options: LoopOptions, callbacks
 ) -> None:
-    """Trains `model` (compiled under a ParameterServerStrategy scope) with a ClusterCoordinator.
-
-    Args:
-      model: compiled with its optimizer, one Keras loss object and metric objects.
-      train_data: endless training data distributed by the strategy (one batch per step).
-      validation_data: a plain batched dataset (evaluated on the coordinator), or None.
-      options: epochs, steps per epoch, validation frequency, verbosity.
-      callbacks: Keras callbacks (one batch per epoch, see the module docstring).
-    """
-    if options.gradient_accumulation_steps != 1:
-        raise ValueError("strategy=parameter_server does not support gradient accumulation")
-    strategy = model.distribute_strategy
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    with strategy.scope():
-        model.optimizer.build(model.trainable_variables)
-    objective = _objective(model)
+    """`Loop.run` with a ClusterCoordinator (model compiled under a ParameterServerStrategy
+    scope): training data distributed by the strategy, validation data a plain batched dataset
+    (evaluated on the coordinator); the callbacks see one batch per epoch (module docstring)."""
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(model.distribute_strategy)
+    objectives.build_optimizer(model)
+    objective = objectives.build(model)
     train_step = _make_train_step(model, objective)
     iterator = iter(coordinator.create_per_worker_dataset(train_data))
     callbacks = keras.callbacks.CallbackList(
@@ -102,7 +86,7 @@ def run(
         callbacks.on_train_batch_begin(0)
         steps_done += _train_epoch(coordinator, train_step, iterator, options.steps_per_epoch)
         model.optimizer.iterations.assign(steps_done)  # the exact count (see the docstring)
-        logs = {name: float(value) for name, value in objective.results().items()}
+        logs = objective.float_results()
         callbacks.on_train_batch_end(options.steps_per_epoch - 1, logs)
         if validation_data is not None and (epoch + 1) % options.validation_freq == 0:
             logs |= {f"val_{k}": v for k, v in evaluate(model, validation_data).items()}
@@ -123,29 +107,21 @@ def evaluate(model: keras.Model, data: tf.data.Dataset, steps: int | None = None
 
 
 class _Evaluator:
-    """The compiled loss (averaged per example) and metrics, with one traced step."""
+    """The compiled loss and metrics (on the coordinator's own variables), with one traced step."""
 
     def __init__(self, model: keras.Model):
-        config = model.get_compile_config()
-        self.loss_fn = keras.losses.deserialize(config["loss"])
-        self.metrics = [keras.metrics.Mean(name="loss")]
-        self.metrics += [keras.metrics.deserialize(m) for m in config.get("metrics") or ()]
+        self.objective = objectives.build(model, distributed=False)
         self.model = weakref.ref(model)  # the cache must not keep the model alive
         self.step = tf.function(self._step, reduce_retracing=True)
 
     def _step(self, features, labels):
-        logits = self.model()(features, training=False)
-        loss, *metrics = self.metrics
-        loss.update_state(self.loss_fn(labels, logits), sample_weight=tf.shape(labels)[0])
-        for metric in metrics:
-            metric.update_state(labels, logits)
+        self.objective.test_batch(self.model(), features, labels)
 
     def __call__(self, data: tf.data.Dataset) -> dict[str, float]:
-        for metric in self.metrics:
-            metric.reset_state()
+        self.objective.reset()
         for features, labels in data:
             self.step(features, labels)
-        return {m.name: float(m.result()) for m in self.metrics}
+        return self.objective.float_results()
 
 
 _EVALUATORS: weakref.WeakKeyDictionary[keras.Model, _Evaluator] = weakref.WeakKeyDictionary()

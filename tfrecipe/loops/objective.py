@@ -1,0 +1,112 @@
+"""What the loops optimize and report, in one place: the compiled loss per example, the metrics,
+the regularization loss, one step's gradients, and the optimizer's variables.
+
+`loop=custom` and the parameter-server loop differ only in how a step's per-example losses are
+averaged (over the global batch on all replicas, or over one worker's own batch) and in how steps
+are driven; `loop=fit` uses Keras' own objective, but shares `build_optimizer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+# (per-example losses, regularization loss) -> the loss this replica differentiates.
+Reduction = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """The compiled loss, unreduced (one value per example), and fresh metric objects.
+
+    Made under the model's strategy scope (`build(model)`), each replica updates its own copy of
+    the metric variables and reading a result sums the copies.
+    """
+
+    per_example_loss: keras.losses.Loss
+    loss: keras.metrics.Mean
+    metrics: tuple[keras.metrics.Metric, ...]
+
+    def update(self, labels: tf.Tensor, logits: tf.Tensor, losses: tf.Tensor) -> None:
+        self.loss.update_state(losses)  # a vector: the mean over examples, as fit's tracker
+        for metric in self.metrics:
+            metric.update_state(labels, logits)
+
+    def results(self) -> dict[str, tf.Tensor]:
+        return {metric.name: metric.result() for metric in (self.loss, *self.metrics)}
+
+    def float_results(self) -> dict[str, float]:
+        return {name: float(value) for name, value in self.results().items()}
+
+    def reset(self) -> None:
+        for metric in (self.loss, *self.metrics):
+            metric.reset_state()
+
+    def gradients(
+        self, model: keras.Model, features: tf.Tensor, labels: tf.Tensor, reduce: Reduction
+    ) -> tuple[tf.Tensor, list[tf.Tensor | None]]:
+        """This replica's loss on one batch and its gradients (of the loss times the optimizer's
+        loss scale, which `apply_gradients` divides out); updates the metrics (replica context)."""
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            per_example = self.per_example_loss(labels, logits)
+            regularization = regularization_loss(model)
+            loss = reduce(per_example, regularization)
+            scaled_loss = model.optimizer.scale_loss(loss)  # dynamic loss scale for float16
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        self.update(labels, logits, per_example + regularization)
+        return loss, gradients
+
+    def test_batch(self, model: keras.Model, features: tf.Tensor, labels: tf.Tensor) -> None:
+        """Updates the metrics with one batch in inference mode (the loss as in training)."""
+        logits = model(features, training=False)
+        self.update(
+            labels, logits, self.per_example_loss(labels, logits) + regularization_loss(model)
+        )
+
+
+def build(model: keras.Model, *, distributed: bool = True) -> Objective:
+    """Rebuilds the loss and metrics the model was compiled with (from its compile config).
+
+    Args:
+      distributed: make the metric variables under the strategy's scope (replicas or workers
+        update them); False for metrics only the coordinator updates.
+    """
+    config = model.get_compile_config() if model.compiled else None
+    if not config or not isinstance(config.get("loss"), dict) or config.get("weighted_metrics"):
+        raise ValueError(
+            "loop=custom expects a model compiled with one Keras Loss object and metric objects "
+            f"(no weighted_metrics), received compile config {config}"
+        )
+    loss = config["loss"]
+    loss = {**loss, "config": {**loss["config"], "reduction": None}}
+    scope = model.distribute_strategy.scope() if distributed else contextlib.nullcontext()
+    with scope:
+        return Objective(
+            per_example_loss=keras.losses.deserialize(loss),
+            loss=keras.metrics.Mean(name="loss"),
+            metrics=tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ()),
+        )
+
+
+def regularization_loss(model: keras.Model) -> tf.Tensor:
+    """The model's regularization losses from its last call, summed in float32 (0 without any;
+    a float16 activity regularizer joins the float32 weight regularizers)."""
+    losses = [tf.cast(tf.reduce_sum(loss), tf.float32) for loss in model.losses]
+    return tf.add_n(losses) if losses else tf.constant(0.0)
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Creates the optimizer's variables now, under the strategy's scope, as fit does: they
+    cannot be created inside a training loop's graph, and a restore must find them to fill."""
+    if model.optimizer is None:
+        raise ValueError(
+            "the training loops expect a compiled model (model.compile(optimizer=...))"
+        )
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
