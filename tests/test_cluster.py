@@ -52,7 +52,7 @@ BAD_TF_CONFIGS = {
 def test_a_bad_tf_config_is_a_config_error_naming_the_problem(raw, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")) as error:
         cluster.parse_tf_config(raw)
-    assert len(error.value.problems) == 1 and "\n" not in error.value.problems[0]
+    assert len(error.value.messages) == 1 and "\n" not in error.value.messages[0]
 
 
 def test_the_evaluator_need_not_be_in_the_cluster():

@@ -104,9 +104,9 @@ def test_a_re_export_replaces_the_old_one_and_a_crash_leaves_it_whole(tmp_path):
 def test_bad_formats_are_one_problem(compose_cfg, formats):
     with pytest.raises(ConfigError) as error:
         validate(compose_cfg(f"callbacks.export.formats={formats}"))
-    [problem] = error.value.problems
-    assert problem.startswith("callbacks.export.formats: expected a non-empty list"), problem
-    assert "received callbacks.export.formats=" in problem and "'saved_model'" in problem
+    [problem] = error.value.messages
+    assert problem.startswith("callbacks.export.formats="), problem  # the key and value first
+    assert "expected a non-empty list" in problem and "'saved_model'" in problem
 
 
 def test_an_unknown_format_is_refused_on_the_command_line(cli, tmp_path):

@@ -194,4 +194,4 @@ def test_rollbacks_need_terminate_on_nan_and_a_restartable_loop(compose_cfg, ove
     cfg = compose_cfg("callbacks.terminate_on_nan.max_rollbacks=1", *overrides)
     with pytest.raises(ConfigError) as error:
         schema.validate(cfg)
-    assert [p for p in error.value.problems if fragment in p], error.value.problems
+    assert [p for p in error.value.messages if fragment in p], error.value.messages

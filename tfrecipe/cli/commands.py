@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe.config import compose as configs
-from tfrecipe.errors import ConfigError
+from tfrecipe.errors import ConfigError, Problem
 
 # Runtime arguments the factory passes to builders, besides the configured ones.
 _RUNTIME_ARGUMENTS = {"model": ("input_shape", "num_classes"), "dataset": ()}
@@ -143,34 +143,29 @@ def _group_options() -> dict[str, list[str]]:
     return dict(sorted(groups.items()))
 
 
-def target_problems(cfg: DictConfig) -> list[str]:
+def target_problems(cfg: DictConfig) -> list[Problem]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
-    from tfrecipe.config.instantiate import check_target
+    from tfrecipe.config.instantiate import iter_targets, target_problem
     from tfrecipe.config.targets import Unresolvable, argument_problems
 
-    nodes = {key: cfg.get(key) for key in _RUNTIME_ARGUMENTS}
-    nodes |= {f"callbacks.extra.{k}": v for k, v in (cfg.callbacks.get("extra") or {}).items()}
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    allowed = list(cfg.get("allowed_targets") or [])
     problems = []
-    for key, node in nodes.items():
-        if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
-            continue
-        try:
-            check_target(node._target_, key=key, allowed=list(cfg.get("allowed_targets") or []))
-        except ConfigError:
+    for key, target, node in iter_targets(OmegaConf.to_container(job, resolve=False)):
+        if target_problem(target, key=key, allowed=allowed) is not None:
             continue
         given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
         try:
             problems += [
-                f"{key}: {node._target_} {p}" for p in argument_problems(node._target_, given)
+                Problem(key, hint=f"{target} {p}") for p in argument_problems(target, given)
             ]
         except Unresolvable as error:
-            problems.append(f"{key}._target_: cannot find {node._target_!r} ({error})")
+            problems.append(Problem(f"{key}._target_", hint=f"cannot find {target!r} ({error})"))
     return problems
 
 
 def validate(args: list[str]) -> None:
-    from tfrecipe.config.schema import problem_key
     from tfrecipe.config.schema import validate as validate_schema
 
     recipe, overrides = _split(args)
@@ -181,8 +176,8 @@ def validate(args: list[str]) -> None:
         validate_schema(cfg)
     except ConfigError as error:
         problems += error.problems
-    reported = {problem_key(p) for p in problems}
-    problems += [p for p in target_problems(cfg) if problem_key(p) not in reported]
+    reported = {p.slot for p in problems}
+    problems += [p for p in target_problems(cfg) if p.slot not in reported]
     if problems:
         raise ConfigError(problems)
     print(f"valid: {' '.join(args) or 'the default config'}")

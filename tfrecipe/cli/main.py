@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tfrecipe.errors import ConfigError
+from tfrecipe.errors import ConfigError, Problem
 
 log = logging.getLogger("tfrecipe")
 
@@ -101,7 +101,7 @@ def _check_hydra_targets(args) -> None:
                 [*base, f"{override.get_key_element()}={value}"]
                 for value in override.sweep_string_iterator()
             ]
-    problems: list[str] = []
+    problems: list[Problem] = []
     for variant in variants:
         cfg = _compose_as_hydra(args, variant)
         job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])

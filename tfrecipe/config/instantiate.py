@@ -25,12 +25,12 @@ import importlib
 import inspect
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe.errors import ConfigError
+from tfrecipe.errors import ConfigError, Problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,26 +149,27 @@ def _is_dotted_path(target: object) -> bool:
     return isinstance(target, str) and all(p.isidentifier() for p in target.split("."))
 
 
-def allowed_prefix_problem(prefix: object) -> str | None:
+def allowed_prefix_problem(prefix: object) -> Problem | None:
     """Why `allowed_targets` may not list `prefix` (None: it may).
 
     The list is for the user's own packages: naming the standard library (`posix`, `runpy`,
     `ctypes`, ...) or a framework tfrecipe runs on would open exactly what the kinds keep out.
     """
-    where = f"allowed_targets: {prefix!r}"
     if not _is_dotted_path(prefix):
-        return f"{where} is not a dotted import path (e.g. mypkg or mypkg.models)"
-    top = prefix.split(".")[0]
-    if any(part.startswith("_") for part in prefix.split(".")):
-        return f"{where} is private (a leading underscore); name your package's public modules"
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        return f"{where} is part of Python's standard library; list only your own packages"
-    if top in FRAMEWORKS:
-        return (
-            f"{where} is a framework tfrecipe runs on; its public models, callbacks, losses, "
-            "metrics and optimizers are allowed by kind already; list only your own packages"
+        why = "is not a dotted import path (e.g. mypkg or mypkg.models)"
+    elif any(part.startswith("_") for part in prefix.split(".")):
+        why = "is private (a leading underscore); name your package's public modules"
+    elif (top := prefix.split(".")[0]) in sys.stdlib_module_names | set(sys.builtin_module_names):
+        why = "is part of Python's standard library; list only your own packages"
+    elif top in FRAMEWORKS:
+        why = (
+            "is a framework tfrecipe runs on; its public models, callbacks, losses, metrics and "
+            "optimizers are allowed by kind already; list only your own packages"
         )
-    return None
+    else:
+        return None
+    # The entry, not the whole list, is what was received; the key stays the one users set.
+    return Problem("allowed_targets", hint=f"{prefix!r} {why}")
 
 
 def usable_prefixes(allowed: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -224,8 +225,8 @@ def moved_target(target: str) -> str | None:
     return None
 
 
-def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> None:
-    """Raises `ConfigError` unless `target` is of the kind slot `key` takes. Imports nothing.
+def target_problem(target: object, *, key: str, allowed: Iterable[str] = ()) -> Problem | None:
+    """Why slot `key` may not name `target` (None: it may). Imports nothing.
 
     Args:
       target: the slot's `_target_` value.
@@ -235,29 +236,39 @@ def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> No
     """
     kind = slot_kind(key)
     if kind is None:
-        raise ConfigError(
-            f"{key}._target_={target!r}: a config names targets only in "
-            f"{', '.join(s for s in SLOT_KINDS if not s.startswith('hydra'))}; remove it"
-        )
+        slots = ", ".join(s for s in SLOT_KINDS if not s.startswith("hydra"))
+        return _problem(key, target, f"a config names targets only in {slots}; remove it")
     if not _is_dotted_path(target):
-        raise ConfigError(f"{key}._target_: expected a dotted import path, received {target!r}")
+        return _problem(key, target, "expected a dotted import path")
     moved = moved_target(target)
     if moved:
-        raise ConfigError(
-            f"{key}._target_={target!r}: tfrecipe moved it to {moved!r}; update your config"
-        )
+        return _problem(key, target, f"tfrecipe moved it to {moved!r}; update your config")
     usable, _ = usable_prefixes(allowed)
     if _private(target, kind):
-        raise ConfigError(
-            f"{key}._target_={target!r}: private modules ({', '.join(PRIVATE_MODULES)}, a "
-            f"leading underscore) are never allowed; expected {kind.name}"
+        return _problem(
+            key,
+            target,
+            f"private modules ({', '.join(PRIVATE_MODULES)}, a leading underscore) are never "
+            f"allowed; expected {kind.name}",
         )
     user = kind.user_prefixes and any(_matches(target, p) for p in usable)
     if not (user or _builtin_member(target, kind)):
-        raise ConfigError(
-            f"{key}._target_={target!r}: expected {kind.name}; allowed here: "
-            f"{_allowed_here(kind, usable)}"
+        return _problem(
+            key, target, f"expected {kind.name}; allowed here: {_allowed_here(kind, usable)}"
         )
+    return None
+
+
+def _problem(key: str, target: object, hint: str) -> Problem:
+    """A problem with slot `key`'s `_target_`."""
+    return Problem(f"{key}._target_", target, hint)
+
+
+def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> None:
+    """Raises `ConfigError` unless `target` is of the kind slot `key` takes (`target_problem`)."""
+    problem = target_problem(target, key=key, allowed=allowed)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _import(path: str, *, key: str) -> Any:
@@ -265,7 +276,9 @@ def _import(path: str, *, key: str) -> Any:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as error:
-        raise ConfigError(f"{key}._target_: cannot import {path!r} ({error})") from None
+        raise ConfigError(
+            Problem(f"{key}._target_", hint=f"cannot import {path!r} ({error})")
+        ) from None
 
 
 def resolve_target(target: str, *, key: str, allowed: Iterable[str] = ()) -> Any:
@@ -277,10 +290,10 @@ def resolve_target(target: str, *, key: str, allowed: Iterable[str] = ()) -> Any
     if kind.base is not None:
         base = _import(kind.base, key=key)
         if not (inspect.isclass(fn) and issubclass(fn, base)):
-            raise ConfigError(f"{key}._target_={target!r}: expected {kind.name}, found {fn!r}")
+            raise ConfigError(_problem(key, target, f"expected {kind.name}, found {fn!r}"))
     elif not (inspect.isclass(fn) or inspect.isfunction(fn)):
         raise ConfigError(
-            f"{key}._target_={target!r}: expected {kind.name} (a function or class), found {fn!r}"
+            _problem(key, target, f"expected {kind.name} (a function or class), found {fn!r}")
         )
     return fn
 
@@ -289,7 +302,7 @@ def _check_result(result: Any, *, key: str, target: str) -> Any:
     kind = slot_kind(key)
     if kind.returns is not None and not isinstance(result, _import(kind.returns, key=key)):
         raise ConfigError(
-            f"{key}._target_={target!r}: returned a {type(result).__name__}, expected {kind.name}"
+            _problem(key, target, f"returned a {type(result).__name__}, expected {kind.name}")
         )
     return result
 
@@ -316,13 +329,15 @@ def instantiate(
     try:
         inspect.signature(fn).bind(**kwargs, **runtime_kwargs)
     except TypeError as error:
-        raise ConfigError(f"{key}: {target} does not accept these arguments ({error})") from None
+        raise ConfigError(
+            Problem(key, hint=f"{target} does not accept these arguments ({error})")
+        ) from None
     except ValueError:  # builtins without a signature: let the call itself check
         pass
     try:
         result = fn(**kwargs, **runtime_kwargs)
     except ValueError as error:
-        raise ConfigError(f"{key}: {error}") from None
+        raise ConfigError(Problem(key, hint=str(error))) from None
     return _check_result(result, key=key, target=target)
 
 
@@ -353,9 +368,22 @@ def _walk(node: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ..
             yield from _walk(value, (*path, str(index)))
 
 
+def iter_targets(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, Any, Mapping]]:
+    """(slot key, `_target_` value, node) of every node with a `_target_`, anywhere in a nested
+    config (plain containers or OmegaConf's): the one walk every target check uses."""
+    if isinstance(node, Mapping):
+        if "_target_" in node:
+            yield ".".join(path), node["_target_"], node
+        for key, value in node.items():
+            yield from iter_targets(value, (*path, str(key)))
+    elif isinstance(node, Sequence) and not isinstance(node, str):
+        for index, value in enumerate(node):
+            yield from iter_targets(value, (*path, str(index)))
+
+
 def config_problems(
     container: Mapping[str, Any], hydra: DictConfig | None, *, allowed: Iterable[Any] = ()
-) -> list[str]:
+) -> list[Problem]:
     """Every problem of the allow-list in a composed config: `allowed_targets` entries, each
     `_target_` of the resolved `container`, and what Hydra's node (when given) would import."""
     allowed = list(allowed)
@@ -366,20 +394,17 @@ def config_problems(
     return problems
 
 
-def target_problems(container: Mapping[str, Any], *, allowed: Iterable[Any] = ()) -> list[str]:
+def target_problems(container: Mapping[str, Any], *, allowed: Iterable[Any] = ()) -> list[Problem]:
     """Every `_target_` anywhere in a resolved config, checked against its slot's kind. A target
     under a refused `allowed_targets` entry is left to that entry's own problem."""
+    allowed = list(allowed)
     _, refused = usable_prefixes(allowed)
     problems = []
-    for path, value in _walk(container):
-        if path[-1] != "_target_":
+    for key, target, _ in iter_targets(container):
+        if isinstance(target, str) and any(_matches(target, str(r)) for r in refused):
             continue
-        if isinstance(value, str) and any(_matches(value, str(r)) for r in refused):
-            continue
-        try:
-            check_target(value, key=".".join(path[:-1]), allowed=allowed)
-        except ConfigError as error:
-            problems += error.problems
+        problem = target_problem(target, key=key, allowed=allowed)
+        problems += [problem] if problem else []
     return problems
 
 
@@ -399,7 +424,7 @@ def _resolved_leaves(node: DictConfig) -> dict[str, Any]:
     return container
 
 
-def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[str]:
+def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[Problem]:
     """What Hydra would import or call from its own config node (`hydra.*`), refused unless it
     is a target of a known kind, a standard logging class or an allowed search-space function."""
     hydra = _resolved_leaves(node)
@@ -408,8 +433,11 @@ def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[str
     problems = target_problems({"hydra": others}, allowed=allowed)
     for name in hydra.get("callbacks") or {}:
         problems.append(
-            f"hydra.callbacks.{name}: Hydra callbacks are not supported (Hydra would run them "
-            "outside tfrecipe's allow-list); use callbacks.extra.NAME for a Keras callback"
+            Problem(
+                f"hydra.callbacks.{name}",
+                hint="Hydra callbacks are not supported (Hydra would run them outside "
+                "tfrecipe's allow-list); use callbacks.extra.NAME for a Keras callback",
+            )
         )
     for part in ("hydra_logging", "job_logging"):
         problems += _logging_problems(f"hydra.{part}", hydra.get(part) or {})
@@ -417,23 +445,26 @@ def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[str
     usable, _ = usable_prefixes(allowed)
     if search_space is not None and not any(_matches(str(search_space), p) for p in usable):
         problems.append(
-            f"hydra.sweeper.custom_search_space={search_space!r}: expected your own function "
-            f"under allowed_targets={usable}"
+            Problem(
+                "hydra.sweeper.custom_search_space",
+                search_space,
+                f"expected your own function under allowed_targets={usable}",
+            )
         )
     return problems
 
 
-def _logging_problems(key: str, config: Mapping[str, Any]) -> list[str]:
+def _logging_problems(key: str, config: Mapping[str, Any]) -> list[Problem]:
     problems = []
     for path, value in _walk(config):
         where = ".".join((key, *path))
         if path[-1] == "()":
-            problems.append(f"{where}: logging factories ('()') are not allowed; use class")
-        elif path[-1] == "class" and value not in _LOG_CLASSES:
             problems.append(
-                f"{where}={value!r}: expected a standard logging class: "
-                f"{', '.join(sorted(_LOG_CLASSES))}"
+                Problem(where, hint="logging factories ('()') are not allowed; use class")
             )
+        elif path[-1] == "class" and value not in _LOG_CLASSES:
+            classes = ", ".join(sorted(_LOG_CLASSES))
+            problems.append(Problem(where, value, f"expected a standard logging class: {classes}"))
         elif isinstance(value, str) and value.startswith("ext://") and value not in _LOG_STREAMS:
-            problems.append(f"{where}={value!r}: expected {' or '.join(sorted(_LOG_STREAMS))}")
+            problems.append(Problem(where, value, f"expected {' or '.join(sorted(_LOG_STREAMS))}"))
     return problems

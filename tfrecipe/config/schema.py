@@ -7,7 +7,6 @@ problem as `key: what is wrong (received value)`.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from tfrecipe.data.pipeline import PipelineOptions
-from tfrecipe.errors import ConfigError
+from tfrecipe.errors import ConfigError, Problem
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -326,29 +325,25 @@ def validate(cfg: DictConfig) -> RunConfig:
     cfg_hydra = cfg.hydra if "hydra" in cfg else None
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     missing = sorted(OmegaConf.missing_keys(cfg))
-    problems = [f"{key}: required value is missing (set {key}=...)" for key in missing]
+    problems = [_missing(key) for key in missing]
     try:
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception as error:  # an interpolation that cannot be resolved
-        raise ConfigError(f"{getattr(error, 'full_key', '')}: {error}".strip(": ")) from None
+        key = getattr(error, "full_key", "")
+        raise ConfigError(Problem(key, hint=str(error)) if key else str(error)) from None
     allow_list = _allow_list_problems(container, cfg_hydra)
     try:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
-        problems += [p for p in _describe(error) if p.split(":")[0] not in missing]
-        reported = {p.split(":")[0].removesuffix("._target_") for p in problems}
-        problems += [p for p in allow_list if problem_key(p) not in reported]
+        problems += [p for p in _describe(error) if p.key not in missing]
+        reported = {p.slot for p in problems}
+        problems += [p for p in allow_list if p.slot not in reported]
         raise ConfigError(problems) from None
     problems += allow_list
     problems += _cross_checks(run)
     if problems:
         raise ConfigError(problems)
     return run
-
-
-def problem_key(problem: str) -> str:
-    """The slot a problem is about ("model" for "model._target_='x': ...")."""
-    return re.split(r"[:=]", problem, maxsplit=1)[0].removesuffix("._target_")
 
 
 def _cross_checks(run: RunConfig) -> list[str]:
@@ -469,7 +464,7 @@ def _cluster_problems(run: RunConfig) -> list[str]:
     return problems
 
 
-def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[str]:
+def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[Problem]:
     """`allowed_targets` and every `_target_` (Hydra's too) by the kind its slot takes, checked
     without importing anything (tfrecipe/config/instantiate.py has the allow-list)."""
     from tfrecipe.config.instantiate import config_problems
@@ -483,23 +478,27 @@ def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[str]
 _TAGS = {*STRATEGY_NAMES, "adam", "adamw", "sgd", "none", "tf_config", "local", "slurm"}
 
 
-def _describe(error: ValidationError) -> list[str]:
+def _missing(key: str) -> Problem:
+    return Problem(key, hint=f"required value is missing (set {key}=...)")
+
+
+def _describe(error: ValidationError) -> list[Problem]:
     problems = []
     for item in error.errors():
         # Discriminated unions add the tag (e.g. "mirrored") to the location: not a user's key.
-        loc = [str(part) for part in item["loc"] if str(part) not in _TAGS]
-        key = ".".join(loc).replace("target", "_target_")
+        # The location holds the config's own names (`_target_` by its alias).
+        key = ".".join(str(part) for part in item["loc"] if str(part) not in _TAGS)
         kind = item["type"]
         received = item.get("input")
         if kind == "extra_forbidden":
-            problems.append(f"{key}: unknown key (received {key}={received!r})")
+            problems.append(Problem(key, received, "unknown key"))
         elif kind == "missing":
-            problems.append(f"{key}: required value is missing (set {key}=...)")
+            problems.append(_missing(key))
         elif kind == "union_tag_invalid":
             allowed = item["ctx"]["expected_tags"]
             problems.append(
-                f"{key}.name: unknown option {item['ctx']['tag']!r}; allowed: {allowed}"
+                Problem(f"{key}.name", item["ctx"]["tag"], f"unknown option; allowed: {allowed}")
             )
         else:
-            problems.append(f"{key}: {item['msg'].lower()}, received {key}={received!r}")
+            problems.append(Problem(key, received, item["msg"].lower()))
     return problems

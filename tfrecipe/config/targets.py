@@ -9,6 +9,7 @@ API) are followed to the `def` or `class` that defines the name.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import sys
 from collections.abc import Iterable
@@ -69,12 +70,18 @@ def find_definition(target: str, _depth: int = 0) -> ast.FunctionDef | ast.Class
 
 
 def _parameters(definition: ast.FunctionDef | ast.ClassDef) -> ast.arguments | None:
+    """The parameters a caller fills, as a new node: the tree is cached and must stay as parsed
+    (dropping `self` from it in place made a second check of the class lose a parameter)."""
     if isinstance(definition, ast.FunctionDef):
         return definition.args
     for node in definition.body:
         if isinstance(node, ast.FunctionDef) and node.name == "__init__":
-            args = node.args
-            args.args = args.args[1:]  # self
+            args = copy.copy(node.args)
+            # Without `self`, which the caller never passes.
+            if args.posonlyargs:
+                args.posonlyargs = args.posonlyargs[1:]
+            else:
+                args.args = args.args[1:]
             return args
     return None  # inherited __init__: not checked
 

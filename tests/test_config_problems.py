@@ -1,0 +1,78 @@
+"""Config problems as data (key, received value, hint): the line a user reads names the key they
+set, each slot's problem is reported once, and checking a target twice gives the same answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfrecipe.cli import commands
+from tfrecipe.config.instantiate import iter_targets
+from tfrecipe.config.schema import validate
+from tfrecipe.errors import ConfigError, Problem
+
+
+def _problems(compose_cfg, *overrides: str) -> list[Problem]:
+    with pytest.raises(ConfigError) as error:
+        validate(compose_cfg(*overrides))
+    return error.value.problems
+
+
+def test_a_problem_reads_key_value_then_hint():
+    assert str(Problem("loop.epochs", 0, "input should be greater than 0")) == (
+        "loop.epochs=0: input should be greater than 0"
+    )
+    assert str(Problem("loop.epochs", hint="required value is missing")) == (
+        "loop.epochs: required value is missing"
+    )
+    assert str(Problem("model._target_", "x.y", "expected ...")).startswith("model._target_='x.y'")
+    assert ConfigError("written as a whole").messages == ["written as a whole"]
+
+
+def test_allowed_targets_is_named_as_the_user_wrote_it(compose_cfg):
+    [problem] = _problems(compose_cfg, "allowed_targets=5")
+    assert (problem.key, problem.received) == ("allowed_targets", 5)
+    assert str(problem).startswith("allowed_targets=5: input should be a valid list"), problem
+
+
+def test_a_missing_target_is_named_target(compose_cfg):
+    [problem] = _problems(compose_cfg, "~model._target_")
+    assert str(problem) == "model._target_: required value is missing (set model._target_=...)"
+
+
+def test_a_target_of_the_wrong_type_is_one_problem(compose_cfg):
+    # The schema's type error and the allow-list's path check are about one slot: one line.
+    [problem] = _problems(compose_cfg, "model._target_=5")
+    assert (problem.key, problem.received) == ("model._target_", 5)
+
+
+def test_a_refused_target_carries_its_slot_and_value(compose_cfg):
+    [problem] = _problems(compose_cfg, "+callbacks.extra.x._target_=keras.utils.get_file")
+    assert problem.key == "callbacks.extra.x._target_" and problem.slot == "callbacks.extra.x"
+    assert problem.received == "keras.utils.get_file"
+    assert "a keras.callbacks.Callback subclass" in problem.hint
+
+
+def test_validating_one_class_twice_gives_the_same_answer(capsys):
+    # The source of a class is parsed once and cached; checking its __init__ must not change it.
+    right = ["+callbacks.extra.stop._target_=keras.callbacks.EarlyStopping",
+             "+callbacks.extra.stop.monitor=loss"]  # fmt: skip
+    wrong = [*right, "+callbacks.extra.stop.nope=1"]
+    for _ in range(2):
+        commands.validate(right)
+        assert capsys.readouterr().out.startswith("valid:")
+        with pytest.raises(ConfigError) as error:
+            commands.validate(wrong)
+        assert error.value.messages == [
+            "callbacks.extra.stop: keras.callbacks.EarlyStopping unexpected argument 'nope'"
+        ]
+
+
+def test_iter_targets_finds_every_target_with_its_slot():
+    config = {
+        "model": {"_target_": "a.b", "units": 3},
+        "callbacks": {"extra": {"x": {"_target_": "c.D"}}},
+        "nested": [{"deeper": {"_target_": "e.f"}}],
+        "seed": 0,
+    }
+    found = [(key, target) for key, target, _ in iter_targets(config)]
+    assert found == [("model", "a.b"), ("callbacks.extra.x", "c.D"), ("nested.0.deeper", "e.f")]
