@@ -10,7 +10,6 @@ import dataclasses
 import importlib
 import logging
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,14 +22,9 @@ from tfrecipe import factory, rundir
 from tfrecipe.config import schema
 from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
+from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
 
 log = logging.getLogger("tfrecipe")
-
-BACKUP_DIR = "backup"  # RUN_DIR/backup (tfrecipe.fault.backup.BACKUP_DIR; this module loads no TF)
-
-
-class TrainingError(RuntimeError):
-    """Training itself failed (not the configuration): exit code 1, summary status "failed"."""
 
 
 def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
@@ -44,28 +38,6 @@ def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
             f"{num_replicas} replicas; use a multiple of {num_replicas}"
         )
     return spec.global_batch_size // num_replicas, spec.global_batch_size
-
-
-def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
-    """Refuses a run dir that already holds a finished run: its outputs are never overwritten.
-
-    A failed, preempted or interrupted run is what `resume=auto` continues; `resume=never`
-    refuses it too (except when the local launcher restarts this same run after a crash).
-    """
-    previous = rundir.read_summary(run_dir)
-    if previous and previous.get("status") == "completed":
-        raise ConfigError(
-            f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
-            "choose another hydra.run.dir"
-        )
-    restarted = int(os.environ.get(cluster.ATTEMPT_ENV, "0")) > 0  # by the launcher: same run
-    held = previous is not None or (run_dir / BACKUP_DIR).is_dir()
-    if resume == "never" and held and not restarted:
-        status = (previous or {}).get("status", "a backup")
-        raise ConfigError(
-            f"resume=never: hydra.run.dir={run_dir} already holds a run ({status}); choose a new "
-            "hydra.run.dir, or resume=auto to continue that run"
-        )
 
 
 def seed_everything(seed: int, *, deterministic: bool) -> None:

@@ -35,9 +35,9 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-log = logging.getLogger("tfrecipe")
+from tfrecipe.outcome import BACKUP_DIR
 
-BACKUP_DIR = "backup"
+log = logging.getLogger("tfrecipe")
 
 
 @dataclasses.dataclass(frozen=True)
