@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from tfrecipe.data.splits import DatasetInfo, Splits
     from tfrecipe.distribute.strategy import build_strategy
     from tfrecipe.errors import ConfigError
-    from tfrecipe.train import TrainingError, train
+    from tfrecipe.outcome import TrainingError
+    from tfrecipe.train import train
 
 _PUBLIC = {
     "compose": "tfrecipe.config.compose",
@@ -26,7 +27,7 @@ _PUBLIC = {
     "instantiate": "tfrecipe.config.instantiate",
     "validate": "tfrecipe.config.schema",
     "build_strategy": "tfrecipe.distribute.strategy",
-    "TrainingError": "tfrecipe.train",
+    "TrainingError": "tfrecipe.outcome",
     "train": "tfrecipe.train",
 }
 __all__ = [

@@ -1,36 +1,53 @@
 """`train(cfg)`: one training run, as a list of steps.
 
 cluster -> strategy -> precision -> data -> (in strategy.scope()) model, optimizer, metrics
--> loop -> results in the run directory.
+-> (restore) -> loop -> results in the run directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib
 import logging
 import math
-import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import keras
+import tensorflow as tf
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
+from tensorflow.python.framework import config as tf_config
 
-from tfrecipe import factory, rundir
+from tfrecipe import factory, optim, rundir
+from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks, progress_verbosity
 from tfrecipe.config import schema
-from tfrecipe.distribute import cluster
+from tfrecipe.data.distribute import distribute as distribute_dataset
+from tfrecipe.data.pipeline import batch_transform, prepare
+from tfrecipe.data.splits import DatasetInfo, Splits
+from tfrecipe.distribute import cluster, evaluator
+from tfrecipe.distribute.strategy import build_strategy, device_kinds, model_scope
 from tfrecipe.errors import ConfigError
+from tfrecipe.fault import backup, preemption, recovery
+from tfrecipe.fault.preemption import Preempted
+from tfrecipe.fault.recovery import Recovery
+from tfrecipe.loops import custom, fit, parameter_server
+from tfrecipe.loops.options import LoopOptions
+from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
+from tfrecipe.precision import set_precision
+from tfrecipe.tracking import WandbTracker
+
+__all__ = ["TrainingError", "batch_sizes", "ensure_fresh_run_dir", "seed_everything", "train"]
 
 log = logging.getLogger("tfrecipe")
 
-BACKUP_DIR = "backup"  # RUN_DIR/backup (tfrecipe.fault.backup.BACKUP_DIR; this module loads no TF)
-
-
-class TrainingError(RuntimeError):
-    """Training itself failed (not the configuration): exit code 1, summary status "failed"."""
+# The loop that trains a run: its `loop` option, except on parameter servers, which train through
+# a ClusterCoordinator (their own custom loop).
+_LOOPS = {"fit": fit, "custom": custom, "parameter_server": parameter_server}
 
 
 def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
@@ -46,32 +63,7 @@ def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
     return spec.global_batch_size // num_replicas, spec.global_batch_size
 
 
-def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
-    """Refuses a run dir that already holds a finished run: its outputs are never overwritten.
-
-    A failed, preempted or interrupted run is what `resume=auto` continues; `resume=never`
-    refuses it too (except when the local launcher restarts this same run after a crash).
-    """
-    previous = rundir.read_summary(run_dir)
-    if previous and previous.get("status") == "completed":
-        raise ConfigError(
-            f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
-            "choose another hydra.run.dir"
-        )
-    restarted = int(os.environ.get(cluster.ATTEMPT_ENV, "0")) > 0  # by the launcher: same run
-    held = previous is not None or (run_dir / BACKUP_DIR).is_dir()
-    if resume == "never" and held and not restarted:
-        status = (previous or {}).get("status", "a backup")
-        raise ConfigError(
-            f"resume=never: hydra.run.dir={run_dir} already holds a run ({status}); choose a new "
-            "hydra.run.dir, or resume=auto to continue that run"
-        )
-
-
 def seed_everything(seed: int, *, deterministic: bool) -> None:
-    import keras
-    import tensorflow as tf
-
     keras.backend.clear_session()  # nothing left over from an earlier run in this process
     keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow
     # Set both ways: an earlier run in this process (a sweep job, a test) may have turned it on.
@@ -79,8 +71,6 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
         tf.config.experimental.enable_op_determinism()
     else:
         # TensorFlow 2.21 exports only the enabling half (no tf.config...disable_op_determinism).
-        from tensorflow.python.framework import config as tf_config
-
         tf_config.disable_op_determinism()
 
 
@@ -94,15 +84,30 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     run = schema.validate(cfg)
     task = _join_cluster(run)
     if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
-        from tfrecipe.distribute.evaluator import evaluate_checkpoints
-
-        return evaluate_checkpoints(run, run_dir=Path(run_dir))
+        return evaluator.evaluate_checkpoints(run, run_dir=Path(run_dir))
     if task.is_chief:
-        return _train(cfg, run, task, run_dir=Path(run_dir))
+        return _train(cfg, run, task, _Dirs(run_dir=Path(run_dir), shared_run_dir=Path(run_dir)))
     # Only the chief writes the run dir; the others write the same files (every worker must
     # take part in saving synchronized variables) to a scratch dir they delete.
     with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
-        return _train(cfg, run, task, run_dir=Path(scratch), shared_run_dir=Path(run_dir))
+        return _train(cfg, run, task, _Dirs(run_dir=Path(scratch), shared_run_dir=Path(run_dir)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dirs:
+    """Where this process writes: the run dir on the chief, a scratch dir on another worker,
+    which restores from the chief's backups in the shared run dir."""
+
+    run_dir: Path
+    shared_run_dir: Path  # the chief's run dir
+
+    @property
+    def chief(self) -> bool:
+        return self.run_dir == self.shared_run_dir
+
+    @property
+    def backup_dir(self) -> Path:
+        return self.shared_run_dir / BACKUP_DIR  # every worker reads the chief's
 
 
 def _join_cluster(run: schema.RunConfig) -> cluster.Task:
@@ -119,38 +124,28 @@ def _join_cluster(run: schema.RunConfig) -> cluster.Task:
 
 
 def _train(
-    cfg: DictConfig,
-    run: schema.RunConfig,
-    task: cluster.Task,
-    *,
-    run_dir: Path,
-    shared_run_dir: Path | None = None,
+    cfg: DictConfig, run: schema.RunConfig, task: cluster.Task, dirs: _Dirs
 ) -> dict[str, Any]:
-    """Trains into `run_dir` (a non-chief's scratch dir; its backups are read from
-    `shared_run_dir`, the chief's run dir). However it ends, summary.json says how: also after
-    a failure, SIGTERM or Ctrl-C before training began (a config error writes nothing)."""
-    from tfrecipe.fault.preemption import Preempted, signals_preempt
-
+    """Trains into `dirs.run_dir`. However it ends, summary.json says how: also after a
+    failure, SIGTERM or Ctrl-C before training began (a config error writes nothing)."""
     attempt: dict[str, Any] = {}  # "summary": this attempt's, once training set it up
     # The command line locks the run dir for the whole process; a lock taken here (train()
     # called directly, a sweep's job) is given back when the run ends.
-    locked_before = rundir.holds_run_dir(run_dir)
-    with signals_preempt():
+    locked_before = rundir.holds_run_dir(dirs.run_dir)
+    with preemption.signals_preempt():
         try:
-            return _train_steps(
-                cfg, run, task, run_dir=run_dir, shared_run_dir=shared_run_dir, attempt=attempt
-            )
+            return _train_steps(cfg, run, task, dirs, attempt)
         except ConfigError:
             raise
         except BaseException as error:
             summary = attempt.get("summary")
             if summary is None or summary["status"] == "running":  # not recorded by _finish
                 status = "preempted" if isinstance(error, Preempted) else "failed"
-                _record_unfinished(run_dir, summary, status, error, chief=shared_run_dir is None)
+                _record_unfinished(dirs.run_dir, summary, status, error, chief=dirs.chief)
             raise
         finally:
             if not locked_before:
-                rundir.unlock_run_dir(run_dir)
+                rundir.unlock_run_dir(dirs.run_dir)
 
 
 def _record_unfinished(
@@ -172,64 +167,85 @@ def _train_steps(
     cfg: DictConfig,
     run: schema.RunConfig,
     task: cluster.Task,
-    *,
-    run_dir: Path,
-    shared_run_dir: Path | None,
+    dirs: _Dirs,
     attempt: dict[str, Any],
 ) -> dict[str, Any]:
-    from tfrecipe.fault.preemption import Preempted
-    from tfrecipe.optim import base_learning_rate
-
+    """The steps of one run; `attempt["summary"]` is its summary once the run dir holds it."""
     started = time.perf_counter()
-    if shared_run_dir is None and run_dir.exists():  # the chief: another run may train there
-        rundir.lock_run_dir(run_dir)
-    ensure_fresh_run_dir(run_dir, resume=run.resume)
+    _claim_run_dir(dirs, resume=run.resume)
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     splits, steps_per_epoch = _load_data(run, global_batch)
     model = _build_model(run, strategy, splits.info, steps_per_epoch, global_batch)
-    backup_dir = (shared_run_dir or run_dir) / BACKUP_DIR  # every worker reads the chief's
-    recovery = _Recovery(
-        spec=run.callbacks.terminate_on_nan,
-        candidates=lambda: _candidates(run, backup_dir),
-        # as configured: a restore sets a float rate's variable to the backup's
-        base_learning_rate=base_learning_rate(model.optimizer),
-        steps_per_epoch=steps_per_epoch,
-    )
-    resumed = _restore(run, model, backup_dir)
+    policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
+    resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
     start_step = resumed.step if resumed else 0
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
-    summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
-    summary["resumed_from_step"] = resumed.step if resumed else None
+    summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
     if resumed:
-        summary["rollbacks"] = recovery.resume(model, backup_dir.parent, resumed.step)
-    if shared_run_dir is None:
-        rundir.lock_run_dir(run_dir)  # creates it (a no-op when held: the command line locks)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.write_config(run_dir, cfg)
-    rundir.write_summary(run_dir, summary)
+        summary["resumed_from_step"] = resumed.step
+        summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
+    _start_run_dir(cfg, dirs, summary)
     attempt["summary"] = summary
 
     monitors = _monitors(
-        run, cfg, task, run_dir, inputs, global_batch, start_step, resuming=resumed is not None
+        run, cfg, task, dirs.run_dir, inputs, global_batch, start_step, resuming=resumed is not None
     )
     # A fresh run keeps its first step's state: a rollback before the first periodic backup.
     protection = _fault_tolerance(
-        run, task, model, run_dir, steps_per_epoch, save_at_start=resumed is None
+        run, task, model, dirs.run_dir, steps_per_epoch, save_at_start=resumed is None
     )
-    try:
+    with _recording_end(summary, monitors, dirs.run_dir, started, model, protection):
         _run_loop(
-            run,
-            model,
-            inputs,
-            [*monitors.callbacks, *protection.callbacks],
-            summary,
-            run_dir,
-            history=monitors.history,
-            start_step=start_step,
-            recovery=recovery,
+            run, model, inputs, summary, dirs.run_dir, monitors, protection, start_step, policy
         )
+    return summary
+
+
+def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:
+    """Locks the chief's run dir when it exists (another run may train there), then checks it
+    holds no run this one must not continue."""
+    if dirs.chief and dirs.run_dir.exists():
+        rundir.lock_run_dir(dirs.run_dir)
+    ensure_fresh_run_dir(dirs.run_dir, resume=resume)
+
+
+def _start_run_dir(cfg: DictConfig, dirs: _Dirs, summary: dict[str, Any]) -> None:
+    """The run dir as training starts: the resolved config and the "running" summary."""
+    if dirs.chief:
+        rundir.lock_run_dir(dirs.run_dir)  # creates it (a no-op when held: the command line locks)
+    dirs.run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.write_config(dirs.run_dir, cfg)
+    rundir.write_summary(dirs.run_dir, summary)
+
+
+def _recovery(
+    run: schema.RunConfig, model: keras.Model, dirs: _Dirs, steps_per_epoch: int
+) -> Recovery:
+    return Recovery(
+        spec=run.callbacks.terminate_on_nan,
+        resume=run.resume,
+        backup_dir=dirs.backup_dir,
+        # as configured: a restore sets a float rate's variable to the backup's
+        base_learning_rate=optim.base_learning_rate(model.optimizer),
+        steps_per_epoch=steps_per_epoch,
+    )
+
+
+@contextlib.contextmanager
+def _recording_end(
+    summary: dict[str, Any],
+    monitors: _Monitors,
+    run_dir: Path,
+    started: float,
+    model: keras.Model,
+    protection: _Protection,
+) -> Iterator[None]:
+    """Records how training ended (summary.json, W&B) and stops the fault-tolerance watch; an
+    unexpected exception leaves as a TrainingError."""
+    try:
+        yield
     except BaseException as error:
         status = "preempted" if isinstance(error, Preempted) else "failed"
         _finish(summary, monitors, run_dir, started, model, status=status, error=error)
@@ -239,15 +255,11 @@ def _train_steps(
     finally:
         protection.close()
     _finish(summary, monitors, run_dir, started, model, status="completed")
-    return summary
 
 
-def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
+def _setup_strategy(run: schema.RunConfig, task: cluster.Task) -> tf.distribute.Strategy:
     """The strategy (first: logical devices must be set before any other TensorFlow call),
     then seeds, then the precision policy (seeding clears the Keras session, which resets it)."""
-    from tfrecipe.distribute.strategy import build_strategy, device_kinds
-    from tfrecipe.precision import set_precision
-
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
     cluster.maybe_crash_for_test(task)
     seed_everything(run.seed, deterministic=run.deterministic)
@@ -263,15 +275,16 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
 class _Inputs:
     """The distributed splits (validation and test may be None) and what the loop needs of them."""
 
-    train: Any  # from the run's start step on
-    validation: Any
-    test: Any
-    info: Any  # data.DatasetInfo
+    train: tf.distribute.DistributedDataset  # from the run's start step on
+    validation: tf.distribute.DistributedDataset | None
+    test: tf.distribute.DistributedDataset | None
+    info: DatasetInfo
     steps_per_epoch: int
-    train_from: Any  # step -> the training data from that optimizer step on (fit's resume)
+    # step -> the training data from that optimizer step on (fit's resume, a rollback)
+    train_from: Callable[[int], tf.distribute.DistributedDataset]
 
 
-def _load_data(run: schema.RunConfig, global_batch: int):
+def _load_data(run: schema.RunConfig, global_batch: int) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
     splits = factory.load_splits(run)
     _check_batch_fits(run.batching, global_batch, splits.info.num_train)
@@ -286,16 +299,13 @@ def _load_data(run: schema.RunConfig, global_batch: int):
 
 def _build_inputs(
     run: schema.RunConfig,
-    strategy,
-    splits,
+    strategy: tf.distribute.Strategy,
+    splits: Splits,
     steps_per_epoch: int,
     global_batch: int,
     start_step: int = 0,
 ) -> _Inputs:
-    from tfrecipe.data.distribute import distribute as distribute_dataset
-    from tfrecipe.data.pipeline import batch_transform, prepare
-
-    def distribute(dataset, *, split: str, start: int = 0):
+    def distribute(dataset: tf.data.Dataset | None, *, split: str, start: int = 0):
         if dataset is None:
             return None
         training = split == "train"
@@ -314,7 +324,7 @@ def _build_inputs(
             skip=start * run.loop.gradient_accumulation_steps,
         )
 
-    def train_from(step: int):
+    def train_from(step: int) -> tf.distribute.DistributedDataset:
         return distribute(splits.train, split="train", start=step)
 
     return _Inputs(
@@ -327,10 +337,14 @@ def _build_inputs(
     )
 
 
-def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, global_batch: int):
+def _build_model(
+    run: schema.RunConfig,
+    strategy: tf.distribute.Strategy,
+    info: DatasetInfo,
+    steps_per_epoch: int,
+    global_batch: int,
+) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
-    from tfrecipe.distribute.strategy import model_scope
-
     with model_scope(strategy):
         model = factory.build_model(run, info)
         total_steps = steps_per_epoch * run.loop.epochs
@@ -373,10 +387,10 @@ def _initial_summary(
 class _Monitors:
     """The callbacks every loop drives, and the ones train() reads results from."""
 
-    callbacks: list
-    history: Any  # callbacks.EpochHistory
-    throughput: Any  # callbacks.Throughput
-    tracker: Any  # tracking.WandbTracker | None
+    callbacks: list[keras.callbacks.Callback]
+    history: EpochHistory
+    throughput: Throughput
+    tracker: WandbTracker | None
 
 
 def _monitors(
@@ -390,8 +404,6 @@ def _monitors(
     *,
     resuming: bool = False,
 ) -> _Monitors:
-    from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
-
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
     history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
@@ -407,9 +419,7 @@ def _monitors(
         ),
     ]
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
-        from tfrecipe.distribute.evaluator import checkpoint_callbacks
-
-        callbacks += checkpoint_callbacks(run_dir)
+        callbacks += evaluator.checkpoint_callbacks(run_dir)
     # One W&B run per training run: the chief's (other workers train into a scratch dir).
     tracker = _start_tracking(run, cfg, run_dir, resume=resuming) if task.is_chief else None
     if tracker is not None:
@@ -419,50 +429,54 @@ def _monitors(
 
 def _run_loop(
     run: schema.RunConfig,
-    model,
+    model: keras.Model,
     inputs: _Inputs,
-    callbacks: list,
     summary: dict[str, Any],
     run_dir: Path,
-    *,
-    history,
-    start_step: int = 0,
-    recovery: _Recovery,
+    monitors: _Monitors,
+    protection: _Protection,
+    start_step: int,
+    policy: Recovery,
 ) -> None:
     """Trains with the configured loop (again from a backup after each rollback), then evaluates
     the test split and exports the model."""
-    from tfrecipe.callbacks import progress_verbosity
-    from tfrecipe.loops.options import LoopOptions
+    options = _loop_options(run, inputs)
+    name = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
+    loop = _LOOPS[name]
+    callbacks = [*monitors.callbacks, *protection.callbacks]
+    unused = [inputs.train]  # the first attempt's data, from start_step on
 
-    options = LoopOptions(
+    def train_from(step: int) -> None:
+        # After a rollback: the seeded stream from the restored step on, as a resumed run reads it.
+        data = unused.pop() if unused else inputs.train_from(step)
+        at_step = dataclasses.replace(options, initial_step=step)
+        loop.run(model, data, inputs.validation, options=at_step, callbacks=callbacks)
+
+    policy.train(
+        model,
+        train_from,
+        start_step=start_step,
+        history=monitors.history,
+        rollbacks=summary["rollbacks"],
+        on_rollback=lambda: rundir.write_summary(run_dir, summary),
+    )
+    if inputs.test is not None:
+        summary["test"] = loop.evaluate(model, inputs.test)
+    # model.keras whatever the formats: `tfrecipe evaluate` reads it.
+    rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
+    rundir.plot_curves(run_dir, monitors.history.rows)
+
+
+def _loop_options(run: schema.RunConfig, inputs: _Inputs) -> LoopOptions:
+    return LoopOptions(
         epochs=run.loop.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=progress_verbosity(run.loop.verbose, enabled=run.callbacks.progress.enabled),
         steps_per_loop=run.loop.steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
-        initial_step=start_step,
         train_data_from=inputs.train_from,
     )
-    # Parameter servers train through a ClusterCoordinator: their own custom loop.
-    loop_module = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
-    loop = importlib.import_module(f"tfrecipe.loops.{loop_module}")
-    train_data = inputs.train
-    while True:
-        loop.run(model, train_data, inputs.validation, options=options, callbacks=callbacks)
-        blow_up = _loss_blow_up(history.rows)
-        if blow_up is None:
-            break
-        step = recovery.roll_back(model, blow_up, summary["rollbacks"], history)
-        rundir.write_summary(run_dir, summary)
-        # The seeded stream from the restored step on, as a resumed run reads it.
-        options = dataclasses.replace(options, initial_step=step)
-        train_data = inputs.train_from(step)
-    if inputs.test is not None:
-        summary["test"] = loop.evaluate(model, inputs.test)
-    # model.keras whatever the formats: `tfrecipe evaluate` reads it.
-    rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
-    rundir.plot_curves(run_dir, history.rows)
 
 
 def _finish(
@@ -470,14 +484,12 @@ def _finish(
     monitors: _Monitors,
     run_dir: Path,
     started: float,
-    model,
+    model: keras.Model,
     *,
     status: str,
     error: BaseException | None = None,
 ) -> None:
     """Writes the final summary.json (also after a failure) and finishes the W&B run."""
-    from tfrecipe.fault import backup
-
     rows = monitors.history.rows
     summary.update(
         status=status,
@@ -495,129 +507,18 @@ def _finish(
         monitors.tracker.finish(summary)
 
 
-def _restore(run: schema.RunConfig, model, backup_dir: Path):
-    """Restores the state to continue from (`resume`); returns a backup.ResumePoint or None."""
-    from tfrecipe.fault import backup
-
-    backup.build_optimizer(model)  # its variables must exist to be restored into
-    candidates = _candidates(run, backup_dir)
-    path = backup.restore_latest(backup.training_state(model), candidates)
-    if path is None:
-        if candidates:
-            raise TrainingError(
-                f"no backup of {len(candidates)} in {backup_dir} can be restored (see the "
-                "warnings); start a new run (resume=never and a new hydra.run.dir)"
-            )
-        return None
-    point = backup.ResumePoint(path=path, step=backup.current_step(model))
-    log.info("resuming from %s at step %d", path, point.step)
-    return point
-
-
-def _candidates(run: schema.RunConfig, backup_dir: Path) -> list[str]:
-    """The checkpoints to continue from, newest first: the run's own backups, else those of
-    `resume=PATH` (so a rollback before the first own backup restores the run's start)."""
-    from tfrecipe.fault import backup
-
-    own = backup.checkpoints_in(backup_dir)
-    if run.resume in ("auto", "never") or own:
-        # never: the run dir held no run (ensure_fresh_run_dir), unless the launcher restarted
-        # this one; a run that began from resume=PATH continues from its own, newer backups.
-        return own
-    candidates = backup.resolve_checkpoints(Path(run.resume))
-    if not candidates:
-        raise ConfigError(
-            f"resume={run.resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
-            "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
-        )
-    return candidates
-
-
-@dataclasses.dataclass(frozen=True)
-class _Recovery:
-    """What a NaN/Inf loss leads to (`callbacks.terminate_on_nan`): with rollbacks left, the
-    newest good backup is restored and training goes on at a lower learning rate (TF Model
-    Garden's recovery, plus the lower rate); without, the run fails.
-
-    Every worker sees the same all-reduced loss, so every worker rolls back, each from the
-    chief's backups. A resumed run continues the rollbacks of the run it resumes (they count
-    towards the limit, and the rate stays lowered).
-    """
-
-    spec: schema.TerminateOnNaN
-    candidates: Callable[[], list[str]]  # the backups to roll back to, newest first
-    base_learning_rate: Any  # the float or schedule the run started with (optim)
-    steps_per_epoch: int
-
-    def roll_back(self, model, blow_up: str, rollbacks: list[dict], history) -> int:
-        """Restores the newest good backup into `model` and lowers its learning rate to
-        base x lr_factor^k for the k-th rollback; records it in `rollbacks` and returns the
-        restored step. Raises TrainingError when no rollback is left or nothing restores."""
-        from tfrecipe import optim
-        from tfrecipe.fault import backup
-
-        limit = self.spec.max_rollbacks
-        if len(rollbacks) >= limit:
-            if limit:
-                blow_up += f" again after {limit} rollbacks (callbacks.terminate_on_nan)"
-            raise TrainingError(
-                f"{blow_up}; lower optimizer.learning_rate or enable optimizer.global_clipnorm"
-            )
-        step = backup.current_step(model)
-        path = backup.restore_latest(backup.training_state(model), self.candidates())
-        if path is None:
-            raise TrainingError(f"{blow_up}; no backup could be restored to roll back to")
-        factor = _learning_rate_factor(rollbacks) * self.spec.lr_factor
-        self._lower_learning_rate(model, factor)  # after the restore, which sets a float's
-        restored = backup.current_step(model)
-        history.keep(restored // self.steps_per_epoch)
-        rollbacks.append({"step": step, "restored_step": restored, "learning_rate_factor": factor})
-        log.warning(
-            "%s at step %d: rolled back to %s (step %d) with the learning rate x%g, now %.4g "
-            "(rollback %d of %d)",
-            blow_up,
-            step,
-            path,
-            restored,
-            factor,
-            optim.current_learning_rate(model.optimizer),
-            len(rollbacks),
-            limit,
-        )
-        return restored
-
-    def resume(self, model, run_dir: Path, step: int) -> list[dict]:
-        """The rollbacks of the interrupted run in `run_dir` up to `step` (the restored one),
-        with the learning rate lowered as they left it."""
-        previous = (rundir.read_summary(run_dir) or {}).get("rollbacks", [])
-        rollbacks = [r for r in previous if r["restored_step"] <= step]
-        if rollbacks:
-            self._lower_learning_rate(model, _learning_rate_factor(rollbacks))
-        return rollbacks
-
-    def _lower_learning_rate(self, model, factor: float) -> None:
-        from tfrecipe import optim
-
-        optim.set_scaled_learning_rate(model.optimizer, self.base_learning_rate, factor)
-        model.make_train_function(force=True)  # fit's traced step holds the old schedule
-
-
-def _learning_rate_factor(rollbacks: list[dict]) -> float:
-    return rollbacks[-1]["learning_rate_factor"] if rollbacks else 1.0
-
-
 @dataclasses.dataclass(frozen=True)
 class _Protection:
     """The backup callback, and what stops watching for preemption when training ends."""
 
-    callbacks: list
-    close: Any  # () -> None
+    callbacks: list[keras.callbacks.Callback]
+    close: Callable[[], None]
 
 
 def _fault_tolerance(
     run: schema.RunConfig,
     task: cluster.Task,
-    model,
+    model: keras.Model,
     run_dir: Path,
     steps_per_epoch: int,
     *,
@@ -629,8 +530,6 @@ def _fault_tolerance(
     Args:
       save_at_start: with rollbacks, also back up the state training starts from.
     """
-    from tfrecipe.fault import backup, preemption
-
     spec = run.callbacks.backup
     rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0
     options = backup.BackupOptions(
@@ -656,13 +555,13 @@ def _fault_tolerance(
     return _Protection([callback], watcher.close)
 
 
-def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path, *, resume: bool):
+def _start_tracking(
+    run: schema.RunConfig, cfg: DictConfig, run_dir: Path, *, resume: bool
+) -> WandbTracker | None:
     """The W&B run, when `logger.wandb` is on (grouped by sweep in a multirun); a resumed
     training run continues the W&B run it began."""
     if run.logger.wandb is None:
         return None
-    from tfrecipe.tracking import WandbTracker
-
     return WandbTracker(
         run.logger.wandb,
         config=rundir.public_config(cfg),
@@ -673,9 +572,6 @@ def _start_tracking(run: schema.RunConfig, cfg: DictConfig, run_dir: Path, *, re
 
 
 def _sweep_group() -> str | None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     return "-".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
@@ -701,9 +597,7 @@ def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int
 
 
 def _initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
-    from tfrecipe.optim import scaled_learning_rate
-
-    return scaled_learning_rate(
+    return optim.scaled_learning_rate(
         run.optimizer.learning_rate,
         rule=run.batching.lr_scaling,
         global_batch_size=global_batch,
@@ -712,15 +606,15 @@ def _initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
     )
 
 
-def _build_optimizer(run: schema.RunConfig, global_batch: int, *, total_steps: int):
-    from tfrecipe.optim import build_optimizer, learning_rate_schedule
-
-    schedule = learning_rate_schedule(
+def _build_optimizer(
+    run: schema.RunConfig, global_batch: int, *, total_steps: int
+) -> keras.optimizers.Optimizer:
+    schedule = optim.learning_rate_schedule(
         run.optimizer,
         learning_rate=_initial_learning_rate(run, global_batch),
         total_steps=total_steps,
     )
-    return build_optimizer(
+    return optim.build_optimizer(
         run.optimizer,
         learning_rate=schedule,
         loss_scaling=run.precision.policy == "mixed_float16",
@@ -733,12 +627,3 @@ def _final_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     for row in rows:
         metrics.update({k: v for k, v in row.items() if k != "epoch"})
     return metrics
-
-
-def _loss_blow_up(rows: list[dict[str, float]]) -> str | None:
-    """What went wrong when the last epoch's training loss is NaN/Inf (TerminateOnNaN stopped
-    it there), else None."""
-    loss = _final_metrics(rows).get("loss")
-    if loss is not None and not math.isfinite(loss):
-        return f"the training loss became {loss} in epoch {len(rows)}"
-    return None

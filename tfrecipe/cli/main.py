@@ -17,13 +17,16 @@ import traceback
 from pathlib import Path
 
 from tfrecipe.errors import ConfigError, Problem
+from tfrecipe.outcome import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_TRAINING,
+    TrainingError,
+    ensure_fresh_run_dir,
+)
 
 log = logging.getLogger("tfrecipe")
-
-EXIT_CONFIG = 2
-EXIT_TRAINING = 1
-EXIT_PREEMPTED = 75  # = tfrecipe.fault.preemption.EXIT_PREEMPTED (that module imports TensorFlow)
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
 
 # A file each failed sweep job appends its run dir to: jobs may run in other processes (the
 # joblib launcher's workers), where this process's memory cannot see them.
@@ -61,7 +64,6 @@ def _precheck(argv: list[str]) -> list[str]:
     from tfrecipe.config.compose import compose
     from tfrecipe.config.schema import validate
     from tfrecipe.rundir import lock_run_dir
-    from tfrecipe.train import ensure_fresh_run_dir
 
     cfg = compose(args.overrides, return_hydra_config=True)
     from tfrecipe.distribute.cluster import check_environment, is_chief_process
@@ -313,7 +315,6 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
     before training writes one) in summary.json, so a sweep's failed job is visible."""
     from tfrecipe.distribute.cluster import is_chief_process
     from tfrecipe.rundir import read_summary, write_summary
-    from tfrecipe.train import TrainingError
 
     if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
         log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)

@@ -39,10 +39,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tfrecipe.distribute import cluster
-from tfrecipe.fault.preemption import EXIT_PREEMPTED
+from tfrecipe.outcome import EXIT_CONFIG, EXIT_PREEMPTED
+from tfrecipe.outcome import EXIT_TRAINING as EXIT_FAILED
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
 _POLL_S = 0.2
 
 

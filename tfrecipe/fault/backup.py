@@ -37,10 +37,9 @@ import tensorflow as tf
 
 # A restore needs the optimizer's variables; they are built as the loops build them.
 from tfrecipe.loops.objective import build_optimizer as build_optimizer
+from tfrecipe.outcome import BACKUP_DIR
 
 log = logging.getLogger("tfrecipe")
-
-BACKUP_DIR = "backup"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,8 @@ the worker that got the signal publishes "save after step N+1" through the coord
 every worker saves there and exits, so all of them hold the same state. We use it with our own
 save function (the backup's CheckpointManager, which also keeps periodic backups) and an exit
 function that raises `Preempted`, so train() writes summary.json (status "preempted") and the
-command line exits with `EXIT_PREEMPTED`; the next start restores that backup (zero lost steps).
+command line exits with `outcome.EXIT_PREEMPTED` (75); the next start restores that backup (zero
+lost steps).
 
 Facts this module works around (DESIGN.md, measured on TF 2.21):
 - The handler restores the latest checkpoint of the manager it is given when it is constructed.
@@ -33,8 +34,6 @@ from pathlib import Path
 
 log = logging.getLogger("tfrecipe")
 
-# EX_TEMPFAIL (sysexits.h): "temporary failure, try again" — rerun the same command to resume.
-EXIT_PREEMPTED = 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # Ctrl-C stops a run as a preemption does
 
 

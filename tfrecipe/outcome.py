@@ -1,0 +1,49 @@
+"""How a run ends, and what that allows the next start: the exit codes, `TrainingError`, where
+backups go, and the guard that never lets a new run overwrite a finished one.
+
+Without TensorFlow: the command line checks the run dir and maps errors to exit codes before
+(or without) importing it, and the local launcher reads the same codes from its tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tfrecipe import rundir
+from tfrecipe.distribute import cluster
+from tfrecipe.errors import ConfigError
+
+EXIT_TRAINING = 1  # training failed: summary.json says "failed"
+EXIT_CONFIG = 2  # invalid configuration or usage: one line per problem, nothing written
+# EX_TEMPFAIL (sysexits.h): "temporary failure, try again" — rerun the same command to resume.
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
+
+BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from
+
+
+class TrainingError(RuntimeError):
+    """Training itself failed (not the configuration): exit code 1, summary status "failed"."""
+
+
+def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
+    """Refuses a run dir that already holds a finished run: its outputs are never overwritten.
+
+    A failed, preempted or interrupted run is what `resume=auto` continues; `resume=never`
+    refuses it too (except when the local launcher restarts this same run after a crash).
+    """
+    previous = rundir.read_summary(run_dir)
+    if previous and previous.get("status") == "completed":
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
+            "choose another hydra.run.dir"
+        )
+    restarted = int(os.environ.get(cluster.ATTEMPT_ENV, "0")) > 0  # by the launcher: same run
+    held = previous is not None or (run_dir / BACKUP_DIR).is_dir()
+    if resume == "never" and held and not restarted:
+        status = (previous or {}).get("status", "a backup")
+        raise ConfigError(
+            f"resume=never: hydra.run.dir={run_dir} already holds a run ({status}); choose a new "
+            "hydra.run.dir, or resume=auto to continue that run"
+        )
