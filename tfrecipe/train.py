@@ -78,10 +78,9 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     else:
-        # TensorFlow 2.21 exports only the enabling half (no tf.config...disable_op_determinism).
-        from tensorflow.python.framework import config as tf_config
+        from tfrecipe import compat  # TensorFlow exports only the enabling half
 
-        tf_config.disable_op_determinism()
+        compat.disable_op_determinism()
 
 
 def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
