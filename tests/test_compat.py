@@ -51,6 +51,8 @@ PRIVATE_NAMES = [
     ("tensorflow.python.distribute.ps_values", "AggregatingVariable", None),
     ("tensorflow.python.distribute.ps_values", "CachingVariable", None),
     ("tensorflow.python.framework.config", "disable_op_determinism", []),
+    # tests/test_custom_loop.py's without_op_determinism fixture reads it (no public getter).
+    ("tensorflow.python.framework.config", "is_op_determinism_enabled", []),
     (
         "tensorflow.python.distribute.collective_all_reduce_strategy",
         "CollectiveAllReduceExtended._in_multi_worker_mode",
