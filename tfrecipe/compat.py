@@ -1,44 +1,48 @@
-"""Narrowly scoped fixes for Keras 3 `Model.fit` under a distribution strategy.
+"""Every private Keras and TensorFlow API tfrecipe touches, one function each, in one place.
 
-Under any explicit strategy, `TensorFlowTrainer._maybe_symbolic_build`
-(`keras/src/backend/tensorflow/trainer.py`) builds the model from one batch that it reads from a
-throwaway iterator of the training data, then trains on a second iterator. tfrecipe's training
-data reshuffle on every iteration (`shuffle(seed=..., reshuffle_each_iteration=True)`: the
-shuffle's seed generator belongs to the dataset and advances with each `iter()`), so `fit` under
-one_device, mirrored or multi-worker trained on another order than the default strategy (which
-builds when it traces, from the one iterator it trains on) and than the custom loop: a training
-loss of 2.20722 instead of 2.10956 after 20 steps of digits. The fix builds the model from the
-data's element spec: shapes and dtypes are all a build needs, and no iterator is opened.
+Keras and TensorFlow have no public way to do a few things tfrecipe needs. Each use of a private
+name is a function here that says what it is for and the versions it was checked on; nothing else
+in the package reads a private Keras/TensorFlow attribute or imports `keras.src` or
+`tensorflow.python`. A name that moved fails loudly (`PrivateAPIMoved`: the function here, the
+name, the installed versions), never silently, and tests/test_compat.py checks every name this
+module relies on in seconds, so an upgrade says at once what to revisit.
 
-With several replicas, Keras' `train_step` averages each replica's loss over that replica's
-examples and divides by the number of replicas: every replica weighs the same. The last batch of
-a pass is short (1,257 digits = 19 x 64 + 41) and splits unevenly (21 + 20), so its gradient was
-not the mean over its examples, as on one replica and in the custom loop (the weights differed by
-3e-4 after 20 steps, the test loss by 6.4e-4 relative). The fix weighs each replica's loss by its
-share of the step's examples, for the gradient only (the reported loss already is a mean over
-examples).
+Checked on Keras 3.15.1 and TensorFlow 2.21.0 (pyproject.toml allows TensorFlow >=2.21,<2.22 and
+Keras >=3.10,<4; the `Model.fit` fixes are installed only for `BROKEN_KERAS`, >=3.0,<3.16).
 
-Under MultiWorkerMirroredStrategy with 2+ workers, two functions fail outright
-(keras-team/keras#20585):
+What uses what:
+- `fix_fit_under_strategy`, `fix_multi_worker_fit`: Keras' `TensorFlowTrainer._maybe_symbolic_build`,
+  `.train_step`, `trainer.reduce_per_replica` (replaced), `keras.src` helpers, TensorFlow's
+  `PerReplicaSpec`, `strategy.extended._in_multi_worker_mode()`.
+- `fix_shared_variable_increments`: Keras' TensorFlow `Variable.assign_add`/`assign_sub`
+  (replaced), TensorFlow's `AggregatingVariable` and `CachingVariable`.
+- `flatten_layers`, `seed_generators`: the layers of a model and their seed generators (the
+  backup's random state; fault/backup.py).
+- `after_skipped_step`: the float16 step LossScaleOptimizer skips (optim.py counts it).
+- `learning_rate_setting`: an optimizer's schedule itself, not its value (optim.py, rollbacks).
+- `disable_op_determinism`: the half TensorFlow does not export (train.py).
+- `set_collective_key_base`: MirroredStrategy's collective keys (distribute/strategy.py).
+- `stop_preemption_watchers`: PreemptionCheckpointHandler's threads (fault/preemption.py).
 
-- the same `_maybe_symbolic_build` "reduces" its batch with `strategy.reduce("MEAN", batch,
-  axis=None)`: a cross-worker all-reduce of the whole nested (features, labels) batch, which fails
-  for the integer labels and is pointless (only shapes matter). The build from the element spec
-  has no collective either (where the spec is not plain tensors, it builds from this worker's
-  first local replica batch).
-- `reduce_per_replica(..., reduction="mean")` calls `strategy.reduce("MEAN", v, axis=0)` on each
-  step's scalar metric values; a scalar has no axis 0. The fix reduces scalars with `axis=None`
-  (the mean over replicas, which is what single-worker strategies compute).
-
-The replacements delegate to Keras' own functions outside the cases they fix, and they are
-installed only for the Keras versions in `BROKEN_KERAS`, checked against the installed version.
-tests/test_strategy_equivalence.py fails if the build fix stops working, and
-tests/test_multi_worker.py (`loop=fit` on two real workers) if the multi-worker fix does.
+Hydra's private API (`hydra._internal`, Hydra 1.3.8, pyproject.toml: >=1.3.2,<1.4) stays at its
+call sites: the command line imports it without TensorFlow, and this module imports TensorFlow.
+tests/test_compat.py checks those names too:
+- `hydra._internal.utils.get_args_parser` (cli/main.py, cli/commands.py): Hydra's own argv parser,
+  so the CLI answers `--help` and validates a run before Hydra starts it.
+- `hydra._internal.hydra.Hydra.create_main_hydra2`, `.compose_config`,
+  `hydra._internal.utils.create_automatic_config_search_path`,
+  `.detect_calling_file_or_module_from_task_function` (cli/main.py `_compose_as_hydra`): composes
+  a user's `--config-dir`/`--config-name` exactly as Hydra will.
+- `Hydra.format_args_help` (cli/commands.py `help_text`): Hydra's flags in `--help`.
+- the package `hydra._internal.core_plugins` (config/instantiate.py): Hydra's own plugins,
+  allowed as `hydra.*` targets.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -46,6 +50,78 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 log = logging.getLogger("tfrecipe")
+
+CHECKED_ON = "Keras 3.15.1, TensorFlow 2.21.0"
+
+
+class PrivateAPIMoved(RuntimeError):
+    """A private Keras/TensorFlow name tfrecipe relies on is not where the checked versions had it."""
+
+
+def installed_versions() -> str:
+    return f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
+
+
+def _moved(name: str, user: str) -> PrivateAPIMoved:
+    return PrivateAPIMoved(
+        f"tfrecipe.compat.{user}: {name} does not exist in {installed_versions()} (checked on "
+        f"{CHECKED_ON}); tfrecipe.compat needs updating for this version"
+    )
+
+
+def _private(owner: object, name: str, *, user: str) -> Any:
+    """`owner.<name>`, or `PrivateAPIMoved` naming `user` (the function here that needs it)."""
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        label = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+        raise _moved(f"{label}.{name}", user) from None
+
+
+def _private_import(module: str, name: str, *, user: str) -> Any:
+    """`module.<name>` (a private module), or `PrivateAPIMoved` naming `user`."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise _moved(f"{module}.{name}", user) from None
+
+
+# --- Model.fit under a distribution strategy (Keras >=3.0,<3.16) ------------------------------
+#
+# Under any explicit strategy, `TensorFlowTrainer._maybe_symbolic_build`
+# (`keras/src/backend/tensorflow/trainer.py`) builds the model from one batch that it reads from a
+# throwaway iterator of the training data, then trains on a second iterator. tfrecipe's training
+# data reshuffle on every iteration (`shuffle(seed=..., reshuffle_each_iteration=True)`: the
+# shuffle's seed generator belongs to the dataset and advances with each `iter()`), so `fit` under
+# one_device, mirrored or multi-worker trained on another order than the default strategy (which
+# builds when it traces, from the one iterator it trains on) and than the custom loop: a training
+# loss of 2.20722 instead of 2.10956 after 20 steps of digits. The fix builds the model from the
+# data's element spec: shapes and dtypes are all a build needs, and no iterator is opened.
+#
+# With several replicas, Keras' `train_step` averages each replica's loss over that replica's
+# examples and divides by the number of replicas: every replica weighs the same. The last batch of
+# a pass is short (1,257 digits = 19 x 64 + 41) and splits unevenly (21 + 20), so its gradient was
+# not the mean over its examples, as on one replica and in the custom loop (the weights differed by
+# 3e-4 after 20 steps, the test loss by 6.4e-4 relative). The fix weighs each replica's loss by its
+# share of the step's examples, for the gradient only (the reported loss already is a mean over
+# examples).
+#
+# Under MultiWorkerMirroredStrategy with 2+ workers, two functions fail outright
+# (keras-team/keras#20585):
+#
+# - the same `_maybe_symbolic_build` "reduces" its batch with `strategy.reduce("MEAN", batch,
+#   axis=None)`: a cross-worker all-reduce of the whole nested (features, labels) batch, which fails
+#   for the integer labels and is pointless (only shapes matter). The build from the element spec
+#   has no collective either (where the spec is not plain tensors, it builds from this worker's
+#   first local replica batch).
+# - `reduce_per_replica(..., reduction="mean")` calls `strategy.reduce("MEAN", v, axis=0)` on each
+#   step's scalar metric values; a scalar has no axis 0. The fix reduces scalars with `axis=None`
+#   (the mean over replicas, which is what single-worker strategies compute).
+#
+# The replacements delegate to Keras' own functions outside the cases they fix, and they are
+# installed only for the Keras versions in `BROKEN_KERAS`, checked against the installed version.
+# tests/test_strategy_equivalence.py fails if the build fix stops working, and
+# tests/test_multi_worker.py (`loop=fit` on two real workers) if the multi-worker fix does.
 
 # Keras versions in which Model.fit fails across workers and builds from a throwaway batch under a
 # strategy: measured broken up to 3.15.1 (the newest this project was tested with). Extend this
@@ -61,16 +137,19 @@ def needs_fix(version: str = keras.__version__) -> bool:
 
 
 def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-        strategy.extended._in_multi_worker_mode()
-    )
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    # A MultiWorkerMirroredStrategy of one task is single-worker; TF 2.4-2.21 say which privately.
+    return _private(strategy.extended, "_in_multi_worker_mode", user="fix_multi_worker_fit")()
 
 
 def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    if iterator is None or self._distribute_strategy is None:
+    if iterator is None or _built_under_default_strategy(self):
         return _original["_maybe_symbolic_build"](self, iterator=iterator, data_batch=data_batch)
     strategy = self.distribute_strategy
-    data_batch = _replica_spec(iterator._distributed_dataset.element_spec)
+    # Keras' TFEpochIterator keeps the distributed dataset it iterates (Keras 3.0-3.15).
+    dataset = _private(iterator, "_distributed_dataset", user="fix_fit_under_strategy")
+    data_batch = _replica_spec(dataset.element_spec)
     if data_batch is None:
         if not _is_multi_worker(strategy):
             return _original["_maybe_symbolic_build"](self, iterator=iterator)
@@ -84,13 +163,15 @@ def _replica_spec(element_spec):
     or None where an element is not a plain tensor (ragged, sparse: Keras' own build handles it).
     """
 
-    def replica(spec):
-        from tensorflow.python.distribute.values import PerReplicaSpec
+    per_replica_spec = _private_import(
+        "tensorflow.python.distribute.values", "PerReplicaSpec", user="fix_fit_under_strategy"
+    )  # the spec of a distributed dataset's element: one TensorSpec per replica (TF 2.4-2.21)
 
+    def replica(spec):
         if isinstance(spec, tf.TensorSpec):
             return spec
         parts = tf.nest.flatten(spec, expand_composites=True)  # a PerReplicaSpec's replicas
-        if isinstance(spec, PerReplicaSpec) and all(isinstance(p, tf.TensorSpec) for p in parts):
+        if isinstance(spec, per_replica_spec) and all(isinstance(p, tf.TensorSpec) for p in parts):
             return parts[0]
         raise TypeError(spec)
 
@@ -121,9 +202,9 @@ def _train_step(self, data):
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     if replicas == 1 or self.optimizer is None or not self.trainable_weights:
         return _original["train_step"](self, data)
-    from keras.src import tree
-    from keras.src.losses.loss import unscale_loss_for_distribution
-    from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+    tree = importlib.import_module("keras.src.tree")  # the install checked these (_KERAS_HELPERS)
+    unscale_loss_for_distribution = _keras_helper("unscale_loss_for_distribution")
+    unpack_x_y_sample_weight = _keras_helper("unpack_x_y_sample_weight")
 
     x, y, sample_weight = unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
@@ -137,6 +218,18 @@ def _train_step(self, data):
     gradients = tape.gradient(loss, self.trainable_weights)
     self.optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
     return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+# What `_train_step` (Keras' own train_step, changed) uses of `keras.src` (Keras 3.0-3.15).
+_KERAS_HELPERS = {
+    "flatten": "keras.src.tree",
+    "unscale_loss_for_distribution": "keras.src.losses.loss",
+    "unpack_x_y_sample_weight": "keras.src.trainers.data_adapters.data_adapter_utils",
+}
+
+
+def _keras_helper(name: str) -> Any:
+    return _private_import(_KERAS_HELPERS[name], name, user="fix_fit_under_strategy")
 
 
 def _share_of_step(examples: tf.Tensor, replicas: int, dtype) -> tf.Tensor:
@@ -166,13 +259,21 @@ def fix_fit_under_strategy(model: keras.Model) -> bool:
 
     Idempotent. Returns whether the fix is installed.
     """
-    if model._distribute_strategy is None:
-        return False  # built under the default strategy: Keras builds from the batches it trains on
+    if _built_under_default_strategy(model):
+        return False  # Keras builds from the batches it trains on
     if not _keras_is_known():
         return False
+    for name in _KERAS_HELPERS:
+        _keras_helper(name)  # fails here, before training, where one has moved
     _install("_maybe_symbolic_build", _maybe_symbolic_build)
     _install("train_step", _train_step)
     return True
+
+
+def _built_under_default_strategy(model: keras.Model) -> bool:
+    """Whether `model` was built outside any strategy's scope: the public `distribute_strategy`
+    falls back to the default strategy; Keras 3.0-3.15 keep the one it was built in privately."""
+    return _private(model, "_distribute_strategy", user="fix_fit_under_strategy") is None
 
 
 def fix_multi_worker_fit(strategy: tf.distribute.Strategy) -> bool:
@@ -203,18 +304,15 @@ def _keras_is_known() -> bool:
 
 
 def _install(name: str, replacement) -> None:
-    from keras.src.backend.tensorflow import trainer
-
+    """Replaces Keras' `TensorFlowTrainer.<name>` (or the trainer module's function)."""
     if name in _original:
         return
+    user = "fix_multi_worker_fit" if name == "reduce_per_replica" else "fix_fit_under_strategy"
+    trainer = _private_import("keras.src.backend.tensorflow", "trainer", user=user)
     owner = trainer if name == "reduce_per_replica" else trainer.TensorFlowTrainer
-    _original[name] = getattr(owner, name)
+    _original[name] = _private(owner, name, user=user)
     setattr(owner, name, replacement)
     log.info("installed tfrecipe's fix of Keras' %s", name)
-
-
-def is_installed() -> bool:
-    return bool(_original)
 
 
 # --- Variables shared by replicas: Keras' assign_add is not an increment ---------------------
@@ -241,15 +339,29 @@ _SHARED_STRATEGIES = (
 
 
 def _shared(variable) -> bool:
-    from tensorflow.python.distribute.ps_values import AggregatingVariable, CachingVariable
+    """Whether the TensorFlow variable inside a Keras one (`_value`, Keras 3.0-3.15) is shared."""
+    return isinstance(
+        _private(variable, "_value", user="fix_shared_variable_increments"), _shared_classes()
+    )
 
-    return isinstance(getattr(variable, "_value", None), AggregatingVariable | CachingVariable)
+
+def _shared_classes() -> tuple[type, ...]:
+    """TensorFlow's variables of central storage and parameter servers (TF 2.4-2.21)."""
+    return tuple(
+        _private_import(
+            "tensorflow.python.distribute.ps_values", name, user="fix_shared_variable_increments"
+        )
+        for name in ("AggregatingVariable", "CachingVariable")
+    )
 
 
 def _make_increment(name: str):
     def increment(self, value):
-        from keras.src.backend.common.stateless_scope import in_stateless_scope
-
+        in_stateless_scope = _private_import(
+            "keras.src.backend.common.stateless_scope",
+            "in_stateless_scope",
+            user="fix_shared_variable_increments",
+        )
         if in_stateless_scope() or not _shared(self):
             return _increment_original[name](self, value)
         value = self._convert_to_tensor(value, dtype=self._dtype)
@@ -270,10 +382,84 @@ def fix_shared_variable_increments(strategy: tf.distribute.Strategy) -> bool:
     """
     if not isinstance(strategy, _SHARED_STRATEGIES):
         return False
-    from keras.src.backend.tensorflow.core import Variable
-
+    variable = _private_import(
+        "keras.src.backend.tensorflow.core", "Variable", user="fix_shared_variable_increments"
+    )
+    _shared_classes()  # fails here, before training, where one has moved
     if not _increment_original:
         for name in ("assign_add", "assign_sub"):
-            _increment_original[name] = getattr(Variable, name)
-            setattr(Variable, name, _make_increment(name))
+            _increment_original[name] = getattr(variable, name)
+            setattr(variable, name, _make_increment(name))
     return True
+
+
+# --- Layers and optimizers: no public walk, hook or getter ------------------------------------
+
+
+def flatten_layers(model: keras.Model) -> list[keras.Layer]:
+    """`model` and every layer inside it, nested ones included (`Model.layers` lists only the top
+    level). Keras 3.0-3.15: `Layer._flatten_layers(include_self, recursive)`."""
+    return _private(model, "_flatten_layers", user="flatten_layers")(include_self=True)
+
+
+def seed_generators(layer: keras.Layer) -> list[keras.random.SeedGenerator]:
+    """The seed generators `layer` owns (dropout, random augmentation), whose state a checkpoint
+    of the model does not track. Keras 3.0-3.15: `Layer._seed_generators` (every layer has it)."""
+    return list(_private(layer, "_seed_generators", user="seed_generators"))
+
+
+def after_skipped_step(optimizer: keras.optimizers.LossScaleOptimizer, then) -> None:
+    """Calls `then()` whenever `optimizer` skips a step because its float16 gradients overflowed.
+
+    Keras has no hook for a skipped step: its LossScaleOptimizer calls
+    `self._stateful_handle_non_finite_grads()` (Keras 3.0-3.15) when it traces the step, so an
+    attribute on this instance replaces it for this optimizer only (the class keeps Keras' own).
+    """
+    skip = _private(optimizer, "_stateful_handle_non_finite_grads", user="after_skipped_step")
+
+    def skip_then():
+        skip()
+        then()
+
+    optimizer._stateful_handle_non_finite_grads = skip_then
+
+
+def learning_rate_setting(optimizer: keras.optimizers.Optimizer):
+    """The learning rate `optimizer` was given: the schedule itself, or the variable of a float
+    (the public `learning_rate` gives only a schedule's current value). Keras 3.0-3.15:
+    `BaseOptimizer._learning_rate`."""
+    return _private(optimizer, "_learning_rate", user="learning_rate_setting")
+
+
+# --- TensorFlow: determinism, collective keys, the preemption handler ---------------------------
+
+
+def disable_op_determinism() -> None:
+    """Turns op determinism off (an earlier run in this process may have turned it on).
+    TensorFlow 2.21 exports only the enabling half (`tf.config.experimental.
+    enable_op_determinism`); this half is `tensorflow.python.framework.config` (TF 2.9-2.21)."""
+    module, name = "tensorflow.python.framework.config", "disable_op_determinism"
+    _private_import(module, name, user="disable_op_determinism")()
+
+
+def set_collective_key_base(strategy_class: type[tf.distribute.Strategy], base: int) -> None:
+    """Where the next strategy of `strategy_class` starts its collective keys.
+
+    Each new MirroredStrategy's extended reads its class's `_collective_key_base` (TF 2.4-2.21;
+    TensorFlow's own tests set it, distribute/strategy_combinations.py). Checked to exist first:
+    setting an attribute that TensorFlow no longer has would change nothing, silently.
+    """
+    _private(strategy_class, "_collective_key_base", user="set_collective_key_base")
+    strategy_class._collective_key_base = base
+
+
+def stop_preemption_watchers(
+    handler: tf.distribute.experimental.PreemptionCheckpointHandler,
+) -> None:
+    """Stops the threads `handler` started (the poll of this task's own SIGTERM, the watcher of
+    the cluster's): it has no public close, and a run that ended must not leave them watching.
+    TF 2.12-2.21; each is a no-op where its thread never started, and ignores the errors it
+    expects from a cluster whose peers have gone."""
+    user = "stop_preemption_watchers"
+    _private(handler, "_stop_poll_termination_signal_thread", user=user)()
+    _private(handler, "_stop_cluster_wise_termination_watcher_thread", user=user)()

@@ -6,6 +6,7 @@ import math
 
 import keras
 
+from tfrecipe import compat
 from tfrecipe.config import schema
 
 _OPTIMIZERS = {
@@ -66,13 +67,7 @@ def count_skipped_steps(
     down from 2^15) would resume a run on batches it already used and end it short of its planned
     steps. Only this instance is changed: `model.keras` still names Keras' own class.
     """
-    skip = optimizer._stateful_handle_non_finite_grads  # Keras has no hook for a skipped step
-
-    def skip_and_count():
-        skip()
-        optimizer.iterations.assign_add(1)
-
-    optimizer._stateful_handle_non_finite_grads = skip_and_count
+    compat.after_skipped_step(optimizer, lambda: optimizer.iterations.assign_add(1))
     return optimizer
 
 
@@ -114,7 +109,7 @@ def base_learning_rate(
     optimizer: keras.optimizers.Optimizer,
 ) -> float | keras.optimizers.schedules.LearningRateSchedule:
     """The learning rate `optimizer` trains with now: its schedule, or the float's value."""
-    schedule = _inner(optimizer)._learning_rate  # no public getter: the property gives the value
+    schedule = compat.learning_rate_setting(_inner(optimizer))
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return schedule
     return float(keras.ops.convert_to_numpy(schedule))

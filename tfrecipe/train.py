@@ -21,9 +21,8 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from tensorflow.python.framework import config as tf_config
 
-from tfrecipe import factory, optim, rundir
+from tfrecipe import compat, factory, optim, rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks, progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.data.distribute import distribute as distribute_dataset
@@ -71,7 +70,7 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
         tf.config.experimental.enable_op_determinism()
     else:
         # TensorFlow 2.21 exports only the enabling half (no tf.config...disable_op_determinism).
-        tf_config.disable_op_determinism()
+        compat.disable_op_determinism()
 
 
 def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:

@@ -59,7 +59,9 @@ def _fresh_collective_keys(strategy_class: type) -> None:
     mismatch in the collective instance". TensorFlow's own tests move the same class attribute
     for each strategy they build (tensorflow/python/distribute/strategy_combinations.py).
     """
-    strategy_class._collective_key_base = 100_000 * next(_strategies_built)
+    from tfrecipe import compat  # imports Keras, as the other fixes' imports here do
+
+    compat.set_collective_key_base(strategy_class, 100_000 * next(_strategies_built))
 
 
 def _cross_device_ops(name: str, num_packs: int) -> tf.distribute.CrossDeviceOps | None:

@@ -35,6 +35,8 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from tfrecipe import compat
+
 # A restore needs the optimizer's variables; they are built as the loops build them.
 from tfrecipe.loops.objective import build_optimizer as build_optimizer
 from tfrecipe.outcome import BACKUP_DIR
@@ -81,8 +83,8 @@ def _rng_states(model: keras.Model) -> dict[str, tf.Variable]:
     layers): a checkpoint of the model alone does not track them, and a restored run would
     draw other masks than the interrupted one."""
     states = {}
-    for layer in model._flatten_layers(include_self=True):  # Keras has no public walk
-        for index, generator in enumerate(getattr(layer, "_seed_generators", ())):
+    for layer in compat.flatten_layers(model):
+        for index, generator in enumerate(compat.seed_generators(layer)):
             states[f"{layer.name}-{index}"] = generator.state.value
     return states
 

@@ -177,11 +177,13 @@ def _handler_watcher(
         )
 
     def close() -> None:
-        with contextlib.suppress(Exception):
-            handler._stop_poll_termination_signal_thread()  # no public way to stop them
-            handler._stop_cluster_wise_termination_watcher_thread()
-        restore_handler()
-        _remove(scratch)
+        from tfrecipe import compat
+
+        try:
+            compat.stop_preemption_watchers(handler)
+        finally:  # the signal handlers and the scratch directory go back even where that failed
+            restore_handler()
+            _remove(scratch)
 
     return Watcher(handler.save_checkpoint_if_preempted, close)
 
