@@ -26,7 +26,29 @@ def build_model(run: schema.RunConfig, info):
     )
 
 
-def compile_model(model, *, optimizer=None, steps_per_execution: int = 1) -> None:
+# A model below this many parameters takes a small fraction of a millisecond per example, so a
+# training step costs about as much as the Python (callbacks, dispatch) around it: several steps
+# per call pay that once. Above it one step per call loses nothing and keeps hooks per step.
+SMALL_MODEL_PARAMS = 1_000_000
+MAX_STEPS_PER_CALL = 32
+
+
+def steps_per_call(requested: int | str, *, num_params: int, steps_per_epoch: int) -> int:
+    """`batching.steps_per_execution` / `loop.steps_per_loop`, with "auto" resolved: for a small
+    model the largest divisor of `steps_per_epoch` up to MAX_STEPS_PER_CALL (a divisor: `fit`'s
+    last call of an epoch would otherwise run past the epoch on endless data), else 1. It depends
+    on the config and the model only, so every replica and worker picks the same."""
+    if requested != "auto":
+        return int(requested)
+    if num_params >= SMALL_MODEL_PARAMS:
+        return 1
+    cap = min(MAX_STEPS_PER_CALL, steps_per_epoch)
+    return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
+
+
+def compile_model(
+    model, *, optimizer=None, steps_per_execution: int = 1, jit_compile: bool | str = "auto"
+) -> None:
     """Every model trains and is scored on sparse categorical cross-entropy from logits and
     accuracy, under Keras' own names (`loss`, `accuracy`)."""
     import keras
@@ -36,4 +58,5 @@ def compile_model(model, *, optimizer=None, steps_per_execution: int = 1) -> Non
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
     )

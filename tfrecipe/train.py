@@ -149,6 +149,7 @@ def _train(
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
     summary["resumed_from_step"] = resumed.step if resumed else None
+    summary.update(_how_it_runs(run, model, steps_per_epoch))
     if resumed:
         summary["rollbacks"] = recovery.resume(model, backup_dir.parent, resumed.step)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -195,8 +196,10 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
     cluster.maybe_crash_for_test(task)
     seed_everything(run.seed, deterministic=run.deterministic)
+    # auto on a cluster: float32, since workers on different machines could pick differently.
+    policy = run.precision.policy
     set_precision(
-        run.precision.policy,
+        "float32" if policy == "auto" and task.type is not None else policy,
         require_native=run.precision.require_native,
         device_kinds=device_kinds(strategy),
     )
@@ -279,9 +282,35 @@ def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, gl
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(
-            model, optimizer=optimizer, steps_per_execution=run.batching.steps_per_execution
+            model,
+            optimizer=optimizer,
+            steps_per_execution=_steps_per_call(run, model, steps_per_epoch)
+            if run.loop.name == "fit"
+            else 1,
+            jit_compile=run.batching.jit_compile,
         )
     return model
+
+
+def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int) -> int:
+    """The loop's steps per `tf.function` call (fit: steps_per_execution, custom: steps_per_loop)."""
+    requested = (
+        run.batching.steps_per_execution if run.loop.name == "fit" else run.loop.steps_per_loop
+    )
+    return factory.steps_per_call(
+        requested, num_params=model.count_params(), steps_per_epoch=steps_per_epoch
+    )
+
+
+def _how_it_runs(run: schema.RunConfig, model, steps_per_epoch: int) -> dict[str, Any]:
+    """What the `auto` knobs picked, for summary.json: a run says how it ran."""
+    import keras
+
+    return {
+        "precision": keras.mixed_precision.global_policy().name,
+        "steps_per_execution": _steps_per_call(run, model, steps_per_epoch),
+        "jit_compile": bool(model.jit_compile),
+    }
 
 
 def _initial_summary(
@@ -381,7 +410,7 @@ def _run_loop(
         steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
-        steps_per_loop=run.loop.steps_per_loop,
+        steps_per_loop=_steps_per_call(run, model, inputs.steps_per_epoch),
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         initial_step=start_step,
     )
@@ -402,11 +431,14 @@ def _run_loop(
         # The seeded stream from the restored step on, as a resumed run reads it.
         options = dataclasses.replace(options, initial_step=step)
         train_data = inputs.train_from(step)
-    if inputs.test is not None:
-        summary["test"] = loop.evaluate(model, inputs.test)
-    # model.keras whatever the formats: `tfrecipe evaluate` reads it.
-    rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
-    rundir.plot_curves(run_dir, history.rows)
+    plotting = rundir.plot_curves_in_background(run_dir, history.rows)  # beside what follows
+    try:
+        if inputs.test is not None:
+            summary["test"] = loop.evaluate(model, inputs.test)
+        # model.keras whatever the formats: `tfrecipe evaluate` reads it.
+        rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
+    finally:
+        plotting.join()
 
 
 def _finish(
