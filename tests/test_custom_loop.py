@@ -280,3 +280,26 @@ def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, 
 
     with pytest.raises(ConfigError, match=message):
         validate(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize(
+    ("num_params", "steps_per_epoch", "expected"),
+    [(50_000, 20, 20), (50_000, 40, 20), (50_000, 29, 1), (50_000, 3, 3), (5_000_000, 20, 1)],
+)
+def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
+    num_params, steps_per_epoch, expected
+):
+    from tfrecipe.factory import steps_per_call
+
+    assert steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
+    assert steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+
+
+def test_summary_says_how_the_run_ran(train_run):
+    """steps_per_execution=auto on the small default CNN: steps per call divide the epoch and
+    the run still takes exactly epochs x steps_per_epoch optimizer steps."""
+    summary, _ = train_run()  # TINY: 2 epochs of 3 steps
+    assert summary["steps_per_execution"] == 3
+    assert summary["steps_completed"] == 2 * 3
+    assert summary["jit_compile"] is False  # Keras' auto: no XLA on a CPU-only machine
+    assert summary["precision"] == "float32"

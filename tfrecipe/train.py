@@ -297,9 +297,17 @@ def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int) -> int:
     requested = (
         run.batching.steps_per_execution if run.loop.name == "fit" else run.loop.steps_per_loop
     )
+    if requested == "auto" and run.loop.name == "fit" and _replicas(model) > 1:
+        # Keras 3.15's multi-step fit fails across replicas (TF 2.21, MirroredStrategy: "You
+        # must feed a value for placeholder tensor 'while/cond/Placeholder'").
+        return 1
     return factory.steps_per_call(
         requested, num_params=model.count_params(), steps_per_epoch=steps_per_epoch
     )
+
+
+def _replicas(model) -> int:
+    return model.distribute_strategy.num_replicas_in_sync
 
 
 def _how_it_runs(run: schema.RunConfig, model, steps_per_epoch: int) -> dict[str, Any]:
