@@ -284,15 +284,25 @@ def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, 
 
 @pytest.mark.parametrize(
     ("num_params", "steps_per_epoch", "expected"),
-    [(50_000, 20, 20), (50_000, 40, 20), (50_000, 29, 1), (50_000, 3, 3), (5_000_000, 20, 1)],
+    [(50_000, 20, 20), (50_000, 40, 20), (50_000, 29, 29), (50_000, 37, 1), (50_000, 3, 3), (5_000_000, 20, 1)],
 )
 def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
     num_params, steps_per_epoch, expected
 ):
     from tfrecipe.factory import steps_per_call
 
-    assert steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
+    assert (
+        steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
+    )
     assert steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+
+
+def test_auto_steps_per_call_also_divide_the_rest_of_a_restored_epoch():
+    from tfrecipe.factory import steps_per_call
+
+    # resumed at step 46 of 20-step epochs: 14 steps left in epoch 3, then whole epochs
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=46) == 2
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=40) == 20
 
 
 def test_summary_says_how_the_run_ran(train_run):

@@ -3,6 +3,8 @@ sidecar evaluator (which must build exactly what training built)."""
 
 from __future__ import annotations
 
+import math
+
 from tfrecipe import schema
 from tfrecipe.instantiate import instantiate
 
@@ -33,17 +35,20 @@ SMALL_MODEL_PARAMS = 1_000_000
 MAX_STEPS_PER_CALL = 32
 
 
-def steps_per_call(requested: int | str, *, num_params: int, steps_per_epoch: int) -> int:
+def steps_per_call(
+    requested: int | str, *, num_params: int, steps_per_epoch: int, start_step: int = 0
+) -> int:
     """`batching.steps_per_execution` / `loop.steps_per_loop`, with "auto" resolved: for a small
-    model the largest divisor of `steps_per_epoch` up to MAX_STEPS_PER_CALL (a divisor: `fit`'s
-    last call of an epoch would otherwise run past the epoch on endless data), else 1. It depends
-    on the config and the model only, so every replica and worker picks the same."""
+    model the largest number up to MAX_STEPS_PER_CALL that divides `steps_per_epoch` and the
+    steps left in the epoch a restored run starts in (`fit`'s last call of an epoch would
+    otherwise run past the epoch on endless data), else 1. It depends on the config, the model
+    and the restored step only, so every replica and worker picks the same."""
     if requested != "auto":
         return int(requested)
     if num_params >= SMALL_MODEL_PARAMS:
         return 1
-    cap = min(MAX_STEPS_PER_CALL, steps_per_epoch)
-    return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
+    period = math.gcd(steps_per_epoch, start_step % steps_per_epoch)
+    return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
 
 
 def compile_model(

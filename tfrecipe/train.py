@@ -145,11 +145,13 @@ def _train(
     )
     resumed = _restore(run, model, backup_dir)
     start_step = resumed.step if resumed else 0
+    if run.loop.name == "fit":  # a restored step mid-epoch: calls must also divide the rest
+        model.steps_per_execution = _steps_per_call(run, model, steps_per_epoch, start_step)
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, run_dir)
     summary["resumed_from_step"] = resumed.step if resumed else None
-    summary.update(_how_it_runs(run, model, steps_per_epoch))
+    summary.update(_how_it_runs(run, model, steps_per_epoch, start_step))
     if resumed:
         summary["rollbacks"] = recovery.resume(model, backup_dir.parent, resumed.step)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -292,7 +294,7 @@ def _build_model(run: schema.RunConfig, strategy, info, steps_per_epoch: int, gl
     return model
 
 
-def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int) -> int:
+def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_step: int = 0) -> int:
     """The loop's steps per `tf.function` call (fit: steps_per_execution, custom: steps_per_loop)."""
     requested = (
         run.batching.steps_per_execution if run.loop.name == "fit" else run.loop.steps_per_loop
@@ -302,7 +304,10 @@ def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int) -> int:
         # must feed a value for placeholder tensor 'while/cond/Placeholder'").
         return 1
     return factory.steps_per_call(
-        requested, num_params=model.count_params(), steps_per_epoch=steps_per_epoch
+        requested,
+        num_params=model.count_params(),
+        steps_per_epoch=steps_per_epoch,
+        start_step=start_step,
     )
 
 
@@ -310,13 +315,15 @@ def _replicas(model) -> int:
     return model.distribute_strategy.num_replicas_in_sync
 
 
-def _how_it_runs(run: schema.RunConfig, model, steps_per_epoch: int) -> dict[str, Any]:
+def _how_it_runs(
+    run: schema.RunConfig, model, steps_per_epoch: int, start_step: int
+) -> dict[str, Any]:
     """What the `auto` knobs picked, for summary.json: a run says how it ran."""
     import keras
 
     return {
         "precision": keras.mixed_precision.global_policy().name,
-        "steps_per_execution": _steps_per_call(run, model, steps_per_epoch),
+        "steps_per_execution": _steps_per_call(run, model, steps_per_epoch, start_step),
         "jit_compile": bool(model.jit_compile),
     }
 
@@ -418,7 +425,7 @@ def _run_loop(
         steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=run.loop.verbose if run.callbacks.progress.enabled else 0,
-        steps_per_loop=_steps_per_call(run, model, inputs.steps_per_epoch),
+        steps_per_loop=_steps_per_call(run, model, inputs.steps_per_epoch, start_step),
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         initial_step=start_step,
     )
