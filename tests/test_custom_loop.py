@@ -284,7 +284,14 @@ def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, 
 
 @pytest.mark.parametrize(
     ("num_params", "steps_per_epoch", "expected"),
-    [(50_000, 20, 20), (50_000, 40, 20), (50_000, 29, 29), (50_000, 37, 1), (50_000, 3, 3), (5_000_000, 20, 1)],
+    [
+        (50_000, 20, 20),
+        (50_000, 40, 20),
+        (50_000, 29, 29),
+        (50_000, 37, 1),
+        (50_000, 3, 3),
+        (5_000_000, 20, 1),
+    ],
 )
 def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
     num_params, steps_per_epoch, expected
