@@ -312,10 +312,18 @@ def test_auto_steps_per_call_also_divide_the_rest_of_a_restored_epoch():
     assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=40) == 20
 
 
+def test_auto_steps_per_call_keep_the_steps_hooks_were_asked_for():
+    from tfrecipe.factory import steps_per_call
+
+    # backups every 3 steps in 5-step epochs: one step per call; a step log every 10 of 20: 10
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=5, hook_intervals=(3,)) == 1
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, hook_intervals=(10,)) == 10
+
+
 def test_summary_says_how_the_run_ran(train_run):
     """steps_per_execution=auto on the small default CNN: steps per call divide the epoch and
     the run still takes exactly epochs x steps_per_epoch optimizer steps."""
-    summary, _ = train_run()  # TINY: 2 epochs of 3 steps
+    summary, _ = train_run("logger.csv.every_n_steps=3")  # TINY: 2 epochs of 3 steps
     assert summary["steps_per_execution"] == 3
     assert summary["steps_completed"] == 2 * 3
     assert summary["jit_compile"] is False  # Keras' auto: no XLA on a CPU-only machine

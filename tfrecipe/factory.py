@@ -36,18 +36,24 @@ MAX_STEPS_PER_CALL = 32
 
 
 def steps_per_call(
-    requested: int | str, *, num_params: int, steps_per_epoch: int, start_step: int = 0
+    requested: int | str,
+    *,
+    num_params: int,
+    steps_per_epoch: int,
+    start_step: int = 0,
+    hook_intervals: tuple[int, ...] = (),
 ) -> int:
     """`batching.steps_per_execution` / `loop.steps_per_loop`, with "auto" resolved: for a small
-    model the largest number up to MAX_STEPS_PER_CALL that divides `steps_per_epoch` and the
-    steps left in the epoch a restored run starts in (`fit`'s last call of an epoch would
-    otherwise run past the epoch on endless data), else 1. It depends on the config, the model
-    and the restored step only, so every replica and worker picks the same."""
+    model the largest number up to MAX_STEPS_PER_CALL that divides `steps_per_epoch`, the steps
+    left in the epoch a restored run starts in (`fit`'s last call of an epoch would otherwise run
+    past the epoch on endless data) and every step interval a per-step hook was asked for
+    (`hook_intervals`: backups, step logs keep their steps); else 1. It depends on the config,
+    the model and the restored step only, so every replica and worker picks the same."""
     if requested != "auto":
         return int(requested)
     if num_params >= SMALL_MODEL_PARAMS:
         return 1
-    period = math.gcd(steps_per_epoch, start_step % steps_per_epoch)
+    period = math.gcd(steps_per_epoch, start_step % steps_per_epoch, *hook_intervals)
     return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
 
 

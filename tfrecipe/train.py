@@ -308,7 +308,25 @@ def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_st
         num_params=model.count_params(),
         steps_per_epoch=steps_per_epoch,
         start_step=start_step,
+        hook_intervals=_hook_intervals(run),
     )
+
+
+def _hook_intervals(run: schema.RunConfig) -> tuple[int, ...]:
+    """The step intervals per-batch hooks were configured at (a call boundary is a step's)."""
+    backup = run.callbacks.backup
+    # periodic backups as _fault_tolerance decides (on a cluster, every process is a task)
+    rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0
+    periodic = backup.enabled if backup.enabled is not None else run.cluster.name != "none"
+    intervals = [backup.every_n_steps] if periodic or rolls_back else []
+    if run.logger.csv is not None:
+        intervals.append(run.logger.csv.every_n_steps)
+    if run.logger.wandb is not None and run.logger.wandb.log_every_n_steps:
+        intervals.append(run.logger.wandb.log_every_n_steps)
+    if run.logger.tensorboard is not None and run.logger.tensorboard.update_freq != "epoch":
+        update = run.logger.tensorboard.update_freq
+        intervals.append(1 if update == "batch" else update)
+    return tuple(intervals)
 
 
 def _replicas(model) -> int:
