@@ -328,3 +328,13 @@ def test_summary_says_how_the_run_ran(train_run):
     assert summary["steps_completed"] == 2 * 3
     assert summary["jit_compile"] is False  # Keras' auto: no XLA on a CPU-only machine
     assert summary["precision"] == "float32"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fit", "custom"])
+def test_deterministic_runs_with_auto_steps_per_call_reproduce_to_the_bit(train_run, name):
+    overrides = [f"loop={name}", "deterministic=true", "logger.csv.every_n_steps=3"]
+    first, _ = train_run(*overrides)
+    second, _ = train_run(*overrides)
+    assert first["steps_per_execution"] == 3  # several steps per call (TINY: 3-step epochs)
+    assert first["metrics"] == second["metrics"] and first["test"] == second["test"]
