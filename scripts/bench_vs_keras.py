@@ -3,6 +3,8 @@
     python scripts/bench_vs_keras.py                      # both jobs, 5 repeats
     python scripts/bench_vs_keras.py --jobs mlp --repeats 7
     python scripts/bench_vs_keras.py -- batching.steps_per_execution=1   # a knob on tfrecipe's side
+    python scripts/bench_vs_keras.py --knobs --jobs cnn --repeats 3      # the per-knob table
+    python scripts/bench_vs_keras.py --bf16 --repeats 3                  # bf16 vs fp32, ResNet
 
 Two jobs on the bundled digits (the same stratified 70/10/20 split, seed 0, on both sides):
 
@@ -136,6 +138,58 @@ def run_tfrecipe(job: str, run_dir: Path, extra: list[str]) -> dict:
     }
 
 
+# The per-knob table: tfrecipe's side alone, each mean alone against all of them off.
+KNOBS = {
+    "all off (seed-style)": ["batching.steps_per_execution=1", "precision=fp32"],
+    "steps_per_execution=auto": ["batching.steps_per_execution=auto", "precision=fp32"],
+    "jit_compile=true": [
+        "batching.steps_per_execution=1",
+        "batching.jit_compile=true",
+        "precision=fp32",
+    ],
+    "precision=auto": ["batching.steps_per_execution=1", "precision=auto"],
+    "defaults": [],
+    "defaults + precision=auto": ["precision=auto"],
+}
+
+# Goal 3: the cifar10_resnet_bf16 recipe's model on synthetic CIFAR-shaped data, fp32 vs bf16.
+BF16_JOB = [
+    "recipe=cifar10_resnet_bf16",
+    "dataset=synthetic",
+    "dataset.num_examples=2560",
+    "dataset.shape=[32,32,3]",
+    "dataset.num_classes=10",
+    "loop.epochs=3",
+    "loop.verbose=0",
+]
+BF16_SIDES = {"float32": ["precision=fp32"], "mixed_bfloat16": ["precision=mixed_bfloat16"]}
+
+
+def run_sides(job: str, sides: dict[str, list[str]], repeats: int, tmp: str) -> None:
+    """tfrecipe only, one process per side and repeat, the order rotated each repeat."""
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    names = list(sides)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            run_dir = Path(tmp, f"{job}-{len(results[name])}-{names.index(name)}")
+            results[name].append(run_tfrecipe(job, run_dir, sides[name]))
+        print(f"{job} repeat {repeat + 1}/{repeats} done", flush=True)
+    print(f"\n{job}: tfrecipe per knob, median (range) over {repeats} repeats")
+    base = results[names[0]]
+    print(f"{'':28} {'wall, s':>20} {'examples/s':>20} {'x ' + names[0]:>20} {'test acc':>8}")
+    for name in names:
+        rows = results[name]
+        ratios = [
+            r["examples_per_sec"] / b["examples_per_sec"] for r, b in zip(rows, base, strict=True)
+        ]
+        print(
+            f"{name:28} {_spread([r['wall_s'] for r in rows], '.2f'):>20} "
+            f"{_spread([r['examples_per_sec'] for r in rows], '.0f'):>20} "
+            f"{_spread(ratios, '.2f'):>20} "
+            f"{statistics.median(r['test_accuracy'] for r in rows):8.4f}  {rows[-1]['picked']}"
+        )
+
+
 def _cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -169,12 +223,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["mlp", "cnn"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--knobs", action="store_true", help="tfrecipe alone, per knob")
+    parser.add_argument("--bf16", action="store_true", help="ResNet, fp32 vs mixed_bfloat16")
     parser.add_argument("overrides", nargs="*", help="extra overrides for tfrecipe's side")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the same console noise on both sides
 
     print(f"{_cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.bf16:
+            if "avx512_bf16" not in Path("/proc/cpuinfo").read_text().split():
+                print("this CPU has no native bfloat16 (AVX512_BF16): the bf16 ratio is skipped")
+                return
+            JOBS["resnet"] = (BF16_JOB, [])
+            run_sides("resnet", BF16_SIDES, args.repeats, tmp)
+            print(f"load average after: {os.getloadavg()}")
+            return
+        if args.knobs:
+            for job in args.jobs:
+                run_sides(
+                    job, {k: [*v, *args.overrides] for k, v in KNOBS.items()}, args.repeats, tmp
+                )
+            print(f"load average after: {os.getloadavg()}")
+            return
         for job in args.jobs:
             results: dict[str, list[dict]] = {"hand": [], "tfrecipe": []}
             for repeat in range(args.repeats):
@@ -192,6 +264,7 @@ def main() -> None:
                     flush=True,
                 )
             report(job, results)
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

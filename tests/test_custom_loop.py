@@ -295,3 +295,61 @@ def test_every_loop_is_called_the_same_way():
     for name in ("run", "evaluate"):
         for loop in (fit, custom, parameter_server):
             assert parameters(getattr(loop, name)) == parameters(getattr(Loop, name)), loop
+
+
+@pytest.mark.parametrize(
+    ("num_params", "steps_per_epoch", "expected"),
+    [
+        (50_000, 20, 20),
+        (50_000, 40, 20),
+        (50_000, 29, 29),
+        (50_000, 37, 1),
+        (50_000, 3, 3),
+        (5_000_000, 20, 1),
+    ],
+)
+def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
+    num_params, steps_per_epoch, expected
+):
+    from tfrecipe.factory import steps_per_call
+
+    assert (
+        steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
+    )
+    assert steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+
+
+def test_auto_steps_per_call_also_divide_the_rest_of_a_restored_epoch():
+    from tfrecipe.factory import steps_per_call
+
+    # resumed at step 46 of 20-step epochs: 14 steps left in epoch 3, then whole epochs
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=46) == 2
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=40) == 20
+
+
+def test_auto_steps_per_call_keep_the_steps_hooks_were_asked_for():
+    from tfrecipe.factory import steps_per_call
+
+    # backups every 3 steps in 5-step epochs: one step per call; a step log every 10 of 20: 10
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=5, hook_intervals=(3,)) == 1
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, hook_intervals=(10,)) == 10
+
+
+def test_summary_says_how_the_run_ran(train_run):
+    """steps_per_execution=auto on the small default CNN: steps per call divide the epoch and
+    the run still takes exactly epochs x steps_per_epoch optimizer steps."""
+    summary, _ = train_run("logger.csv.every_n_steps=3")  # TINY: 2 epochs of 3 steps
+    assert summary["steps_per_execution"] == 3
+    assert summary["steps_completed"] == 2 * 3
+    assert summary["jit_compile"] is False  # Keras' auto: no XLA on a CPU-only machine
+    assert summary["precision"] == "float32"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fit", "custom"])
+def test_deterministic_runs_with_auto_steps_per_call_reproduce_to_the_bit(train_run, name):
+    overrides = [f"loop={name}", "deterministic=true", "logger.csv.every_n_steps=3"]
+    first, _ = train_run(*overrides)
+    second, _ = train_run(*overrides)
+    assert first["steps_per_execution"] == 3  # several steps per call (TINY: 3-step epochs)
+    assert first["metrics"] == second["metrics"] and first["test"] == second["test"]

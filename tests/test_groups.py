@@ -192,7 +192,10 @@ def _check_dataset(option, summary, run_dir):
 def _check_precision(option, summary, run_dir):
     import keras
 
-    policy = load_yaml("precision", option).policy
+    from tfrecipe.precision import resolve_policy
+
+    # summary.json says what ran: auto as this machine resolves it
+    policy = resolve_policy(load_yaml("precision", option).policy, {"CPU"})
     assert summary["precision"] == policy
     model = keras.saving.load_model(run_dir / "model.keras")
     hidden = [layer for layer in model.layers if layer.weights and layer.name != "logits"]

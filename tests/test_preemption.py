@@ -45,8 +45,10 @@ def _summary(run_dir: Path) -> dict:
 @pytest.mark.parametrize(
     "overrides",
     [
-        ("loop=fit",),
-        ("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom"),
+        # 2 steps per call: a signal still lands on the exact step saved (auto would run the
+        # tiny model's epoch in 2 calls, too fast to signal mid-epoch)
+        ("loop=fit", "batching.steps_per_execution=2"),
+        ("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom", "loop.steps_per_loop=2"),
         # SIGTERM to the launcher reaches both workers; they agree on a step, save, exit 75.
         ("strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2", "loop=fit"),
     ],

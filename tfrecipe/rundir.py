@@ -231,13 +231,14 @@ def read_history(run_dir: Path) -> list[dict[str, float]]:
 
 
 def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
-    """curves.png: loss and accuracy per epoch, training and validation."""
-    import matplotlib
+    """curves.png: loss and accuracy per epoch, training and validation.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Draws on a bare `Figure` (no pyplot: its global state is not thread-safe, and it costs an
+    import), so it can run beside the test evaluation (`plot_curves_in_background`)."""
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for name, style in ((metric, "-"), (f"val_{metric}", "--")):
             points = [(row["epoch"], row[name]) for row in rows if row.get(name) is not None]
@@ -251,5 +252,15 @@ def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
     atomic_write(run_dir / "curves.png", buffer.getvalue())
+
+
+def plot_curves_in_background(run_dir: Path, rows: Sequence[Mapping[str, float]]):
+    """Starts `plot_curves` on a copy of `rows` in a thread (TensorFlow's evaluation and export
+    leave the interpreter free); returns the thread to join before the run reports done."""
+    import threading
+
+    rows = [dict(row) for row in rows]
+    thread = threading.Thread(target=plot_curves, args=(run_dir, rows), name="plot_curves")
+    thread.start()
+    return thread

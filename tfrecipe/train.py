@@ -179,9 +179,12 @@ def _train_steps(
     policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
     resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
     start_step = resumed.step if resumed else 0
+    if run.loop.name == "fit":  # a restored step mid-epoch: calls must also divide the rest
+        model.steps_per_execution = _steps_per_call(run, model, steps_per_epoch, start_step)
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
+    summary.update(_how_it_runs(run, model, steps_per_epoch, start_step))
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -262,8 +265,10 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task) -> tf.distribute.
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
     cluster.maybe_crash_for_test(task)
     seed_everything(run.seed, deterministic=run.deterministic)
+    # auto on a cluster: float32, since workers on different machines could pick differently.
+    policy = run.precision.policy
     set_precision(
-        run.precision.policy,
+        "float32" if policy == "auto" and task.type is not None else policy,
         require_native=run.precision.require_native,
         device_kinds=device_kinds(strategy),
     )
@@ -349,9 +354,68 @@ def _build_model(
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(
-            model, optimizer=optimizer, steps_per_execution=run.batching.steps_per_execution
+            model,
+            optimizer=optimizer,
+            steps_per_execution=_steps_per_call(run, model, steps_per_epoch)
+            if run.loop.name == "fit"
+            else 1,
+            jit_compile=run.batching.jit_compile,
         )
     return model
+
+
+def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_step: int = 0) -> int:
+    """The loop's steps per `tf.function` call (fit: steps_per_execution, custom: steps_per_loop)."""
+    requested = (
+        run.batching.steps_per_execution if run.loop.name == "fit" else run.loop.steps_per_loop
+    )
+    if run.strategy.name == "parameter_server":
+        return 1  # ClusterCoordinator schedules one step per closure
+    if requested == "auto" and run.loop.name == "fit" and _replicas(model) > 1:
+        # Keras 3.15's multi-step fit fails across replicas (TF 2.21, MirroredStrategy: "You
+        # must feed a value for placeholder tensor 'while/cond/Placeholder'").
+        return 1
+    return factory.steps_per_call(
+        requested,
+        num_params=model.count_params(),
+        steps_per_epoch=steps_per_epoch,
+        start_step=start_step,
+        hook_intervals=_hook_intervals(run),
+    )
+
+
+def _hook_intervals(run: schema.RunConfig) -> tuple[int, ...]:
+    """The step intervals per-batch hooks were configured at (a call boundary is a step's)."""
+    backup = run.callbacks.backup
+    # periodic backups as _fault_tolerance decides (on a cluster, every process is a task)
+    rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0
+    periodic = backup.enabled if backup.enabled is not None else run.cluster.name != "none"
+    intervals = [backup.every_n_steps] if periodic or rolls_back else []
+    if run.logger.csv is not None:
+        intervals.append(run.logger.csv.every_n_steps)
+    if run.logger.wandb is not None and run.logger.wandb.log_every_n_steps:
+        intervals.append(run.logger.wandb.log_every_n_steps)
+    if run.logger.tensorboard is not None and run.logger.tensorboard.update_freq != "epoch":
+        update = run.logger.tensorboard.update_freq
+        intervals.append(1 if update == "batch" else update)
+    return tuple(intervals)
+
+
+def _replicas(model) -> int:
+    return model.distribute_strategy.num_replicas_in_sync
+
+
+def _how_it_runs(
+    run: schema.RunConfig, model, steps_per_epoch: int, start_step: int
+) -> dict[str, Any]:
+    """What the `auto` knobs picked, for summary.json: a run says how it ran."""
+    import keras
+
+    return {
+        "precision": keras.mixed_precision.global_policy().name,
+        "steps_per_execution": _steps_per_call(run, model, steps_per_epoch, start_step),
+        "jit_compile": bool(model.jit_compile),
+    }
 
 
 def _initial_summary(
@@ -439,7 +503,8 @@ def _run_loop(
 ) -> None:
     """Trains with the configured loop (again from a backup after each rollback), then evaluates
     the test split and exports the model."""
-    options = _loop_options(run, inputs)
+    steps_per_loop = _steps_per_call(run, model, inputs.steps_per_epoch, start_step)
+    options = _loop_options(run, inputs, steps_per_loop)
     name = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = _LOOPS[name]
     callbacks = [*monitors.callbacks, *protection.callbacks]
@@ -459,20 +524,23 @@ def _run_loop(
         rollbacks=summary["rollbacks"],
         on_rollback=lambda: rundir.write_summary(run_dir, summary),
     )
-    if inputs.test is not None:
-        summary["test"] = loop.evaluate(model, inputs.test)
-    # model.keras whatever the formats: `tfrecipe evaluate` reads it.
-    rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
-    rundir.plot_curves(run_dir, monitors.history.rows)
+    plotting = rundir.plot_curves_in_background(run_dir, monitors.history.rows)  # beside these
+    try:
+        if inputs.test is not None:
+            summary["test"] = loop.evaluate(model, inputs.test)
+        # model.keras whatever the formats: `tfrecipe evaluate` reads it.
+        rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
+    finally:
+        plotting.join()
 
 
-def _loop_options(run: schema.RunConfig, inputs: _Inputs) -> LoopOptions:
+def _loop_options(run: schema.RunConfig, inputs: _Inputs, steps_per_loop: int) -> LoopOptions:
     return LoopOptions(
         epochs=run.loop.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
         validation_freq=run.loop.validation_freq,
         verbose=progress_verbosity(run.loop.verbose, enabled=run.callbacks.progress.enabled),
-        steps_per_loop=run.loop.steps_per_loop,
+        steps_per_loop=steps_per_loop,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         train_data_from=inputs.train_from,
     )

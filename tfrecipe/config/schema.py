@@ -112,7 +112,8 @@ class Target(BaseModel):
 
 # --- precision, batching, optimizer ---------------------------------------------------------------
 class Precision(_Schema):
-    policy: Literal["float32", "mixed_bfloat16", "mixed_float16"]
+    # auto: mixed_bfloat16 where the hardware runs it natively, else float32 (tfrecipe.precision)
+    policy: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
     require_native: bool = True
 
 
@@ -122,7 +123,10 @@ class Batching(_Schema):
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     lr_reference_batch_size: PositiveInt | None = None
     drop_remainder: bool = False
-    steps_per_execution: PositiveInt = 1
+    # auto: several steps per call for small models, 1 for large ones (train.steps_per_call)
+    steps_per_execution: PositiveInt | Literal["auto"] = "auto"
+    # auto: Keras' choice (XLA where the model supports it, never on a CPU-only machine)
+    jit_compile: bool | Literal["auto"] = "auto"
 
 
 class _OptimizerBase(_Schema):
@@ -158,7 +162,7 @@ class Loop(_Schema):
     steps_per_epoch: PositiveInt | None = None
     validation_freq: PositiveInt = 1
     verbose: Literal[0, 1, 2, "auto"] = "auto"
-    steps_per_loop: PositiveInt = 1
+    steps_per_loop: PositiveInt | Literal["auto"] = "auto"
     gradient_accumulation_steps: PositiveInt = 1
 
 
@@ -388,7 +392,7 @@ def _resume_problems(run: RunConfig) -> list[str]:
 def _loop_problems(run: RunConfig) -> list[str]:
     """Each loop's own knobs: a knob the chosen loop would ignore is an error, not a no-op."""
     loop, problems = run.loop, []
-    if loop.name == "fit" and loop.steps_per_loop != 1:
+    if loop.name == "fit" and loop.steps_per_loop not in (1, "auto"):
         problems.append(
             f"loop.steps_per_loop={loop.steps_per_loop}: a loop=custom knob; with loop=fit set "
             "batching.steps_per_execution"
@@ -398,7 +402,7 @@ def _loop_problems(run: RunConfig) -> list[str]:
             f"loop.gradient_accumulation_steps={loop.gradient_accumulation_steps}: only "
             "loop=custom accumulates gradients; use loop=custom"
         )
-    if loop.name == "custom" and run.batching.steps_per_execution != 1:
+    if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
             f"batching.steps_per_execution={run.batching.steps_per_execution}: a Model.fit knob; "
             "with loop=custom set loop.steps_per_loop"
@@ -418,7 +422,7 @@ def _parameter_server_loop_problems(run: RunConfig) -> list[str]:
             "strategy=parameter_server applies each worker's batch on its own (asynchronous "
             "steps, nothing to accumulate); set loop.gradient_accumulation_steps=1"
         )
-    if loop.steps_per_loop != 1:
+    if loop.steps_per_loop not in (1, "auto"):  # auto: one step per closure here
         problems.append(
             f"loop.steps_per_loop={loop.steps_per_loop}: strategy=parameter_server schedules one "
             "step per closure (ClusterCoordinator); set loop.steps_per_loop=1"
