@@ -213,10 +213,6 @@ def _install(name: str, replacement) -> None:
     log.info("installed tfrecipe's fix of Keras' %s", name)
 
 
-def is_installed() -> bool:
-    return bool(_original)
-
-
 # --- Variables shared by replicas: Keras' assign_add is not an increment ---------------------
 #
 # Keras 3 implements `Variable.assign_add(v)` as `assign(self + v)`, a read then a write. Where one
