@@ -249,7 +249,6 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task):
     from tfrecipe.precision import set_precision
 
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
-    cluster.maybe_crash_for_test(task)
     seed_everything(run.seed, deterministic=run.deterministic)
     set_precision(
         run.precision.policy,
