@@ -77,5 +77,19 @@ def cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
     return _cli
 
 
+# Fixtures that train a model or start `python -m tfrecipe` processes: a test using one is `heavy`.
+HEAVY_FIXTURES = {"train_run", "train_in", "cli", "launch"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Sorts every test into a tier: `heavy` (trains or starts processes: one of HEAVY_FIXTURES,
+    or marked by hand), and `fast` (everything neither heavy nor slow: `pytest -m fast`)."""
+    for item in items:
+        if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
+        if not any(item.iter_markers("slow")) and not any(item.iter_markers("heavy")):
+            item.add_marker(pytest.mark.fast)
+
+
 def tiny(*extra: str) -> Sequence[str]:
     return [*TINY, *extra]

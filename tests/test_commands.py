@@ -54,8 +54,8 @@ def test_cat_prints_the_composed_recipe(cli):
 def test_every_recipe_validates(recipe, capsys):
     from tfrecipe.cli.commands import validate
 
-    validate([recipe])
-    assert "valid" in capsys.readouterr().out
+    validate([recipe])  # raises ConfigError on any problem
+    assert capsys.readouterr().out == f"valid: {recipe}\n"  # (`in` would pass on "invalid")
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -240,6 +240,7 @@ def without_op_determinism():
         config.enable_op_determinism()
 
 
+@pytest.mark.heavy
 @pytest.mark.usefixtures("without_op_determinism")
 def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
     """Keras turns `jit_compile` on for a model on a GPU without a strategy, and fit then

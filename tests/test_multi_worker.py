@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from conftest import REPO, TINY
+from helpers.crash_worker import EXIT_CODE
 from helpers.launch import launching
-
-from tfrecipe.distribute.cluster import CRASH_TIMES_ENV, CRASH_WORKER_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +25,19 @@ def launch(tmp_path):
 
 
 MWMS = ["strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2"]
+
+
+def crash_worker_1(times: int) -> list[str]:
+    """Overrides that make worker 1 crash as training starts, on the first `times` attempts."""
+    return [
+        "+callbacks.extra.crash._target_=tests.helpers.crash_worker.CrashWorker",
+        "+callbacks.extra.crash.worker=1",
+        f"+callbacks.extra.crash.times={times}",
+        "allowed_targets=[tests.helpers]",
+    ]
+
+
+USER_ENV = {"PYTHONPATH": str(REPO)}  # tests.helpers is importable, like a user's package
 
 
 def summary(run_dir: Path) -> dict:
@@ -63,12 +75,12 @@ def test_two_workers_train_together(launch, tmp_path, loop):
 def test_a_crashed_worker_restarts_the_cluster(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(
-        *MWMS, "cluster.max_restarts=1", *TINY, f"hydra.run.dir={run_dir}",
-        env={CRASH_WORKER_ENV: "1", CRASH_TIMES_ENV: "1"},
+        *MWMS, "cluster.max_restarts=1", *TINY, *crash_worker_1(times=1),
+        f"hydra.run.dir={run_dir}", env=USER_ENV,
     )  # fmt: skip
     code = run.finish()
     assert code == 0, run.output[-4000:]
-    assert "worker 1 exited with code 3" in run.output
+    assert f"worker 1 exited with code {EXIT_CODE}" in run.output
     assert "restarting the cluster (1 of 1 restarts)" in run.output
     assert "attempt 2 of 2" in run.output
     assert_chief_wrote_a_complete_run(run_dir, "fit", tmp_path)
@@ -77,12 +89,12 @@ def test_a_crashed_worker_restarts_the_cluster(launch, tmp_path):
 def test_the_launcher_fails_when_restarts_are_exhausted(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(
-        *MWMS, "cluster.max_restarts=1", *TINY, f"hydra.run.dir={run_dir}",
-        env={CRASH_WORKER_ENV: "1", CRASH_TIMES_ENV: "99"},
+        *MWMS, "cluster.max_restarts=1", *TINY, *crash_worker_1(times=99),
+        f"hydra.run.dir={run_dir}", env=USER_ENV,
     )  # fmt: skip
     code = run.finish()
     assert code != 0
-    assert run.output.count("worker 1 exited with code 3") == 2
+    assert run.output.count(f"worker 1 exited with code {EXIT_CODE}") == 2
     assert "the cluster could not finish after 1 restart(s)" in run.output
     assert not (run_dir / "summary.json").exists() or summary(run_dir)["status"] != "completed"
 

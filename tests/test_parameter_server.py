@@ -83,25 +83,6 @@ def test_variable_partitioners_are_refused_until_keras_supports_them(compose_cfg
         validate(cfg)
 
 
-def test_the_partitioners_build(compose_cfg):
-    """The builder behind the option, ready for a Keras that updates sharded variables."""
-    import tensorflow as tf
-
-    from tfrecipe.config.schema import ParameterServerStrategy
-    from tfrecipe.distribute.strategy import _variable_partitioner
-
-    partitioners = tf.distribute.experimental.partitioners
-    expected = {
-        "none": type(None),
-        "min_size": partitioners.MinSizePartitioner,
-        "max_size": partitioners.MaxSizePartitioner,
-        "fixed_shards": partitioners.FixedShardsPartitioner,
-    }
-    for name, kind in expected.items():
-        spec = ParameterServerStrategy(name="parameter_server", variable_partitioner=name)
-        assert isinstance(_variable_partitioner(spec, num_ps=2), kind)
-
-
 @pytest.mark.slow
 def test_metric_updates_from_concurrent_workers_are_all_counted():
     """Keras' assign_add reads then writes: two workers' steps interleave on the parameter server

@@ -142,6 +142,7 @@ def test_a_rerun_whose_only_backup_is_unreadable_ends_failed_not_running(cli, tm
     assert "can be restored" in summary["error"]
 
 
+@pytest.mark.heavy
 def test_ctrl_c_saves_a_backup_and_exits_preempted_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     command = [

@@ -47,6 +47,7 @@ def _fastest(args: list[str], cwd: Path, repeats: int = 2) -> tuple[float, str]:
     return min(times), result.stdout
 
 
+@pytest.mark.heavy
 def test_help_lists_the_subcommands_and_answers_as_fast_as_cfg_job(tmp_path):
     """Hydra's own --help took 1.3-1.9 s against 0.5 s for --cfg job (it copies its config store
     once per group and option); 2x leaves room for a loaded machine and still catches that."""

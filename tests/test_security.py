@@ -165,6 +165,21 @@ def test_a_probe_is_refused_by_a_run_and_by_validate_with_no_side_effect(cli, vi
     assert _snapshot(victim) == before, "nothing written, deleted or created"
 
 
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_a_probe_is_refused_by_validate_in_process_with_no_side_effect(victim, probe):
+    """The test above without processes, so the fast tier (`pytest -m fast`) has every probe."""
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    overrides, fragments = PROBES[probe]
+    before = _snapshot(victim)
+    with pytest.raises(ConfigError) as refused:
+        validate(_fill(overrides, victim))
+    for fragment in fragments:
+        assert fragment in str(refused.value), refused.value
+    assert _snapshot(victim) == before, "nothing written, deleted or created"
+
+
 def test_a_target_outside_the_slots_is_refused(cli, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [

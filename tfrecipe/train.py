@@ -263,7 +263,6 @@ def _setup_strategy(run: schema.RunConfig, task: cluster.Task) -> tf.distribute.
     """The strategy (first: logical devices must be set before any other TensorFlow call),
     then seeds, then the precision policy (seeding clears the Keras session, which resets it)."""
     strategy = build_strategy(run.strategy, cluster_resolver=cluster.build_resolver(run.cluster))
-    cluster.maybe_crash_for_test(task)
     seed_everything(run.seed, deterministic=run.deterministic)
     # auto on a cluster: float32, since workers on different machines could pick differently.
     policy = run.precision.policy

@@ -64,14 +64,9 @@ class MultiWorkerMirroredStrategy(_StrategyBase):
 
 class ParameterServerStrategy(_StrategyBase):
     name: Literal["parameter_server"]
+    # Only none runs: the others are named so that choosing one is refused with the reason
+    # (_cluster_problems), not as an unknown value.
     variable_partitioner: Literal["none", "min_size", "max_size", "fixed_shards"] = "none"
-    # min_size: shards of at least this many bytes; max_size: of at most this many bytes.
-    min_shard_bytes: PositiveInt = 256 << 10
-    max_shard_bytes: PositiveInt = 256 << 10
-    # max_size and min_size: at most this many shards (null = one per parameter server).
-    max_shards: PositiveInt | None = None
-    # fixed_shards: exactly this many shards.
-    num_shards: PositiveInt = 1
 
 
 class TPUStrategy(_StrategyBase):

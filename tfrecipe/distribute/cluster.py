@@ -28,13 +28,8 @@ if TYPE_CHECKING:
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 
-# Test hooks (documented in docs/strategies.md), read by `maybe_crash_for_test`: worker
-# TFRECIPE_TEST_CRASH_WORKER exits with CRASH_EXIT_CODE on the first TFRECIPE_TEST_CRASH_TIMES
-# attempts of a local cluster (the launcher numbers its attempts in TFRECIPE_CLUSTER_ATTEMPT).
-CRASH_WORKER_ENV = "TFRECIPE_TEST_CRASH_WORKER"
-CRASH_TIMES_ENV = "TFRECIPE_TEST_CRASH_TIMES"
+# The launcher numbers its attempts at running a local cluster (0 first) in every task's env.
 ATTEMPT_ENV = "TFRECIPE_CLUSTER_ATTEMPT"
-CRASH_EXIT_CODE = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,18 +248,6 @@ def is_chief_process(environ: Mapping[str, str] | None = None) -> bool:
         return parse_tf_config(environ.get("TF_CONFIG")).is_chief
     except ConfigError:
         return True  # no (valid) cluster: a single process is its own chief
-
-
-def maybe_crash_for_test(task: Task, environ: Mapping[str, str] | None = None) -> None:
-    """Test hook: exits this worker with CRASH_EXIT_CODE when the test environment asks for it
-    (see the *_ENV names above). Does nothing unless TFRECIPE_TEST_CRASH_WORKER is set."""
-    environ = os.environ if environ is None else environ
-    target = environ.get(CRASH_WORKER_ENV)
-    if target is None or task.type != "worker" or task.index != int(target):
-        return
-    if int(environ.get(ATTEMPT_ENV, "0")) < int(environ.get(CRASH_TIMES_ENV, "1")):
-        print(f"test hook {CRASH_WORKER_ENV}: worker {task.index} exits", flush=True)
-        os._exit(CRASH_EXIT_CODE)
 
 
 # Worker servers of an in-process-scheduled cluster deadlock on a 2-core machine with TensorFlow's

@@ -105,27 +105,10 @@ def _multi_worker_mirrored(spec, cluster_resolver) -> tf.distribute.Strategy:
     return strategy
 
 
-def _variable_partitioner(spec: schema.ParameterServerStrategy, num_ps: int):
-    partitioners = tf.distribute.experimental.partitioners
-    max_shards = spec.max_shards or num_ps
-    factories = {
-        "none": lambda: None,
-        "min_size": lambda: partitioners.MinSizePartitioner(
-            min_shard_bytes=spec.min_shard_bytes, max_shards=max_shards
-        ),
-        "max_size": lambda: partitioners.MaxSizePartitioner(
-            max_shard_bytes=spec.max_shard_bytes, max_shards=max_shards
-        ),
-        "fixed_shards": lambda: partitioners.FixedShardsPartitioner(num_shards=spec.num_shards),
-    }
-    return factories[spec.variable_partitioner]()
-
-
-def _parameter_server(spec, cluster_resolver) -> tf.distribute.Strategy:
-    num_ps = len(cluster_resolver.cluster_spec().as_dict().get("ps", []))
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        cluster_resolver, variable_partitioner=_variable_partitioner(spec, num_ps)
-    )
+def _parameter_server(cluster_resolver) -> tf.distribute.Strategy:
+    # No variable partitioner: Keras 3 optimizers cannot update sharded variables (the schema
+    # refuses strategy.variable_partitioner other than none).
+    strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_resolver)
     from tfrecipe.compat import fix_shared_variable_increments
 
     fix_shared_variable_increments(strategy)  # concurrent workers lose metric updates otherwise
@@ -205,10 +188,8 @@ def build_strategy(
             raise ConfigError(
                 "strategy=parameter_server: needs a cluster; use cluster=local cluster.num_ps=1"
             )
-        return _parameter_server(spec, cluster_resolver)
-    if spec.name == "tpu":
-        return _tpu(spec)
-    raise ConfigError(f"strategy={spec.name}: not yet available in this version of tfrecipe")
+        return _parameter_server(cluster_resolver)
+    return _tpu(spec)  # the last of schema.Strategy's names: it admits no other
 
 
 def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:

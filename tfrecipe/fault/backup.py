@@ -67,9 +67,6 @@ class ResumePoint:
     path: str
     step: int
 
-    def epoch(self, steps_per_epoch: int) -> int:
-        return self.step // steps_per_epoch
-
 
 def training_state(model: keras.Model) -> tf.train.Checkpoint:
     """The checkpoint of everything training needs (the optimizer must be built)."""
