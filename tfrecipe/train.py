@@ -179,8 +179,7 @@ def _train_steps(
     policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
     resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
     start_step = resumed.step if resumed else 0
-    if run.loop.name == "fit":  # a restored step mid-epoch: calls must also divide the rest
-        model.steps_per_execution = _steps_per_call(run, model, steps_per_epoch, start_step)
+    _pace_fit(run, model, steps_per_epoch, start_step)
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
@@ -381,6 +380,13 @@ def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_st
         start_step=start_step,
         hook_intervals=_hook_intervals(run),
     )
+
+
+def _pace_fit(run: schema.RunConfig, model, steps_per_epoch: int, start_step: int) -> None:
+    """fit's steps per call once the start step is known: a run restored mid-epoch needs calls
+    that also divide the rest of that epoch."""
+    if run.loop.name == "fit":
+        model.steps_per_execution = _steps_per_call(run, model, steps_per_epoch, start_step)
 
 
 def _hook_intervals(run: schema.RunConfig) -> tuple[int, ...]:

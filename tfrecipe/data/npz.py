@@ -38,22 +38,16 @@ def load(
       ValueError: a file is missing or unreadable, lacks a key, or its arrays do not fit.
     """
     x, y = _read(path, x_key, y_key)
-    extra = {
-        split: _read(file, x_key, y_key) if file else None
-        for split, file in (("validation", validation_path), ("test", test_path))
-    }
+    files = {"validation": validation_path, "test": test_path}
+    extra = {split: _read(file, x_key, y_key) if file else None for split, file in files.items()}
     for split, arrays in extra.items():
         if arrays is not None and arrays[0].shape[1:] != x.shape[1:]:
             raise ValueError(
-                f"{validation_path if split == 'validation' else test_path}: {x_key} has "
-                f"examples of shape {list(arrays[0].shape[1:])}, {path} of {list(x.shape[1:])}"
+                f"{files[split]}: {x_key} has examples of shape {list(arrays[0].shape[1:])}, "
+                f"{path} of {list(x.shape[1:])}"
             )
     num_classes = num_classes or int(max(a[1].max() for a in [(x, y), *extra.values()] if a)) + 1
-    for file, arrays in (
-        (path, (x, y)),
-        (validation_path, extra["validation"]),
-        (test_path, extra["test"]),
-    ):
+    for file, arrays in ((path, (x, y)), *((files[name], a) for name, a in extra.items())):
         if arrays is not None:
             _check_labels(file, y_key, arrays[1], num_classes)
     train, validation, test = split_indices(
@@ -62,18 +56,34 @@ def load(
         0.0 if test_path else test_fraction,
         split_seed,
     )
+    held_out = {"validation": validation, "test": test}
     datasets = {
         "train": (x[train], y[train]),
-        "validation": extra["validation"]
-        or ((x[validation], y[validation]) if len(validation) else None),
-        "test": extra["test"] or ((x[test], y[test]) if len(test) else None),
+        **{
+            split: extra[split] or ((x[idx], y[idx]) if len(idx) else None)
+            for split, idx in held_out.items()
+        },
     }
+    return _splits(datasets, input_shape=tuple(x.shape[1:]), num_classes=num_classes)
+
+
+def _splits(
+    datasets: dict[str, tuple[np.ndarray, np.ndarray] | None],
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+) -> Splits:
+    """In-memory `train`/`validation`/`test` arrays (the last two may be None) as `Splits`."""
+
+    def size(split: str) -> int:
+        return len(datasets[split][1]) if datasets[split] else 0
+
     info = DatasetInfo(
-        input_shape=tuple(x.shape[1:]),
+        input_shape=input_shape,
         num_classes=num_classes,
-        num_train=len(train),
-        num_validation=len(datasets["validation"][1]) if datasets["validation"] else 0,
-        num_test=len(datasets["test"][1]) if datasets["test"] else 0,
+        num_train=size("train"),
+        num_validation=size("validation"),
+        num_test=size("test"),
     )
     return Splits(
         *(
