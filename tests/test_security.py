@@ -114,6 +114,14 @@ PROBES = {
         ],
         ["hydra.callbacks.x", "Hydra callbacks are not supported"],
     ),
+    "env_set_ld_preload": (
+        ["+hydra.job.env_set.LD_PRELOAD={tmp}/evil.so"],
+        ["hydra.job.env_set.LD_PRELOAD=", "evil.so'", "sets how processes load code"],
+    ),
+    "env_set_pythonpath": (
+        ["+hydra.job.env_set.PYTHONPATH={tmp}"],
+        ["hydra.job.env_set.PYTHONPATH=", "sets how processes load code"],
+    ),
     "hydra_logging_factory": (
         ["hydra.job_logging.handlers.console.class=posix.system"],
         ["hydra.job_logging.handlers.console.class", "posix.system", "logging.StreamHandler"],
@@ -235,6 +243,81 @@ def test_the_kinds_tfrecipe_ships_are_valid(cli):
         "hydra/sweeper=optuna",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# Variables that decide what code a process loads: each is refused in `hydra.job.env_set`.
+CODE_ENV = [
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "PYTHONSTARTUP",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONWARNINGS", "BASH_ENV", "ENV", "PATH", "PERL5OPT",
+    "PERL5LIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "GCONV_PATH", "GLIBC_TUNABLES",
+    "XLA_FLAGS", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "ld_preload",
+]  # fmt: skip
+PLAIN_ENV = [
+    "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "WANDB_MODE", "OMP_NUM_THREADS",
+    "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CODE_ENV)
+def test_env_set_refuses_a_variable_that_loads_code(name):
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        validate([f"+hydra.job.env_set.{name}=/tmp/x", "+hydra.job.env_set.WANDB_MODE=offline"])
+    assert str(refused.value).startswith(f"hydra.job.env_set.{name}='/tmp/x': sets how"), (
+        refused.value
+    )
+    assert "WANDB_MODE" not in str(refused.value)
+
+
+def test_env_set_takes_ordinary_variables_and_env_copy_takes_code_ones():
+    """env_copy only repeats this environment's own value (Hydra overwrites env_set with it)."""
+    from tfrecipe.cli.commands import validate
+
+    validate([f"+hydra.job.env_set.{name}=1" for name in PLAIN_ENV])
+    validate(["hydra.job.env_copy=[PATH]", "+hydra.job.env_set.PATH=/elsewhere"])
+
+
+def test_env_copy_refuses_a_secret(monkeypatch):
+    """Hydra would write the copied value into the run dir's .hydra/hydra.yaml."""
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef")
+    with pytest.raises(ConfigError, match="env_copy='WANDB_API_KEY': would write that secret"):
+        validate(["hydra.job.env_copy=[WANDB_API_KEY]"])
+
+
+@pytest.mark.parametrize(
+    ("storage", "valid"),
+    [
+        ("null", True),
+        ("'sqlite:///study.db'", True),
+        ("'postgresql://user:pw@203.0.113.1/db'", False),
+        ("'redis://203.0.113.1'", False),
+    ],
+)
+def test_optuna_storage_is_an_sqlite_file_or_nothing(storage, valid):
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    overrides = ["hydra/sweeper=optuna", f"hydra.sweeper.storage={storage}"]
+    if valid:
+        validate(overrides)
+    else:
+        with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*expected sqlite:///FILE"):
+            validate(overrides)
+
+
+def test_a_sweep_refuses_env_set_before_anything_runs(cli, victim):
+    before = _snapshot(victim)
+    result = cli(
+        "-m", "+hydra.job.env_set.OMP_NUM_THREADS=1,2", f"+hydra.job.env_set.BASH_ENV={victim}/s.py",
+        f"hydra.sweep.dir={victim / 'sweep'}",
+    )  # fmt: skip
+    assert "hydra.job.env_set.BASH_ENV=" in _one_line_report(result)
+    assert _snapshot(victim) == before
 
 
 def _tampered_run_dir(root: Path, **changes: str) -> Path:

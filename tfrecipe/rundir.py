@@ -44,6 +44,11 @@ _SECRET = re.compile(r"api_?key|token|secret|password|credential", re.IGNORECASE
 _MIN_SECRET_LENGTH = 8
 
 
+def looks_secret(name: str) -> bool:
+    """Whether a key or environment variable name looks like it holds a secret."""
+    return bool(_SECRET.search(name))
+
+
 def secret_values() -> list[str]:
     """The values of environment variables whose names look like secrets (WANDB_API_KEY, ...):
     a config may reach them through `${oc.env:...}`, under any key."""

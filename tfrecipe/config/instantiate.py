@@ -13,7 +13,10 @@ call and the built object's type after it.
 
 Hydra's own `_target_`s are checked the same way (`hydra_problems`): its launcher and sweeper
 plugins (which Hydra itself accepts only from its plugin registry) and an optuna sampler; Hydra
-callbacks, which Hydra would instantiate outside this allow-list, are refused.
+callbacks, which Hydra would instantiate outside this allow-list, are refused. So are Hydra
+settings that reach code or other machines without a `_target_`: an environment variable in
+`hydra.job.env_set` that decides what code a process loads (`loads_code`), and an optuna
+`storage` other than an sqlite file.
 """
 
 from __future__ import annotations
@@ -441,6 +444,9 @@ def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[Pro
         )
     for part in ("hydra_logging", "job_logging"):
         problems += _logging_problems(f"hydra.{part}", hydra.get(part) or {})
+    problems += _env_set_problems(hydra.get("job") or {})
+    problems += _env_copy_problems(hydra.get("job") or {})
+    problems += _storage_problems((hydra.get("sweeper") or {}).get("storage"))
     search_space = (hydra.get("sweeper") or {}).get("custom_search_space")
     usable, _ = usable_prefixes(allowed)
     if search_space is not None and not any(_matches(str(search_space), p) for p in usable):
@@ -452,6 +458,97 @@ def hydra_problems(node: DictConfig, *, allowed: Iterable[str] = ()) -> list[Pro
             )
         )
     return problems
+
+
+# Hydra puts `hydra.job.env_set` into the environment of the job, so every process tfrecipe
+# starts (local-cluster workers, joblib workers, TensorFlow's own subprocesses) inherits it. A
+# variable that decides what code a process loads or runs turns a config into code execution:
+# the dynamic loader's (LD_PRELOAD, DYLD_*, glibc's GCONV_PATH and tunables), interpreters'
+# startup files and search paths (PYTHONSTARTUP, PYTHONPATH, PERL5OPT, RUBYOPT, NODE_OPTIONS,
+# JAVA_TOOL_OPTIONS), shells' (BASH_ENV, ENV, PATH) and TensorFlow/XLA's plugin and library paths.
+_CODE_ENV_PREFIXES = (
+    "LD_", "DYLD_", "PYTHON", "PERL", "RUBY", "NODE_", "BASH_", "JAVA_", "_JAVA_", "JDK_JAVA_",
+    "GCONV_", "GLIBC_", "MALLOC_",
+)  # fmt: skip
+_CODE_ENV_NAMES = frozenset(
+    {
+        "PATH", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "CLASSPATH",
+        "LOCPATH", "NLSPATH", "XLA_FLAGS", "TF_XLA_FLAGS",
+    }
+)  # fmt: skip
+# Names like these load code whatever their prefix (TF_PLUGGABLE_DEVICE_LIBRARY_PATH, ...).
+_CODE_ENV_PARTS = ("PRELOAD", "LIBRARY_PATH", "LIBPATH", "PLUGIN")
+# PYTHON* settings that change no code, only hashing and output.
+_PLAIN_PYTHON_ENV = frozenset(
+    {
+        "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONUTF8",
+        "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER",
+    }
+)  # fmt: skip
+
+
+def loads_code(name: str) -> bool:
+    """Whether environment variable `name` decides what code a process loads or runs."""
+    name = name.upper()  # Windows reads names case-insensitively
+    if name in _PLAIN_PYTHON_ENV:
+        return False
+    return (
+        name in _CODE_ENV_NAMES
+        or name.startswith(_CODE_ENV_PREFIXES)
+        or any(part in name for part in _CODE_ENV_PARTS)
+    )
+
+
+def _env_set_problems(job: Mapping[str, Any]) -> list[Problem]:
+    """`hydra.job.env_set` entries that would change what code a process loads. A name listed in
+    `hydra.job.env_copy` is exempt: Hydra sets it to this environment's own value."""
+    copied = set(job.get("env_copy") or [])
+    return [
+        Problem(
+            f"hydra.job.env_set.{name}",
+            value,
+            "sets how processes load code, which a config may not (export it in your shell if "
+            "you mean it); env_set takes other variables, e.g. TF_CPP_MIN_LOG_LEVEL, "
+            "CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS",
+        )
+        for name, value in (job.get("env_set") or {}).items()
+        if loads_code(str(name)) and name not in copied
+    ]
+
+
+def _env_copy_problems(job: Mapping[str, Any]) -> list[Problem]:
+    """`hydra.job.env_copy` only copies this environment's values (harmless to code), but Hydra
+    writes them into the run dir's `.hydra/hydra.yaml`: a secret's name is refused there."""
+    from tfrecipe.rundir import looks_secret
+
+    return [
+        Problem(
+            "hydra.job.env_copy",
+            name,
+            "would write that secret into the run dir's .hydra/hydra.yaml; the job inherits "
+            "your environment without it",
+        )
+        for name in job.get("env_copy") or []
+        if looks_secret(str(name))
+    ]
+
+
+def _storage_problems(storage: Any) -> list[Problem]:
+    """The optuna sweeper's `storage`: an sqlite file (created or opened where the config says,
+    like `hydra.sweep.dir`) or none; a database server would receive every trial's parameters
+    and results, wherever the config points it."""
+    if storage is None or isinstance(storage, Mapping):  # a `_target_`: checked by its slot
+        return []
+    if isinstance(storage, str) and storage.startswith("sqlite://"):
+        return []
+    return [
+        Problem(
+            "hydra.sweeper.storage",
+            storage,
+            "expected sqlite:///FILE (a study kept in a local file) or null; a config may not "
+            "send a study to a database server",
+        )
+    ]
 
 
 def _logging_problems(key: str, config: Mapping[str, Any]) -> list[Problem]:
