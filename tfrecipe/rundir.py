@@ -55,7 +55,7 @@ def secret_values() -> list[str]:
     return [
         value
         for name, value in os.environ.items()
-        if _SECRET.search(name) and len(value) >= _MIN_SECRET_LENGTH
+        if looks_secret(name) and len(value) >= _MIN_SECRET_LENGTH
     ]
 
 
@@ -67,7 +67,7 @@ def public_config(cfg: DictConfig) -> dict[str, Any]:
 
     def redact(node: Any) -> Any:
         if isinstance(node, dict):
-            return {k: "***" if _SECRET.search(str(k)) else redact(v) for k, v in node.items()}
+            return {k: "***" if looks_secret(str(k)) else redact(v) for k, v in node.items()}
         if isinstance(node, list):
             return [redact(v) for v in node]
         if isinstance(node, str) and any(secret in node for secret in secrets):
