@@ -9,20 +9,18 @@ from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
 
 
-def load_splits(run: schema.RunConfig):
-    """The configured dataset's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
-    return instantiate(
-        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
-    )
+def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
+    """The `dataset` group's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
+    return instantiate(spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets)
 
 
-def build_model(run: schema.RunConfig, info):
-    """The configured model for the dataset's input shape and classes (build it in the scope of
-    the strategy that will train it)."""
+def build_model(spec: schema.Target, info, *, allowed_targets: list[str]):
+    """The `model` group's model for the dataset's input shape and classes (build it in the scope
+    of the strategy that will train it)."""
     return instantiate(
-        run.model.model_dump(by_alias=True),
+        spec.model_dump(by_alias=True),
         key="model",
-        allowed=run.allowed_targets,
+        allowed=allowed_targets,
         input_shape=info.input_shape,
         num_classes=info.num_classes,
     )

@@ -288,7 +288,7 @@ class _Inputs:
 
 def _load_data(run: schema.RunConfig, global_batch: int) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
-    splits = factory.load_splits(run)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     _check_batch_fits(run.batching, global_batch, splits.info.num_train)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
@@ -348,7 +348,7 @@ def _build_model(
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
     with model_scope(strategy):
-        model = factory.build_model(run, info)
+        model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(

@@ -61,7 +61,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
     weights = run_dir / "best.weights.h5"
     if not weights.is_file():
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
-    model = factory.build_model(run, info)
+    model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
     model.load_weights(weights)
     factory.compile_model(model)
     return model
@@ -70,7 +70,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
     run = _load_config(run_dir, list(overrides))
-    splits = factory.load_splits(run)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     split = "test" if splits.test is not None else "validation"
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:

@@ -48,8 +48,8 @@ def _build(run: schema.RunConfig):
     from tfrecipe import factory
     from tfrecipe.cli.evaluate import evaluation_data
 
-    splits = factory.load_splits(run)
-    model = factory.build_model(run, splits.info)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
+    model = factory.build_model(run.model, splits.info, allowed_targets=run.allowed_targets)
     factory.compile_model(model)
 
     # Prepared like training's evaluation data (normalization included: integer images).
