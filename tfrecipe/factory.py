@@ -7,6 +7,7 @@ import math
 
 from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
+from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 
 
 def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
@@ -23,6 +24,21 @@ def build_model(spec: schema.Target, info, *, allowed_targets: list[str]):
         allowed=allowed_targets,
         input_shape=info.input_shape,
         num_classes=info.num_classes,
+    )
+
+
+def evaluation_data(dataset, options: PipelineOptions, *, batch_size: int, seed: int, split: str):
+    """One split, prepared and batched as training evaluates it (normalization included), on the
+    default strategy: `batch_size` examples per batch on its one replica."""
+    import tensorflow as tf
+
+    from tfrecipe.data.distribute import distribute as distribute_dataset
+
+    return distribute_dataset(
+        tf.distribute.get_strategy(),
+        prepare(dataset, options, split=split, training=False, seed=seed),
+        global_batch_size=batch_size,
+        batch_map=batch_transform(options),
     )
 
 

@@ -21,21 +21,6 @@ from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
 
-def evaluation_data(run: schema.RunConfig, dataset, *, split: str):
-    """One split, prepared and batched as training evaluates it, on the default strategy."""
-    import tensorflow as tf
-
-    from tfrecipe.data.distribute import distribute as distribute_dataset
-    from tfrecipe.data.pipeline import batch_transform, prepare
-
-    return distribute_dataset(
-        tf.distribute.get_strategy(),
-        prepare(dataset, run.pipeline, split=split, training=False, seed=run.seed),
-        global_batch_size=run.batching.per_replica_batch_size,
-        batch_map=batch_transform(run.pipeline),
-    )
-
-
 def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -76,9 +61,14 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
     model = _load_model(run, run_dir, which, splits.info)
-    results = model.evaluate(
-        evaluation_data(run, dataset, split=split), verbose=0, return_dict=True
+    data = factory.evaluation_data(
+        dataset,
+        run.pipeline,
+        batch_size=run.batching.per_replica_batch_size,
+        seed=run.seed,
+        split=split,
     )
+    results = model.evaluate(data, verbose=0, return_dict=True)
     return {
         "model": which,
         "split": split,

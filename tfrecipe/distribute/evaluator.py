@@ -46,16 +46,20 @@ def _training_ended(run_dir: Path) -> bool:
 def _build(run: schema.RunConfig):
     """The run's model (compiled like training) and its evaluation data, on the default strategy."""
     from tfrecipe import factory
-    from tfrecipe.cli.evaluate import evaluation_data
 
     splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     model = factory.build_model(run.model, splits.info, allowed_targets=run.allowed_targets)
     factory.compile_model(model)
 
     # Prepared like training's evaluation data (normalization included: integer images).
-    if splits.validation is not None:
-        return model, evaluation_data(run, splits.validation, split="validation")
-    return model, evaluation_data(run, splits.test, split="test")
+    split = "validation" if splits.validation is not None else "test"
+    return model, factory.evaluation_data(
+        getattr(splits, split),
+        run.pipeline,
+        batch_size=run.batching.per_replica_batch_size,
+        seed=run.seed,
+        split=split,
+    )
 
 
 def _load(model, path: Path, attempts: int = 5) -> None:
