@@ -7,24 +7,38 @@ import math
 
 from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
+from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 
 
-def load_splits(run: schema.RunConfig):
-    """The configured dataset's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
+def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
+    """The `dataset` group's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
+    return instantiate(spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets)
+
+
+def build_model(spec: schema.Target, info, *, allowed_targets: list[str]):
+    """The `model` group's model for the dataset's input shape and classes (build it in the scope
+    of the strategy that will train it)."""
     return instantiate(
-        run.dataset.model_dump(by_alias=True), key="dataset", allowed=run.allowed_targets
+        spec.model_dump(by_alias=True),
+        key="model",
+        allowed=allowed_targets,
+        input_shape=info.input_shape,
+        num_classes=info.num_classes,
     )
 
 
-def build_model(run: schema.RunConfig, info):
-    """The configured model for the dataset's input shape and classes (build it in the scope of
-    the strategy that will train it)."""
-    return instantiate(
-        run.model.model_dump(by_alias=True),
-        key="model",
-        allowed=run.allowed_targets,
-        input_shape=info.input_shape,
-        num_classes=info.num_classes,
+def evaluation_data(dataset, options: PipelineOptions, *, batch_size: int, seed: int, split: str):
+    """One split, prepared and batched as training evaluates it (normalization included), on the
+    default strategy: `batch_size` examples per batch on its one replica."""
+    import tensorflow as tf
+
+    from tfrecipe.data.distribute import distribute as distribute_dataset
+
+    return distribute_dataset(
+        tf.distribute.get_strategy(),
+        prepare(dataset, options, split=split, training=False, seed=seed),
+        global_batch_size=batch_size,
+        batch_map=batch_transform(options),
     )
 
 

@@ -83,13 +83,32 @@ def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
     run = schema.validate(cfg)
     task = _join_cluster(run)
     if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
-        return evaluator.evaluate_checkpoints(run, run_dir=Path(run_dir))
+        return _evaluate_checkpoints(run, Path(run_dir))
     if task.is_chief:
         return _train(cfg, run, task, _Dirs(run_dir=Path(run_dir), shared_run_dir=Path(run_dir)))
     # Only the chief writes the run dir; the others write the same files (every worker must
     # take part in saving synchronized variables) to a scratch dir they delete.
     with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
         return _train(cfg, run, task, _Dirs(run_dir=Path(scratch), shared_run_dir=Path(run_dir)))
+
+
+def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any]:
+    """The sidecar evaluator: the run's model, compiled like training's, scores each checkpoint
+    on the validation split (the test split when there is none), prepared like training's
+    evaluation data, all on the default strategy (it joins no collective)."""
+    started = time.perf_counter()
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
+    model = factory.build_model(run.model, splits.info, allowed_targets=run.allowed_targets)
+    factory.compile_model(model)
+    split = "validation" if splits.validation is not None else "test"
+    data = factory.evaluation_data(
+        getattr(splits, split),
+        run.pipeline,
+        batch_size=run.batching.per_replica_batch_size,
+        seed=run.seed,
+        split=split,
+    )
+    return evaluator.evaluate_checkpoints(model, data, run_dir=run_dir, started=started)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +307,7 @@ class _Inputs:
 
 def _load_data(run: schema.RunConfig, global_batch: int) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
-    splits = factory.load_splits(run)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     _check_batch_fits(run.batching, global_batch, splits.info.num_train)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
@@ -348,7 +367,7 @@ def _build_model(
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
     with model_scope(strategy):
-        model = factory.build_model(run, info)
+        model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(

@@ -21,21 +21,6 @@ from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
 
-def evaluation_data(run: schema.RunConfig, dataset, *, split: str):
-    """One split, prepared and batched as training evaluates it, on the default strategy."""
-    import tensorflow as tf
-
-    from tfrecipe.data.distribute import distribute as distribute_dataset
-    from tfrecipe.data.pipeline import batch_transform, prepare
-
-    return distribute_dataset(
-        tf.distribute.get_strategy(),
-        prepare(dataset, run.pipeline, split=split, training=False, seed=run.seed),
-        global_batch_size=run.batching.per_replica_batch_size,
-        batch_map=batch_transform(run.pipeline),
-    )
-
-
 def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -61,7 +46,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
     weights = run_dir / "best.weights.h5"
     if not weights.is_file():
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
-    model = factory.build_model(run, info)
+    model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
     model.load_weights(weights)
     factory.compile_model(model)
     return model
@@ -70,15 +55,20 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
     run = _load_config(run_dir, list(overrides))
-    splits = factory.load_splits(run)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     split = "test" if splits.test is not None else "validation"
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
     model = _load_model(run, run_dir, which, splits.info)
-    results = model.evaluate(
-        evaluation_data(run, dataset, split=split), verbose=0, return_dict=True
+    data = factory.evaluation_data(
+        dataset,
+        run.pipeline,
+        batch_size=run.batching.per_replica_batch_size,
+        seed=run.seed,
+        split=split,
     )
+    results = model.evaluate(data, verbose=0, return_dict=True)
     return {
         "model": which,
         "split": split,

@@ -4,12 +4,12 @@ Writer side: with `cluster.evaluator=true` every worker saves the model's weight
 epoch (`checkpoint_callbacks`): the chief into `RUN_DIR/checkpoints/epoch-NNN.weights.h5`, the
 others into their scratch dirs (every worker takes part in saving synchronized variables).
 
-Reader side (`evaluate_checkpoints`): the evaluator task builds the same model on the default
-strategy (it never constructs the workers' strategy, so it joins no collective), waits for new
-checkpoint files, evaluates each on the validation split (the test split when there is none),
-prints one line per checkpoint and appends it to `RUN_DIR/evaluator/metrics.csv` (a file only the
-evaluator writes). It stops once the chief's summary.json says training ended and every
-checkpoint has been scored.
+Reader side (`evaluate_checkpoints`): the evaluator task receives the same model built on the
+default strategy (`train.py` builds it; it never constructs the workers' strategy, so it joins
+no collective), waits for new checkpoint files, evaluates each on the validation split (the test
+split when there is none), prints one line per checkpoint and appends it to
+`RUN_DIR/evaluator/metrics.csv` (a file only the evaluator writes). It stops once the chief's
+summary.json says training ended and every checkpoint has been scored.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from tfrecipe import rundir
-from tfrecipe.config import schema
 
 CHECKPOINTS = "checkpoints"
 PATTERN = "epoch-{epoch:03d}.weights.h5"
@@ -43,21 +42,6 @@ def _training_ended(run_dir: Path) -> bool:
     return bool(summary) and summary.get("status") in ("completed", "failed", "preempted")
 
 
-def _build(run: schema.RunConfig):
-    """The run's model (compiled like training) and its evaluation data, on the default strategy."""
-    from tfrecipe import factory
-    from tfrecipe.cli.evaluate import evaluation_data
-
-    splits = factory.load_splits(run)
-    model = factory.build_model(run, splits.info)
-    factory.compile_model(model)
-
-    # Prepared like training's evaluation data (normalization included: integer images).
-    if splits.validation is not None:
-        return model, evaluation_data(run, splits.validation, split="validation")
-    return model, evaluation_data(run, splits.test, split="test")
-
-
 def _load(model, path: Path, attempts: int = 5) -> None:
     """Loads weights, retrying while the writer may still be writing the file."""
     for attempt in range(attempts):
@@ -71,11 +55,17 @@ def _load(model, path: Path, attempts: int = 5) -> None:
 
 
 def evaluate_checkpoints(
-    run: schema.RunConfig, *, run_dir: Path, poll_s: float = 1.0
+    model, data, *, run_dir: Path, poll_s: float = 1.0, started: float | None = None
 ) -> dict[str, Any]:
-    """Scores every checkpoint of the run in `run_dir` until training ends; returns a summary."""
-    started = time.perf_counter()
-    model, data = _build(run)
+    """Scores every checkpoint of the run in `run_dir` until training ends; returns a summary.
+
+    Args:
+      model: the run's model, compiled like training's, built on the default strategy.
+      data: the split to score each checkpoint on, batched as training evaluates it.
+      started: when the evaluator task began (`time.perf_counter()`), so that its wall time
+        counts building the model and data; now when not given.
+    """
+    started = time.perf_counter() if started is None else started
     out = run_dir / "evaluator"
     out.mkdir(parents=True, exist_ok=True)
     seen: set[Path] = set()
