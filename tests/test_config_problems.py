@@ -76,3 +76,22 @@ def test_iter_targets_finds_every_target_with_its_slot():
     }
     found = [(key, target) for key, target, _ in iter_targets(config)]
     assert found == [("model", "a.b"), ("callbacks.extra.x", "c.D"), ("nested.0.deeper", "e.f")]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("tfrecipe.data.digits", "tfrecipe.data.bundled.digits"),
+        ("tfrecipe.datasets.npz.load", "tfrecipe.data.npz.load"),
+    ],
+)
+def test_a_saved_config_with_a_target_from_before_the_packages_names_the_new_path(
+    compose_cfg, old, new
+):
+    """Dataset builders moved when tfrecipe grouped its modules by concern: an old run's
+    config.yaml (tfrecipe evaluate) or a user's copy says where the target lives now."""
+    [problem] = _problems(compose_cfg, f"dataset._target_={old}")
+    assert (
+        str(problem)
+        == f"dataset._target_={old!r}: tfrecipe moved it to {new!r}; update your config"
+    )
