@@ -145,8 +145,10 @@ def _assert_resumed_to_completion(job: Job, stopped_at: int) -> None:
 
 @pytest.mark.slow
 def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
+    # TensorFlow's INFO lines (off by default) say which cluster and devices each task joined.
     job = Job(slurm, tmp_path, overrides=["loop.epochs=2", "loop.steps_per_epoch=3",
-                                          "loop.verbose=0", "callbacks.progress.enabled=false"])  # fmt: skip
+                                          "loop.verbose=0", "callbacks.progress.enabled=false",
+                                          "hydra.job_logging.loggers.tensorflow.level=INFO"])  # fmt: skip
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
     assert fields["JobState"] == "COMPLETED", job.log[-3000:]
     summary = job.summary()
