@@ -202,10 +202,10 @@ def check_targets(task: schema.Task, info: DatasetInfo, *, dataset: str) -> None
 def _target_problem(task: schema.Task, info: DatasetInfo) -> str | None:
     targets = info.targets
     if targets is not None and targets.dtype.kind in "USO":
-        example = targets.reshape(-1)[0] if targets.size else ""
+        example = targets.reshape(-1)[0].item() if targets.size else ""
         return f"has string labels (e.g. {example!r}); {task.name} needs numeric targets"
     if targets is not None and targets.dtype.kind == "f" and not np.isfinite(targets).all():
-        bad = targets[~np.isfinite(targets)].reshape(-1)[0]
+        bad = targets[~np.isfinite(targets)].reshape(-1)[0].item()
         return f"has a non-finite target ({bad}); remove or fill those examples"
     kind = info.target_kind
     if task.name == "classification":

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from tfrecipe import compat, factory, optim, rundir
+from tfrecipe import compat, factory, optim, rundir, tasks
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks, progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.data.distribute import distribute as distribute_dataset
@@ -554,7 +554,9 @@ def _run_loop(
         rollbacks=summary["rollbacks"],
         on_rollback=lambda: rundir.write_summary(run_dir, summary),
     )
-    plotting = rundir.plot_curves_in_background(run_dir, monitors.history.rows)  # beside these
+    plotting = rundir.plot_curves_in_background(  # beside these
+        run_dir, monitors.history.rows, tasks.main_metric(run.task)
+    )
     try:
         if inputs.test is not None:
             summary["test"] = loop.evaluate(model, inputs.test)
