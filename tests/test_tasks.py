@@ -139,3 +139,33 @@ def test_tabular_recipes_reach_their_numbers(train_run, recipe, metric, at_least
         assert {"mae", "rmse", "r2"} <= json.loads((run_dir / "summary.json").read_text())[
             "test"
         ].keys()
+
+
+def test_validate_tells_an_old_model_builder_what_to_change():
+    from tfrecipe.cli.commands import validate
+
+    with pytest.raises(ConfigError) as error:
+        validate(
+            [
+                "allowed_targets=[tests.helpers]",
+                "model._target_=tests.helpers.task_data.old_signature",
+            ]
+        )
+    (line,) = error.value.messages
+    assert "instead of num_classes" in line and "missing argument" not in line
+
+
+def test_compare_shows_the_metrics_the_runs_logged(tmp_path):
+    from tfrecipe.cli.compare import Run, _sorted, columns
+
+    def run(name: str, r2: float) -> Run:
+        metrics = {"loss": 1.0, "mae": 2.0, "r2": r2, "val_loss": 1.5, "val_mae": 2.5, "val_r2": r2}
+        summary = {"metrics": metrics, "test": {"loss": 1.4, "mae": 2.4, "r2": r2}}
+        return Run(tmp_path / name, summary, {})
+
+    runs = [run("worse", 0.3), run("better", 0.5)]
+    assert columns(runs) == [
+        "loss", "mae", "r2", "val_loss", "val_mae", "val_r2", "test_mae", "test_r2",
+        "examples_per_sec", "wall_time_s",
+    ]  # fmt: skip
+    assert [r.path.name for r in _sorted(runs, "test_r2")] == ["better", "worse"]  # higher first
