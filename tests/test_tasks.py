@@ -33,10 +33,16 @@ TASKS = {
 }
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_each_task_trains_the_same_with_fit_and_the_custom_loop(train_run, task):
-    targets, metrics = TASKS[task]
-    overrides = [*SYNTHETIC, f"task={task}", targets]
+# Each task, and classification's options (a smoothed loss of tfrecipe's own, top-k accuracy).
+CASES = [(task, [targets], metrics) for task, (targets, metrics) in TASKS.items()]
+CASES.append(
+    ("classification", ["task.label_smoothing=0.1", "task.top_k=3"], ["accuracy", "top_3_accuracy"])
+)
+
+
+@pytest.mark.parametrize(("task", "options", "metrics"), CASES)
+def test_each_task_trains_the_same_with_fit_and_the_custom_loop(train_run, task, options, metrics):
+    overrides = [*SYNTHETIC, f"task={task}", *options]
     fit, fit_dir = train_run(*overrides, "loop=fit", tiny=False)
     custom, _ = train_run(*overrides, "loop=custom", tiny=False)
     assert fit["status"] == custom["status"] == "completed"
