@@ -175,3 +175,19 @@ def test_compare_shows_the_metrics_the_runs_logged(tmp_path):
         "examples_per_sec", "wall_time_s",
     ]  # fmt: skip
     assert [r.path.name for r in _sorted(runs, "test_r2")] == ["better", "worse"]  # higher first
+
+
+def test_early_stopping_on_a_metric_that_grows_keeps_the_best_epoch_with_the_custom_loop(train_run):
+    """Keras' "auto" mode cannot tell val_auc's direction in the custom loop; the task can."""
+    summary, _ = train_run(
+        *SYNTHETIC,
+        "task=binary",
+        "dataset.targets=binary",
+        "loop=custom",
+        "callbacks.early_stopping.enabled=true",
+        "callbacks.early_stopping.monitor=val_auc",
+        "callbacks.model_checkpoint.enabled=true",
+        "callbacks.model_checkpoint.monitor=val_auc",
+        tiny=False,
+    )
+    assert summary["status"] == "completed" and "val_auc" in summary["metrics"]

@@ -57,6 +57,20 @@ def monitors(task: schema.Task) -> tuple[str, ...]:
     return (*names, *(f"val_{name}" for name in names))
 
 
+# Metrics where bigger is better; the others (loss, mae, rmse) improve downwards.
+_HIGHER_IS_BETTER = frozenset(
+    {"accuracy", "binary_accuracy", "auc", "precision", "recall", "f1_micro", "f1_macro", "r2"}
+)
+
+
+def monitor_mode(monitor: str) -> str:
+    """ "max" or "min" for a monitored name (val_auc: max, val_mae: min), decided from the name:
+    Keras' "auto" reads it from the compiled metric objects, which the custom loop never
+    builds, and guesses wrong for names it does not know."""
+    base = monitor.removeprefix("val_")
+    return "max" if base in _HIGHER_IS_BETTER or base.endswith("_accuracy") else "min"
+
+
 def num_outputs(task: schema.Task, info: DatasetInfo) -> int:
     """The width of the model's head."""
     if task.name == "classification":

@@ -23,15 +23,14 @@ from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 # The metrics of runs that logged none (e.g. failed before an epoch): the default task's.
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 _THROUGHPUT = ("examples_per_sec", "wall_time_s")
-# Metrics where bigger is better (also under val_/test_); everything else sorts ascending.
-_HIGHER_IS_BETTER = frozenset(
-    {"accuracy", "binary_accuracy", "auc", "precision", "recall", "f1_micro", "f1_macro", "r2"}
-)
 
 
 def _higher_is_better(name: str) -> bool:
-    base = name.removeprefix("val_").removeprefix("test_")
-    return name == "examples_per_sec" or base in _HIGHER_IS_BETTER or base.endswith("_accuracy")
+    """Bigger is better for throughput and the metrics tfrecipe.tasks says so of (also under
+    val_/test_); everything else sorts ascending."""
+    from tfrecipe.tasks import monitor_mode
+
+    return name == "examples_per_sec" or monitor_mode(name.removeprefix("test_")) == "max"
 
 
 def columns(runs: list[Run]) -> list[str]:
