@@ -67,7 +67,25 @@ RUN_WITH = {
     ("precision", "mixed_bfloat16"): ["precision.require_native=false"],
     ("logger", "csv"): ["logger.csv.every_n_steps=1"],
     ("logger", "wandb"): ["logger.wandb.mode=offline"],
+    # Each task on generated images with its kind of targets; each tabular set with its task.
+    ("task", "binary"): ["dataset=synthetic", "dataset.shape=[8,8,1]", "dataset.targets=binary"],
+    ("task", "multilabel"): [
+        "dataset=synthetic",
+        "dataset.shape=[8,8,1]",
+        "dataset.targets=multi_hot",
+    ],
+    ("task", "regression"): [
+        "dataset=synthetic",
+        "dataset.shape=[8,8,1]",
+        "dataset.targets=regression",
+    ],
+    ("dataset", "breast_cancer"): ["task=binary"],
+    ("dataset", "diabetes"): ["task=regression"],
 }
+# Tabular datasets (feature vectors): trained with model=mlp.
+VECTOR_DATASETS = {"breast_cancer": 30, "diabetes": 10, "wine": 13}
+# The metric each task reports beside the loss (tfrecipe.tasks.main_metric).
+MAIN_METRIC = {"binary": "auc", "multilabel": "f1_macro", "regression": "mae"}
 REPLICAS = {"mirrored": 2, "central_storage": 2}  # with strategy.logical_cpus=2; others: 1
 EPOCHS, STEPS_PER_EPOCH, PER_REPLICA_BATCH = 2, 3, 16
 SUMMARY_FIELDS = {
@@ -79,8 +97,11 @@ SUMMARY_FIELDS = {
 def overrides_for(group: str, option: str, *extra: str) -> list[str]:
     """The tiny overrides for a run with `group=option` (a small model of the run's kind)."""
     model = option if group == "model" else "cnn"
+    if group == "dataset" and option in VECTOR_DATASETS:
+        model = "mlp"
     return [
         f"{group}={option}",
+        *([f"model={model}"] if group != "model" else []),
         *TINY,
         *SMALL_MODEL.get(model, []),
         *RUN_WITH.get((group, option), []),
@@ -152,8 +173,10 @@ def test_every_option_trains(train_run, tmp_path, group, option):
     assert set(summary) >= SUMMARY_FIELDS
     assert summary["epochs_completed"] == EPOCHS
     assert summary["steps_completed"] == EPOCHS * STEPS_PER_EPOCH
-    assert math.isfinite(summary["metrics"]["loss"]) and "val_accuracy" in summary["metrics"]
-    assert "accuracy" in summary["test"]
+    task = next((o[5:] for o in overrides if o.startswith("task=")), "classification")
+    metric = MAIN_METRIC.get(task, "accuracy")
+    assert math.isfinite(summary["metrics"]["loss"]) and f"val_{metric}" in summary["metrics"]
+    assert metric in summary["test"]
     replicas = REPLICAS.get(option, 1) if group == "strategy" else 1
     assert summary["num_replicas"] == replicas
     assert summary["global_batch_size"] == summary["per_replica_batch_size"] * replicas
@@ -219,11 +242,29 @@ def _check_dataset(option, probe, run_dir):
     """The model was built for this dataset's examples and classes."""
     import keras
 
+    from tfrecipe.tasks import register_custom_objects
+
     spec = load_yaml("dataset", option)
     shape = tuple(spec.get("shape") or (8, 8, 1))  # digits: 8x8 grey images
+    if option in VECTOR_DATASETS:
+        shape = (VECTOR_DATASETS[option],)
+    register_custom_objects()
     model = keras.saving.load_model(run_dir / "model.keras")
     assert model.input_shape[1:] == shape
-    assert model.output_shape[-1] == spec.get("num_classes", 10)
+    heads = {"breast_cancer": 1, "diabetes": 1, "wine": 3}  # binary, regression, 3 classes
+    assert model.output_shape[-1] == heads.get(option, spec.get("num_classes", 10))
+
+
+def _check_task(option, probe, run_dir):
+    """The head's width follows the task (synthetic data: 10 clusters)."""
+    import keras
+
+    from tfrecipe.tasks import register_custom_objects
+
+    register_custom_objects()
+    model = keras.saving.load_model(run_dir / "model.keras")
+    heads = {"classification": 10, "binary": 1, "multilabel": 10, "regression": 1}
+    assert model.output_shape[-1] == heads[option]
 
 
 def _check_precision(option, probe, run_dir):
@@ -281,6 +322,7 @@ CHECKS = {
     "loop": _check_loop,
     "callbacks": _check_callbacks,
     "logger": _check_logger,
+    "task": _check_task,
 }
 
 

@@ -163,6 +163,13 @@ def progress_verbosity(verbose: int | str, *, enabled: bool) -> int:
     return int(verbose)
 
 
+def _mode(monitor: str, mode: str) -> str:
+    """The configured mode, with "auto" decided by the monitored metric (tfrecipe.tasks)."""
+    from tfrecipe.tasks import monitor_mode
+
+    return monitor_mode(monitor) if mode == "auto" else mode
+
+
 def build_callbacks(
     spec: schema.Callbacks,
     logger: schema.Logger,
@@ -179,7 +186,7 @@ def build_callbacks(
             keras.callbacks.ModelCheckpoint(
                 str(run_dir / "best.weights.h5"),
                 monitor=spec.model_checkpoint.monitor,
-                mode=spec.model_checkpoint.mode,
+                mode=_mode(spec.model_checkpoint.monitor, spec.model_checkpoint.mode),
                 save_best_only=True,
                 save_weights_only=True,
             )
@@ -191,6 +198,7 @@ def build_callbacks(
         callbacks.append(
             keras.callbacks.EarlyStopping(
                 monitor=es.monitor,
+                mode=_mode(es.monitor, "auto"),
                 patience=es.patience,
                 min_delta=es.min_delta,
                 restore_best_weights=es.restore_best_weights,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+from tfrecipe import tasks
 from tfrecipe.config import schema
-from tfrecipe.config.instantiate import instantiate
+from tfrecipe.config.instantiate import instantiate, resolve_target
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
+from tfrecipe.errors import ConfigError
 
 
 def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
@@ -15,16 +17,35 @@ def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
     return instantiate(spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets)
 
 
-def build_model(spec: schema.Target, info, *, allowed_targets: list[str]):
-    """The `model` group's model for the dataset's input shape and classes (build it in the scope
-    of the strategy that will train it)."""
+def build_model(spec: schema.Target, info, *, task: schema.Task, allowed_targets: list[str]):
+    """The `model` group's model for the dataset's input shape and the task's head size (build
+    it in the scope of the strategy that will train it)."""
+    _check_builder_signature(spec.target, allowed_targets)
     return instantiate(
         spec.model_dump(by_alias=True),
         key="model",
         allowed=allowed_targets,
         input_shape=info.input_shape,
-        num_classes=info.num_classes,
+        num_outputs=tasks.num_outputs(task, info),
     )
+
+
+def _check_builder_signature(target: str, allowed_targets: list[str]) -> None:
+    """A builder written for the old `num_classes` signature is told what to change."""
+    import inspect
+
+    fn = resolve_target(target, key="model", allowed=allowed_targets)
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if "num_classes" in parameters and "num_outputs" not in parameters:
+        raise ConfigError(f"model._target_={target}: {tasks.OLD_SIGNATURE_HINT}")
+
+
+def check_targets(spec: schema.Target, info, *, task: schema.Task) -> None:
+    """The dataset's targets against the task, before training (tasks.check_targets)."""
+    tasks.check_targets(task, info, dataset=spec.target)
 
 
 def evaluation_data(dataset, options: PipelineOptions, *, batch_size: int, seed: int, split: str):
@@ -72,16 +93,19 @@ def steps_per_call(
 
 
 def compile_model(
-    model, *, optimizer=None, steps_per_execution: int = 1, jit_compile: bool | str = "auto"
+    model,
+    *,
+    task: schema.Task,
+    optimizer=None,
+    steps_per_execution: int = 1,
+    jit_compile: bool | str = "auto",
 ) -> None:
-    """Every model trains and is scored on sparse categorical cross-entropy from logits and
-    accuracy, under Keras' own names (`loss`, `accuracy`)."""
-    import keras
-
+    """The model trains on the task's loss and is scored on its metrics, under the names
+    `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...)."""
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        loss=tasks.loss(task),
+        metrics=tasks.metrics(task),
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )

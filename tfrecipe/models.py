@@ -1,5 +1,7 @@
-"""Model builders: each takes the dataset's `input_shape` and `num_classes` plus its own options,
-and returns an uncompiled Keras model whose output is float32 logits (also under mixed precision).
+"""Model builders: each takes the dataset's `input_shape` and the task's `num_outputs` (the head's
+width: classes, 1 for binary, labels, regression outputs) plus its own options, and returns an
+uncompiled Keras model whose output is float32 with no activation (logits, or a regression's
+linear outputs), also under mixed precision.
 
 A user's model is any function with this signature, named in config by `model._target_`.
 """
@@ -12,9 +14,10 @@ import keras
 from keras import layers
 
 
-def _logits(x: keras.KerasTensor, num_classes: int) -> keras.KerasTensor:
-    # float32 output: softmax/cross-entropy in half precision lose too much (Keras' guidance).
-    return layers.Dense(num_classes, dtype="float32", name="logits")(x)
+def _logits(x: keras.KerasTensor, num_outputs: int) -> keras.KerasTensor:
+    # float32 output: softmax/cross-entropy (and a regression's squared error) in half precision
+    # lose too much (Keras' guidance).
+    return layers.Dense(num_outputs, dtype="float32", name="logits")(x)
 
 
 def _require_image(input_shape: Sequence[int], model: str) -> None:
@@ -28,7 +31,7 @@ def _require_image(input_shape: Sequence[int], model: str) -> None:
 def mlp(
     *,
     input_shape: Sequence[int],
-    num_classes: int,
+    num_outputs: int,
     hidden_units: Sequence[int] = (256, 256),
     dropout: float = 0.0,
 ) -> keras.Model:
@@ -41,13 +44,13 @@ def mlp(
         x = layers.Dense(units, activation="relu")(x)
         if dropout:
             x = layers.Dropout(dropout)(x)
-    return keras.Model(inputs, _logits(x, num_classes), name="mlp")
+    return keras.Model(inputs, _logits(x, num_outputs), name="mlp")
 
 
 def cnn(
     *,
     input_shape: Sequence[int],
-    num_classes: int,
+    num_outputs: int,
     filters: Sequence[int] = (32, 64),
     dense_units: int = 128,
     dropout: float = 0.2,
@@ -67,7 +70,7 @@ def cnn(
     x = layers.Dense(dense_units, activation="relu")(x)
     if dropout:
         x = layers.Dropout(dropout)(x)
-    return keras.Model(inputs, _logits(x, num_classes), name="cnn")
+    return keras.Model(inputs, _logits(x, num_outputs), name="cnn")
 
 
 def _residual_block(x: keras.KerasTensor, width: int, stride: int) -> keras.KerasTensor:
@@ -86,7 +89,7 @@ def _residual_block(x: keras.KerasTensor, width: int, stride: int) -> keras.Kera
 def resnet(
     *,
     input_shape: Sequence[int],
-    num_classes: int,
+    num_outputs: int,
     stage_filters: Sequence[int] = (16, 32, 64),
     blocks_per_stage: int = 2,
 ) -> keras.Model:
@@ -102,4 +105,4 @@ def resnet(
             downsample = stage > 0 and block == 0 and min(x.shape[1:3]) >= 2
             x = _residual_block(x, width, stride=2 if downsample else 1)
     x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, _logits(x, num_classes), name="resnet")
+    return keras.Model(inputs, _logits(x, num_outputs), name="resnet")

@@ -235,8 +235,10 @@ def read_history(run_dir: Path) -> list[dict[str, float]]:
     return rows
 
 
-def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
-    """curves.png: loss and accuracy per epoch, training and validation.
+def plot_curves(
+    run_dir: Path, rows: Sequence[Mapping[str, float]], metric: str = "accuracy"
+) -> None:
+    """curves.png: loss and the task's main `metric` per epoch, training and validation.
 
     Draws on a bare `Figure` (no pyplot: its global state is not thread-safe, and it costs an
     import), so it can run beside the test evaluation (`plot_curves_in_background`)."""
@@ -244,13 +246,13 @@ def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
 
     fig = Figure(figsize=(10, 4))
     axes = fig.subplots(1, 2)
-    for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
-        for name, style in ((metric, "-"), (f"val_{metric}", "--")):
+    for ax, shown in zip(axes, ("loss", metric), strict=True):
+        for name, style in ((shown, "-"), (f"val_{shown}", "--")):
             points = [(row["epoch"], row[name]) for row in rows if row.get(name) is not None]
             if points:
                 ax.plot(*zip(*points, strict=True), style, marker="o", label=name)
         ax.set_xlabel("epoch")
-        ax.set_title(metric)
+        ax.set_title(shown)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend()
@@ -260,12 +262,14 @@ def plot_curves(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
     atomic_write(run_dir / "curves.png", buffer.getvalue())
 
 
-def plot_curves_in_background(run_dir: Path, rows: Sequence[Mapping[str, float]]):
+def plot_curves_in_background(
+    run_dir: Path, rows: Sequence[Mapping[str, float]], metric: str = "accuracy"
+):
     """Starts `plot_curves` on a copy of `rows` in a thread (TensorFlow's evaluation and export
     leave the interpreter free); returns the thread to join before the run reports done."""
     import threading
 
     rows = [dict(row) for row in rows]
-    thread = threading.Thread(target=plot_curves, args=(run_dir, rows), name="plot_curves")
+    thread = threading.Thread(target=plot_curves, args=(run_dir, rows, metric), name="plot_curves")
     thread.start()
     return thread

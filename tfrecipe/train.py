@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from tfrecipe import compat, factory, optim, rundir
+from tfrecipe import compat, factory, optim, rundir, tasks
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks, progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.data.distribute import distribute as distribute_dataset
@@ -98,8 +98,10 @@ def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any
     evaluation data, all on the default strategy (it joins no collective)."""
     started = time.perf_counter()
     splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
-    model = factory.build_model(run.model, splits.info, allowed_targets=run.allowed_targets)
-    factory.compile_model(model)
+    model = factory.build_model(
+        run.model, splits.info, task=run.task, allowed_targets=run.allowed_targets
+    )
+    factory.compile_model(model, task=run.task)
     split = "validation" if splits.validation is not None else "test"
     data = factory.evaluation_data(
         getattr(splits, split),
@@ -308,6 +310,7 @@ class _Inputs:
 def _load_data(run: schema.RunConfig, global_batch: int) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
     splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
+    factory.check_targets(run.dataset, splits.info, task=run.task)
     _check_batch_fits(run.batching, global_batch, splits.info.num_train)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
@@ -367,11 +370,14 @@ def _build_model(
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
     with model_scope(strategy):
-        model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
+        model = factory.build_model(
+            run.model, info, task=run.task, allowed_targets=run.allowed_targets
+        )
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(
             model,
+            task=run.task,
             optimizer=optimizer,
             steps_per_execution=_steps_per_call(run, model, steps_per_epoch)
             if run.loop.name == "fit"
@@ -548,7 +554,9 @@ def _run_loop(
         rollbacks=summary["rollbacks"],
         on_rollback=lambda: rundir.write_summary(run_dir, summary),
     )
-    plotting = rundir.plot_curves_in_background(run_dir, monitors.history.rows)  # beside these
+    plotting = rundir.plot_curves_in_background(  # beside these
+        run_dir, monitors.history.rows, tasks.main_metric(run.task)
+    )
     try:
         if inputs.test is not None:
             summary["test"] = loop.evaluate(model, inputs.test)

@@ -4,7 +4,7 @@ error), for tests of failures before training starts."""
 import tensorflow as tf
 
 
-def out_of_memory(*, input_shape, num_classes):
+def out_of_memory(*, input_shape, num_outputs):
     raise tf.errors.ResourceExhaustedError(
         None, None, "OOM when allocating tensor with shape[100000,100000]"
     )

@@ -10,7 +10,7 @@ import keras
 def regularized_mlp(
     *,
     input_shape: Sequence[int],
-    num_classes: int,
+    num_outputs: int,
     hidden_units: Sequence[int] = (32,),
     dropout: float = 0.0,
     l2: float = 0.01,
@@ -29,6 +29,6 @@ def regularized_mlp(
             activity_regularizer=keras.regularizers.L2(l2 / 10),
         )(x)
     logits = keras.layers.Dense(
-        num_classes, dtype="float32", kernel_regularizer=keras.regularizers.L2(l2)
+        num_outputs, dtype="float32", kernel_regularizer=keras.regularizers.L2(l2)
     )(x)
     return keras.Model(inputs, logits, name="regularized_mlp")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import keras
 
 
-def tiny_dense(*, input_shape, num_classes, width: int = 16) -> keras.Model:
+def tiny_dense(*, input_shape, num_outputs, width: int = 16) -> keras.Model:
     """Flatten, one hidden Dense layer, float32 logits."""
     inputs = keras.Input(shape=tuple(input_shape))
     x = keras.layers.Flatten()(inputs)
     x = keras.layers.Dense(width, activation="relu", name="user_hidden")(x)
-    outputs = keras.layers.Dense(num_classes, dtype="float32", name="user_logits")(x)
+    outputs = keras.layers.Dense(num_outputs, dtype="float32", name="user_logits")(x)
     return keras.Model(inputs, outputs, name="user_tiny_dense")

@@ -21,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe.config import compose as configs
 from tfrecipe.errors import ConfigError, Problem
+from tfrecipe.tasks import MODEL_ARGUMENTS, OLD_SIGNATURE_HINT
 
 # Runtime arguments the factory passes to builders, besides the configured ones.
-_RUNTIME_ARGUMENTS = {"model": ("input_shape", "num_classes"), "dataset": ()}
+_RUNTIME_ARGUMENTS = {"model": MODEL_ARGUMENTS, "dataset": ()}
 
 
 def _description(path: Path) -> str:
@@ -157,11 +158,13 @@ def target_problems(cfg: DictConfig) -> list[Problem]:
             continue
         given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
         try:
-            problems += [
-                Problem(key, hint=f"{target} {p}") for p in argument_problems(target, given)
-            ]
+            found = argument_problems(target, given)
         except Unresolvable as error:
             problems.append(Problem(f"{key}._target_", hint=f"cannot find {target!r} ({error})"))
+            continue
+        if key == "model" and "missing argument 'num_classes'" in found:
+            found = [OLD_SIGNATURE_HINT]  # a builder written before tasks: one clear fix
+        problems += [Problem(key, hint=f"{target} {p}") for p in found]
     return problems
 
 

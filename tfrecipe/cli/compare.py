@@ -20,11 +20,30 @@ from omegaconf import OmegaConf
 from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
+# The metrics of runs that logged none (e.g. failed before an epoch): the default task's.
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
-# The numbers the table shows, each a name `--sort` accepts.
-_COLUMNS = (*_METRICS, "test_accuracy", "examples_per_sec", "wall_time_s")
-# Metrics where bigger is better; everything else sorts ascending.
-_HIGHER_IS_BETTER = ("accuracy", "val_accuracy", "test_accuracy", "examples_per_sec")
+_THROUGHPUT = ("examples_per_sec", "wall_time_s")
+
+
+def _higher_is_better(name: str) -> bool:
+    """Bigger is better for throughput and the metrics tfrecipe.tasks says so of (also under
+    val_/test_); everything else sorts ascending."""
+    from tfrecipe.tasks import monitor_mode
+
+    return name == "examples_per_sec" or monitor_mode(name.removeprefix("test_")) == "max"
+
+
+def columns(runs: list[Run]) -> list[str]:
+    """The numbers the table shows, each a name `--sort` accepts: the metrics the runs logged
+    (the task's: accuracy, auc, mae, ...) as loss, metrics, val_loss, val_ metrics, then the
+    test split's (but its loss), then throughput."""
+    logged = dict.fromkeys(m for run in runs for m in run.summary.get("metrics") or {})
+    tested = dict.fromkeys(m for run in runs for m in run.summary.get("test") or {})
+    names = list(logged) or list(_METRICS)
+    train = [m for m in names if not m.startswith("val_") and m != "loss"]
+    val = [m for m in names if m.startswith("val_") and m != "val_loss"]
+    test = [f"test_{m}" for m in (tested or {"accuracy": None}) if m != "loss"]
+    return ["loss", *train, "val_loss", *val, *test, *_THROUGHPUT]
 
 
 @dataclass
@@ -69,7 +88,7 @@ def differing_keys(runs: list[Run]) -> list[str]:
 
 def sortable(runs: list[Run]) -> list[str]:
     """The names `--sort` accepts: the table's numbers and every metric some run has."""
-    names = dict.fromkeys(_COLUMNS)
+    names = dict.fromkeys(columns(runs))
     for run in runs:
         names |= dict.fromkeys(run.summary.get("metrics") or {})
         names |= dict.fromkeys(f"test_{name}" for name in run.summary.get("test") or {})
@@ -82,7 +101,7 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
             f"compare --sort={metric}: not a column of these runs; sortable: "
             f"{', '.join(sortable(runs))}"
         )
-    sign = -1 if metric in _HIGHER_IS_BETTER else 1
+    sign = -1 if _higher_is_better(metric) else 1
 
     def key(run: Run) -> tuple[bool, float]:
         value = run.value(metric)
@@ -93,11 +112,12 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
 
 
 def table(runs: list[Run], keys: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = ["run", *keys, "status", *_COLUMNS]
+    shown = columns(runs)
+    header = ["run", *keys, "status", *shown]
     rows = []
     common = _common_parent([run.path for run in runs])
     for run in runs:
-        values = [run.value(m) for m in _COLUMNS]
+        values = [run.value(m) for m in shown]
         rows.append(
             [
                 str(run.path.relative_to(common)) if common else str(run.path),
@@ -124,14 +144,17 @@ def plot(runs: list[Run], keys: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    # val_loss and the task's first metric (val_accuracy, val_auc, val_mae, ...)
+    shown = columns(runs)
+    metric = next((m for m in shown if m.startswith("val_") and m != "val_loss"), "val_accuracy")
     for run in runs:
         history = run.path / "history.csv"
         if not history.exists():
             continue
         rows = list(csv.DictReader(history.open()))
         label = " ".join(f"{k}={run.overrides.get(k, '')}" for k in keys) or run.path.name
-        for ax, metric in zip(axes, ("val_loss", "val_accuracy"), strict=True):
-            name = metric if rows and rows[0].get(metric) is not None else metric[4:]
+        for ax, wanted in zip(axes, ("val_loss", metric), strict=True):
+            name = wanted if rows and rows[0].get(wanted) is not None else wanted[4:]
             points = [(int(r["epoch"]), float(r[name])) for r in rows if r.get(name)]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=label)

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import factory, rundir
+from tfrecipe import factory, rundir, tasks
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
@@ -42,13 +42,14 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
                 f"evaluate: --model={which}: no such file in {run_dir} (a run exports model.keras "
                 "when it completes; --model=best uses best.weights.h5)"
             )
+        tasks.register_custom_objects()  # the task's own metrics, named in the saved model
         return keras.saving.load_model(path)
     weights = run_dir / "best.weights.h5"
     if not weights.is_file():
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
-    model = factory.build_model(run.model, info, allowed_targets=run.allowed_targets)
+    model = factory.build_model(run.model, info, task=run.task, allowed_targets=run.allowed_targets)
     model.load_weights(weights)
-    factory.compile_model(model)
+    factory.compile_model(model, task=run.task)
     return model
 
 

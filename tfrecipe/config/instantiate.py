@@ -76,6 +76,9 @@ DATASET = Kind(
     "a dataset builder returning tfrecipe.Splits",
     builders=(
         "tfrecipe.data.bundled.digits",
+        "tfrecipe.data.bundled.breast_cancer",
+        "tfrecipe.data.bundled.diabetes",
+        "tfrecipe.data.bundled.wine",
         "tfrecipe.data.bundled.synthetic",
         "tfrecipe.data.tfds.load",
         "tfrecipe.data.npz.load",

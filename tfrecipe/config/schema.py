@@ -105,6 +105,37 @@ class Target(BaseModel):
     target: str = Field(alias="_target_")
 
 
+# --- task: what is learned (tfrecipe/tasks.py has the losses and metrics) --------------------------
+class ClassificationTask(_Schema):
+    name: Literal["classification"]
+    top_k: Annotated[int, Field(ge=2)] | None = None
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class BinaryTask(_Schema):
+    name: Literal["binary"]
+    threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+
+
+class MultilabelTask(_Schema):
+    name: Literal["multilabel"]
+    threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # null: the dataset's label width; else the width its labels must have.
+    num_labels: PositiveInt | None = None
+
+
+class RegressionTask(_Schema):
+    name: Literal["regression"]
+    loss: Literal["mse", "mae", "huber"] = "mse"
+    huber_delta: PositiveFloat = 1.0
+
+
+TASK_NAMES = ("classification", "binary", "multilabel", "regression")
+Task = Annotated[
+    ClassificationTask | BinaryTask | MultilabelTask | RegressionTask, Field(discriminator="name")
+]
+
+
 # --- precision, batching, optimizer ---------------------------------------------------------------
 class Precision(_Schema):
     # auto: mixed_bfloat16 where the hardware runs it natively, else float32 (tfrecipe.precision)
@@ -305,6 +336,7 @@ class RunConfig(_Schema):
     resume: str = "auto"
     allowed_targets: list[str] = []
     strategy: Strategy
+    task: Task = ClassificationTask(name="classification")
     model: Target
     dataset: Target
     pipeline: PipelineOptions = PipelineOptions()
@@ -351,7 +383,25 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems += _parameter_server_loop_problems(run)
     problems += _resume_problems(run)
     problems += _rollback_problems(run)
+    problems += _monitor_problems(run)
     return problems
+
+
+def _monitor_problems(run: RunConfig) -> list[str]:
+    """A checkpoint or early-stopping monitor must be a value the task's run logs (Keras would
+    only warn, each epoch, and never save or stop)."""
+    from tfrecipe.tasks import monitors
+
+    allowed = monitors(run.task)
+    return [
+        f"callbacks.{key}.monitor={spec.monitor}: task={run.task.name} does not produce it; "
+        f"allowed: {', '.join(allowed)}"
+        for key, spec in (
+            ("model_checkpoint", run.callbacks.model_checkpoint),
+            ("early_stopping", run.callbacks.early_stopping),
+        )
+        if spec.enabled and spec.monitor not in allowed
+    ]
 
 
 def _rollback_problems(run: RunConfig) -> list[str]:
@@ -474,7 +524,17 @@ def _allow_list_problems(container: dict, hydra: DictConfig | None) -> list[Prob
     return config_problems(container, hydra, allowed=allowed)
 
 
-_TAGS = {*STRATEGY_NAMES, "adam", "adamw", "sgd", "none", "tf_config", "local", "slurm"}
+_TAGS = {
+    *STRATEGY_NAMES,
+    *TASK_NAMES,
+    "adam",
+    "adamw",
+    "sgd",
+    "none",
+    "tf_config",
+    "local",
+    "slurm",
+}
 
 
 def _missing(key: str) -> Problem:

@@ -1,4 +1,5 @@
-"""Datasets that need no download: scikit-learn's bundled digits, and generated data."""
+"""Datasets that need no download: scikit-learn's bundled digits, breast cancer, diabetes and
+wine sets, and generated data (with targets for every task)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfrecipe.data.splits import Splits, from_arrays
+from tfrecipe.data.splits import Splits, TargetKind, from_arrays
 
 
 def digits(*, validation_fraction: float, test_fraction: float, split_seed: int) -> Splits:
@@ -28,6 +29,91 @@ def digits(*, validation_fraction: float, test_fraction: float, split_seed: int)
     )
 
 
+def _tabular(
+    features: np.ndarray,
+    targets: np.ndarray,
+    *,
+    num_classes: int,
+    target_kind: TargetKind,
+    standardize: bool,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+) -> Splits:
+    return from_arrays(
+        features.astype("float32"),
+        targets,
+        num_classes=num_classes,
+        target_kind=target_kind,
+        standardize=standardize,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+def breast_cancer(
+    *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
+) -> Splits:
+    """scikit-learn's Wisconsin breast cancer set: 569 examples, 30 features, 0/1 labels
+    (1 = benign)."""
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    return _tabular(
+        bunch.data,
+        bunch.target.astype("int32"),
+        num_classes=2,
+        target_kind="binary",
+        standardize=standardize,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+def diabetes(
+    *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
+) -> Splits:
+    """scikit-learn's diabetes set: 442 examples, 10 features, one float target (disease
+    progression after a year, 25 to 346)."""
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes()
+    return _tabular(
+        bunch.data,
+        bunch.target.astype("float32")[:, np.newaxis],
+        num_classes=0,
+        target_kind="float",
+        standardize=standardize,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+def wine(
+    *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
+) -> Splits:
+    """scikit-learn's wine set: 178 examples, 13 features, 3 classes."""
+    from sklearn.datasets import load_wine
+
+    bunch = load_wine()
+    return _tabular(
+        bunch.data,
+        bunch.target.astype("int32"),
+        num_classes=3,
+        target_kind="classes",
+        standardize=standardize,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+
+
+SYNTHETIC_TARGETS = ("classes", "binary", "multi_hot", "regression")
+
+
 def synthetic(
     *,
     num_examples: int,
@@ -36,8 +122,20 @@ def synthetic(
     validation_fraction: float,
     test_fraction: float,
     split_seed: int,
+    targets: str = "classes",
 ) -> Splits:
-    """Generated images or vectors: each class a random mean plus unit noise (learnable)."""
+    """Generated images or vectors: each cluster a random mean plus unit noise (learnable).
+
+    Args:
+      num_classes: the number of clusters (and of classes, or of multi-hot labels).
+      targets: classes (the cluster), binary (cluster in the first half), multi_hot (a fixed
+        random label set per cluster, num_classes wide) or regression (one float, linear in
+        the features).
+    """
+    if targets not in SYNTHETIC_TARGETS:
+        raise ValueError(
+            f"dataset.targets={targets}: expected one of {', '.join(SYNTHETIC_TARGETS)}"
+        )
     if num_examples <= 0 or num_classes < 2 or not shape or min(shape) <= 0:
         raise ValueError(
             "synthetic data needs num_examples > 0, num_classes >= 2 and a non-empty positive "
@@ -56,14 +154,41 @@ def synthetic(
         chunk = slice(start, start + _CHUNK)
         features[chunk] = rng.normal(0.0, 1.0, size=features[chunk].shape)
         features[chunk] += means[labels[chunk]]
+    if targets == "classes":  # the draws above stay as they were before other targets
+        return from_arrays(
+            features,
+            labels,
+            num_classes=num_classes,
+            validation_fraction=validation_fraction,
+            test_fraction=test_fraction,
+            split_seed=split_seed,
+        )
+    derived, kind, classes = _synthetic_targets(targets, labels, features, num_classes, split_seed)
     return from_arrays(
         features,
-        labels,
-        num_classes=num_classes,
+        derived,
+        num_classes=classes,
+        target_kind=kind,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
         split_seed=split_seed,
     )
+
+
+def _synthetic_targets(
+    targets: str, clusters: np.ndarray, features: np.ndarray, num_classes: int, seed: int
+) -> tuple[np.ndarray, TargetKind, int]:
+    """Targets other than the cluster id, from their own seeded stream: (targets, kind, classes)."""
+    rng = np.random.default_rng([seed, 1])
+    if targets == "binary":
+        return (clusters < num_classes // 2).astype("int32"), "binary", 2
+    if targets == "multi_hot":
+        codes = (rng.random((num_classes, num_classes)) < 0.5).astype("float32")
+        codes[np.arange(num_classes), np.arange(num_classes)] = 1.0  # no label is never present
+        return codes[clusters], "multi_hot", num_classes
+    flat = features.reshape(len(features), -1)
+    weights = rng.normal(0.0, 1.0, size=flat.shape[1]).astype("float32")
+    return (flat @ weights / np.sqrt(flat.shape[1]))[:, np.newaxis], "float", 0
 
 
 _CHUNK = 1024  # examples of noise drawn at once

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import numpy as np
 import tensorflow as tf
 
+TargetKind = Literal["classes", "binary", "multi_hot", "float"]
+
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
+    """What a dataset holds. Its targets: `target_kind` (integer class ids, 0/1 labels, multi-hot
+    vectors or floats) of shape `target_shape` per example; `targets` all of them when they are
+    in memory, so the task can check their values before training (tfrecipe/tasks.py)."""
+
     input_shape: tuple[int, ...]
     num_classes: int
     num_train: int
     num_validation: int
     num_test: int
+    target_kind: TargetKind = "classes"
+    target_shape: tuple[int, ...] = ()
+    targets: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +38,15 @@ class Splits:
 
 
 def split_indices(
-    labels: np.ndarray, validation_fraction: float, test_fraction: float, seed: int
+    labels: np.ndarray,
+    validation_fraction: float,
+    test_fraction: float,
+    seed: int,
+    *,
+    stratify: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A stratified, seeded train/validation/test split of example indices."""
+    """A seeded train/validation/test split of example indices, stratified by `labels` (class
+    ids) unless `stratify` is False (float or multi-hot targets)."""
     from sklearn.model_selection import train_test_split
 
     for name, value in (
@@ -48,12 +64,16 @@ def split_indices(
     held_out = validation_fraction + test_fraction
     if held_out == 0:
         return indices, indices[:0], indices[:0]
-    train, rest = train_test_split(indices, test_size=held_out, random_state=seed, stratify=labels)
+    strata = labels if stratify else None
+    train, rest = train_test_split(indices, test_size=held_out, random_state=seed, stratify=strata)
     if validation_fraction == 0 or test_fraction == 0:
         empty = rest[:0]
         return (train, rest, empty) if test_fraction == 0 else (train, empty, rest)
     validation, test = train_test_split(
-        rest, test_size=test_fraction / held_out, random_state=seed, stratify=labels[rest]
+        rest,
+        test_size=test_fraction / held_out,
+        random_state=seed,
+        stratify=labels[rest] if stratify else None,
     )
     return train, validation, test
 
@@ -66,9 +86,26 @@ def from_arrays(
     validation_fraction: float,
     test_fraction: float,
     split_seed: int,
+    target_kind: TargetKind = "classes",
+    standardize: bool = False,
 ) -> Splits:
-    """Splits in-memory arrays into train/validation/test datasets."""
-    train, validation, test = split_indices(labels, validation_fraction, test_fraction, split_seed)
+    """Splits in-memory arrays into train/validation/test datasets (stratified by class for
+    class and 0/1 targets).
+
+    Args:
+      standardize: scale each feature to zero mean and unit variance with the training split's
+        statistics (tabular data whose columns differ in scale by orders of magnitude).
+    """
+    train, validation, test = split_indices(
+        labels,
+        validation_fraction,
+        test_fraction,
+        split_seed,
+        stratify=target_kind in ("classes", "binary"),
+    )
+    if standardize:
+        mean, std = features[train].mean(axis=0), features[train].std(axis=0)
+        features = ((features - mean) / np.where(std > 0, std, 1.0)).astype("float32")
 
     def make(idx: np.ndarray) -> tf.data.Dataset | None:
         if len(idx) == 0:
@@ -81,5 +118,8 @@ def from_arrays(
         num_train=len(train),
         num_validation=len(validation),
         num_test=len(test),
+        target_kind=target_kind,
+        target_shape=tuple(labels.shape[1:]),
+        targets=labels,
     )
     return Splits(make(train), make(validation), make(test), info)
