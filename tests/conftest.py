@@ -34,6 +34,13 @@ def _split_cpu_in_two() -> None:
         )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _two_logical_cpus_before_anything_starts_tensorflow() -> None:
+    """Whichever test first starts TensorFlow in this process (a tier or `-k` selection may start
+    with any), the CPU is split by then: mirrored tests need it, and it cannot happen later."""
+    _split_cpu_in_two()
+
+
 @pytest.fixture
 def compose_cfg() -> Callable[..., object]:
     """compose_cfg(*overrides, tiny=True): the config `python -m tfrecipe` would run."""
