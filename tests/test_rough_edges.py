@@ -76,8 +76,7 @@ def test_compare_reads_a_relative_multirun_dir_and_refuses_an_unknown_sort(cli, 
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
     assert wrong.stderr.strip() == (
         "tfrecipe: invalid configuration: compare --sort=nope: not a column of these runs; "
-        "sortable: loss, accuracy, val_loss, val_accuracy, test_accuracy, examples_per_sec, "
-        "wall_time_s, auc"
+        "sortable: loss, auc, val_loss, test_accuracy, examples_per_sec, wall_time_s"
     )
 
 
