@@ -63,7 +63,7 @@ def test_the_head_follows_the_task(compose_cfg):
     for task, (targets, _) in TASKS.items():
         run = validate(compose_cfg(*SYNTHETIC, f"task={task}", targets))
         splits = factory.load_splits(run.dataset, allowed_targets=[])
-        model = factory.build_model(run.model, splits.info, task=run.task, allowed_targets=[])
+        model = factory.build_model(run.model, splits, task=run.task, allowed_targets=[])
         width = {"classification": 4, "binary": 1, "multilabel": 4, "regression": 1}[task]
         assert model.output_shape == (None, width)
         assert model.layers[-1].dtype_policy.compute_dtype == "float32"

@@ -3,6 +3,7 @@ sidecar evaluator (which must build exactly what training built)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from tfrecipe import tasks
@@ -17,17 +18,45 @@ def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
     return instantiate(spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets)
 
 
-def build_model(spec: schema.Target, info, *, task: schema.Task, allowed_targets: list[str]):
-    """The `model` group's model for the dataset's input shape and the task's head size (build
-    it in the scope of the strategy that will train it)."""
+def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
+    """The `model` group's model for the dataset's inputs and the task's head size (build it in
+    the scope of the strategy that will train it).
+
+    Preprocessing that must travel with the model is adapted on the training split only: the
+    dataset's own (`splits.preprocessing`, e.g. a CSV's column encoders: the builder then sees
+    the encoded width) and the builder's (one that takes `train_features` gets the training
+    split's features, e.g. to adapt a text vectorizer). The returned model takes raw inputs.
+    """
+    import inspect
+
     _check_builder_signature(spec.target, allowed_targets)
-    return instantiate(
+    info = splits.info
+    extra = {}
+    builder = resolve_target(spec.target, key="model", allowed=allowed_targets)
+    with contextlib.suppress(TypeError, ValueError):
+        if "train_features" in inspect.signature(builder).parameters:
+            extra["train_features"] = splits.train.map(lambda features, _: features)
+    if splits.preprocessing is None:
+        return instantiate(
+            spec.model_dump(by_alias=True),
+            key="model",
+            allowed=allowed_targets,
+            input_shape=info.input_shape,
+            num_outputs=tasks.num_outputs(task, info),
+            **extra,
+        )
+    import keras
+
+    inputs, encoded = splits.preprocessing(splits.train)
+    body = instantiate(
         spec.model_dump(by_alias=True),
         key="model",
         allowed=allowed_targets,
-        input_shape=info.input_shape,
+        input_shape=tuple(encoded.shape[1:]),
         num_outputs=tasks.num_outputs(task, info),
+        **extra,
     )
+    return keras.Model(inputs, body(encoded), name=body.name)
 
 
 def _check_builder_signature(target: str, allowed_targets: list[str]) -> None:

@@ -99,7 +99,7 @@ def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any
     started = time.perf_counter()
     splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
     model = factory.build_model(
-        run.model, splits.info, task=run.task, allowed_targets=run.allowed_targets
+        run.model, splits, task=run.task, allowed_targets=run.allowed_targets
     )
     factory.compile_model(model, task=run.task)
     split = "validation" if splits.validation is not None else "test"
@@ -196,7 +196,7 @@ def _train_steps(
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     splits, steps_per_epoch = _load_data(run, global_batch)
-    model = _build_model(run, strategy, splits.info, steps_per_epoch, global_batch)
+    model = _build_model(run, strategy, splits, steps_per_epoch, global_batch)
     policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
     resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
     start_step = resumed.step if resumed else 0
@@ -364,14 +364,14 @@ def _build_inputs(
 def _build_model(
     run: schema.RunConfig,
     strategy: tf.distribute.Strategy,
-    info: DatasetInfo,
+    splits: Splits,
     steps_per_epoch: int,
     global_batch: int,
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope."""
     with model_scope(strategy):
         model = factory.build_model(
-            run.model, info, task=run.task, allowed_targets=run.allowed_targets
+            run.model, splits, task=run.task, allowed_targets=run.allowed_targets
         )
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)

@@ -32,7 +32,7 @@ def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
     return schema.validate(cfg)
 
 
-def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
+def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
     import keras
 
     if which != "best":
@@ -47,7 +47,9 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, info):
     weights = run_dir / "best.weights.h5"
     if not weights.is_file():
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
-    model = factory.build_model(run.model, info, task=run.task, allowed_targets=run.allowed_targets)
+    model = factory.build_model(
+        run.model, splits, task=run.task, allowed_targets=run.allowed_targets
+    )
     model.load_weights(weights)
     factory.compile_model(model, task=run.task)
     return model
@@ -61,7 +63,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
-    model = _load_model(run, run_dir, which, splits.info)
+    model = _load_model(run, run_dir, which, splits)
     data = factory.evaluation_data(
         dataset,
         run.pipeline,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import tensorflow as tf
@@ -35,6 +36,10 @@ class Splits:
     validation: tf.data.Dataset | None
     test: tf.data.Dataset | None
     info: DatasetInfo
+    # Encoders that belong in the model (so the exported model takes raw rows): called with the
+    # training split inside the strategy's scope, adapts its layers on it and returns the
+    # model's `(inputs, encoded)` Keras tensors; the model builder then sees the encoded shape.
+    preprocessing: Callable[[tf.data.Dataset], tuple[Any, Any]] | None = None
 
 
 def split_indices(
