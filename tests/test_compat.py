@@ -165,6 +165,18 @@ def test_the_private_attributes_the_fit_fixes_read():
     assert spec == (tf.TensorSpec((None, 4)), tf.TensorSpec((None, 2)))
 
 
+def test_metrics_that_build_on_their_first_update_are_built_ahead():
+    lazy = [
+        keras.metrics.R2Score(),
+        keras.metrics.F1Score(average="macro"),
+        keras.metrics.AUC(multi_label=True),
+    ]
+    for metric in [*lazy, keras.metrics.MeanAbsoluteError()]:
+        compat.build_metric(metric, (None, 3))
+    assert all(metric.variables for metric in lazy)
+    assert (3,) in [tuple(v.shape) for v in lazy[0].variables]  # one R2 per output
+
+
 def test_learning_rate_setting_is_the_schedule_itself():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
     assert compat.learning_rate_setting(keras.optimizers.SGD(schedule)) is schedule

@@ -51,8 +51,20 @@ def _summary(run_dir: Path) -> dict:
         ("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom", "loop.steps_per_loop=2"),
         # SIGTERM to the launcher reaches both workers; they agree on a step, save, exit 75.
         ("strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2", "loop=fit"),
+        # A task other than classification resumes the same way (its own loss and metrics).
+        (
+            "strategy=multi_worker_mirrored",
+            "cluster=local",
+            "cluster.num_workers=2",
+            "loop=custom",
+            "loop.steps_per_loop=2",
+            "task=regression",
+            "dataset=diabetes",
+            "model=mlp",
+            "model.hidden_units=[32]",
+        ),
     ],
-    ids=["single-process-fit", "mirrored-custom", "two-workers-fit"],
+    ids=["single-process-fit", "mirrored-custom", "two-workers-fit", "two-workers-regression"],
 )
 def test_sigterm_saves_exits_and_the_same_command_resumes_losing_no_step(tmp_path, overrides):
     run_dir = tmp_path / "run"

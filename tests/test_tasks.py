@@ -53,6 +53,22 @@ def test_each_task_trains_the_same_with_fit_and_the_custom_loop(train_run, task,
     assert (fit_dir / "curves.png").is_file()
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_trains_the_same_on_two_mirrored_replicas(train_run, task):
+    """One global batch of 32 on the default strategy or split 16 + 16 over two logical CPUs:
+    the same losses and metrics, with fit and with the custom loop."""
+    overrides = [*SYNTHETIC, f"task={task}", TASKS[task][0], "batching=global"]
+    overrides += ["batching.global_batch_size=32"]
+    reference, _ = train_run(*overrides, "loop=fit", tiny=False)
+    for loop in ("fit", "custom"):
+        mirrored, _ = train_run(
+            *overrides, f"loop={loop}", "strategy=mirrored", "strategy.logical_cpus=2", tiny=False
+        )
+        assert mirrored["num_replicas"] == 2
+        assert mirrored["metrics"] == pytest.approx(reference["metrics"], rel=1e-4, abs=1e-6)
+        assert mirrored["test"] == pytest.approx(reference["test"], rel=1e-4, abs=1e-6)
+
+
 def test_the_head_follows_the_task(compose_cfg):
     from conftest import _split_cpu_in_two
 

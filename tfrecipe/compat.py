@@ -424,6 +424,20 @@ def after_skipped_step(optimizer: keras.optimizers.LossScaleOptimizer, then) -> 
     optimizer._stateful_handle_non_finite_grads = skip_then
 
 
+def build_metric(metric: keras.metrics.Metric, output_shape: tuple) -> None:
+    """Creates the variables of a metric that makes them on its first update (R2Score,
+    F1Score): a custom loop must have them before its `tf.function` runs, since variables made
+    while a distributed loop traces fail at run time ("You must feed a value for placeholder
+    tensor"); fit makes them in its symbolic build. Keras 3.0-3.15: `_built` and
+    `_build(y_true_shape, y_pred_shape)` on those metrics, `_build(y_pred_shape)` on AUC with
+    `multi_label`; others have neither."""
+    if getattr(metric, "_built", True):
+        return
+    shape = (None, *output_shape[1:])
+    build = _private(metric, "_build", user="build_metric")
+    build(shape) if isinstance(metric, keras.metrics.AUC) else build(shape, shape)
+
+
 def learning_rate_setting(optimizer: keras.optimizers.Optimizer):
     """The learning rate `optimizer` was given: the schedule itself, or the variable of a float
     (the public `learning_rate` gives only a schedule's current value). Keras 3.0-3.15:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
+from tfrecipe import compat
+
 # (per-example losses, regularization loss) -> the loss this replica differentiates.
 Reduction = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -86,10 +88,13 @@ def build(model: keras.Model, *, distributed: bool = True) -> Objective:
     loss = {**loss, "config": {**loss["config"], "reduction": None}}
     scope = model.distribute_strategy.scope() if distributed else contextlib.nullcontext()
     with scope:
+        metrics = tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ())
+        for metric in metrics:
+            compat.build_metric(metric, model.output_shape)
         return Objective(
             per_example_loss=keras.losses.deserialize(loss),
             loss=keras.metrics.Mean(name="loss"),
-            metrics=tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ()),
+            metrics=metrics,
         )
 
 
