@@ -54,10 +54,16 @@ def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, t
 
 
 @pytest.mark.slow
-def test_a_tiny_parameter_server_run_leaves_no_process(launch, tmp_path):
-    run = launch(*PS, *TINY, f"hydra.run.dir={tmp_path / 'run'}")
+def test_a_tiny_parameter_server_run_of_another_task_leaves_no_process(launch, tmp_path):
+    """A task other than classification (multi-hot labels, metrics that build on first use)
+    trains through the parameter servers, and every process is gone afterwards."""
+    multilabel = ["task=multilabel", "dataset=synthetic", "dataset.targets=multi_hot"]
+    multilabel += ["dataset.shape=[8]", "dataset.num_examples=256", "model=mlp"]
+    run = launch(*PS, *TINY, *multilabel, f"hydra.run.dir={tmp_path / 'run'}")
     assert run.finish(timeout=300) == 0, run.output[-4000:]
     assert not run.leftovers()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["test"]) == {"loss", "binary_accuracy", "auc", "f1_micro", "f1_macro"}
 
 
 def test_gradient_accumulation_is_refused_before_any_cluster_starts(cli, tmp_path):
