@@ -53,14 +53,18 @@ def apply(model: keras.Model, spec: str | None) -> list[str]:
 
 
 def unfreeze(model: keras.Model, regex: str | None = None) -> list[str]:
-    """Makes trainable every layer (regex None) or those whose name `regex` matches (with what
-    they contain, and the models that contain them); returns the names of the layers that were
+    """Makes trainable the backbone (regex None: what `freeze=backbone` freezes; keras_app's
+    fixed preprocessing stays fixed) or the layers whose name `regex` matches (with what they
+    contain, and the models that contain them); returns the names of the layers that were
     frozen and now train. The caller recompiles (fit) or rebuilds its train step (custom loop):
     the trainable set is read when a step is traced.
     """
     paths = list(_paths(model))
     before = {id(path[-1]): path[-1].trainable for path in paths}
-    matched = {id(p[-1]) for p in paths if regex is None or re.search(regex, p[-1].name)}
+    if regex is None:
+        matched = {id(layer) for layer in backbone_layers(model)}
+    else:
+        matched = {id(p[-1]) for p in paths if re.search(regex, p[-1].name)}
     ancestors = {id(outer) for p in paths if id(p[-1]) in matched for outer in p[:-1]}
     # Keras passes `trainable` down to every sublayer: set outer before inner (the order of
     # `_paths`) so each layer ends as wanted, the others as they were.
