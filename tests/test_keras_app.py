@@ -34,9 +34,15 @@ def _moved(begin, end, layer: str) -> list[bool]:
 
 
 # --- training with a frozen backbone ----------------------------------------------------------
+# Mirrored traces every step for two replicas: the slow tier (the default runs cover the code).
 @pytest.mark.parametrize(
     ("loop", "strategy"),
-    [("fit", "default"), ("custom", "default"), ("fit", "mirrored"), ("custom", "mirrored")],
+    [
+        ("fit", "default"),
+        ("custom", "default"),
+        pytest.param("fit", "mirrored", marks=pytest.mark.slow),
+        pytest.param("custom", "mirrored", marks=pytest.mark.slow),
+    ],
 )
 def test_a_frozen_backbone_keeps_its_weights_while_the_head_learns(
     train_run, tmp_path, loop, strategy

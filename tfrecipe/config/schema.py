@@ -110,7 +110,9 @@ class Target(BaseModel):
 # them): `model.freeze` (tfrecipe.models.freeze).
 MODEL_OPTIONS = ("freeze",)
 
-FREEZE_HELP = "expected none, backbone, fraction:F (0 < F <= 1) or a regular expression over layer names"
+FREEZE_HELP = (
+    "expected none, backbone, fraction:F (0 < F <= 1) or a regular expression over layer names"
+)
 
 
 def parse_freeze(value: object) -> tuple[str, float | str | None]:
