@@ -33,7 +33,7 @@ def _moved(begin, end, layer: str) -> list[bool]:
     return [not np.array_equal(begin[k], end[k]) for k in keys]
 
 
-# --- training with a frozen backbone ----------------------------------------------------------
+# --- training with a frozen backbone, and the model it exports --------------------------------
 # Mirrored traces every step for two replicas: the slow tier (the default runs cover the code).
 @pytest.mark.parametrize(
     ("loop", "strategy"),
@@ -65,18 +65,17 @@ def test_a_frozen_backbone_keeps_its_weights_while_the_head_learns(
     params = json.loads((run_dir / "summary.json").read_text())["params"]
     head = end["logits/0"].size + end["logits/1"].size
     assert params["trainable"] == head < params["total"]
+    _check_the_export_takes_raw_digits(run_dir)
 
 
-def test_the_exported_model_takes_raw_digits(train_run):
+def _check_the_export_takes_raw_digits(run_dir) -> None:
+    """A plain Keras load (safe mode, no custom objects): the resize and the application's
+    preprocessing are built-in layers inside the model, which takes the pipeline's images."""
     import keras
     from sklearn.datasets import load_digits
 
-    summary, run_dir = train_run(*SMALL_APP, "model.freeze=fraction:0.5", "loop.epochs=1")
-    assert summary["params"]["trainable"] < summary["params"]["total"]
-    # A plain Keras load (safe mode, no custom objects): the resize and the application's
-    # preprocessing are built-in layers inside the model.
     model = keras.saving.load_model(run_dir / "model.keras")
-    images = (load_digits().images / 16.0).astype("float32")[..., None]  # what the pipeline gives
+    images = (load_digits().images / 16.0).astype("float32")[..., None]  # as the pipeline gives
     logits = model.predict(images[:32], verbose=0)
     assert logits.shape == (32, 10) and np.isfinite(logits).all()
     assert model.get_layer("backbone").input.shape[1:] == (32, 32, 3)
@@ -208,15 +207,15 @@ def test_unfreeze_trains_again_what_freeze_froze(build):
 def test_the_preprocessing_is_the_applications_own(name):
     import keras
 
-    from tfrecipe.models import keras_app as module
+    from tfrecipe.models.keras_app import _pixel_transform
 
     app = getattr(keras.applications, {"MobileNetV2": "mobilenet_v2", "ResNet50": "resnet",
                                        "DenseNet121": "densenet"}[name])  # fmt: skip
-    kernel, bias = module._pixel_transform(name, 3, scale=255.0, preprocess=True)
+    kernel, bias = _pixel_transform(name, 3, scale=255.0, preprocess=True)
     images = np.random.default_rng(0).uniform(0, 1, (4, 5, 5, 3)).astype("float32")
     expected = app.preprocess_input(images * 255.0)
     np.testing.assert_allclose(images @ kernel + bias, expected, rtol=1e-5, atol=1e-4)
-    grey_kernel, _ = module._pixel_transform(name, 1, scale=255.0, preprocess=True)
+    grey_kernel, _ = _pixel_transform(name, 1, scale=255.0, preprocess=True)
     grey = images[..., :1]
     np.testing.assert_allclose(
         grey @ grey_kernel + bias, app.preprocess_input(np.repeat(grey, 3, -1) * 255.0), atol=1e-4
