@@ -29,7 +29,12 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
     """
     import inspect
 
+    from tfrecipe.models import freeze
+
     _check_builder_signature(spec.target, allowed_targets)
+    node = spec.model_dump(by_alias=True)
+    # Every builder's options (schema.MODEL_OPTIONS): applied here to what it built.
+    options = {key: node.pop(key, None) for key in schema.MODEL_OPTIONS}
     info = splits.info
     extra = {}
     builder = resolve_target(spec.target, key="model", allowed=allowed_targets)
@@ -37,25 +42,28 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
         if "train_features" in inspect.signature(builder).parameters:
             extra["train_features"] = splits.train.map(lambda features, _: features)
     if splits.preprocessing is None:
-        return instantiate(
-            spec.model_dump(by_alias=True),
+        model = instantiate(
+            node,
             key="model",
             allowed=allowed_targets,
             input_shape=info.input_shape,
             num_outputs=tasks.num_outputs(task, info),
             **extra,
         )
+        freeze.apply(model, options["freeze"])
+        return model
     import keras
 
     inputs, encoded = splits.preprocessing(splits.train)
     body = instantiate(
-        spec.model_dump(by_alias=True),
+        node,
         key="model",
         allowed=allowed_targets,
         input_shape=tuple(encoded.shape[1:]),
         num_outputs=tasks.num_outputs(task, info),
         **extra,
     )
+    freeze.apply(body, options["freeze"])
     return keras.Model(inputs, body(encoded), name=body.name)
 
 

@@ -36,6 +36,7 @@ from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.models.freeze import param_counts
 from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
 from tfrecipe.precision import set_precision
 from tfrecipe.tracking import WandbTracker
@@ -205,6 +206,7 @@ def _train_steps(
 
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
     summary.update(_how_it_runs(run, model, steps_per_epoch, start_step))
+    log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -445,6 +447,7 @@ def _how_it_runs(
         "precision": keras.mixed_precision.global_policy().name,
         "steps_per_execution": _steps_per_call(run, model, steps_per_epoch, start_step),
         "jit_compile": bool(model.jit_compile),
+        "params": param_counts(model),  # trainable < total: model.freeze froze some
     }
 
 

@@ -148,6 +148,7 @@ def target_problems(cfg: DictConfig) -> list[Problem]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
     from tfrecipe.config.instantiate import iter_targets, target_problem
+    from tfrecipe.config.schema import MODEL_OPTIONS  # the factory applies them, not builders
     from tfrecipe.config.targets import Unresolvable, argument_problems
 
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
@@ -156,7 +157,8 @@ def target_problems(cfg: DictConfig) -> list[Problem]:
     for key, target, node in iter_targets(OmegaConf.to_container(job, resolve=False)):
         if target_problem(target, key=key, allowed=allowed) is not None:
             continue
-        given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
+        applied = ("_target_", *(MODEL_OPTIONS if key == "model" else ()))
+        given = [*(k for k in node if k not in applied), *_RUNTIME_ARGUMENTS.get(key, ())]
         try:
             found = argument_problems(target, given)
         except Unresolvable as error:

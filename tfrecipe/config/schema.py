@@ -7,6 +7,7 @@ problem as `key: what is wrong (received value)`.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
@@ -103,6 +104,41 @@ Strategy = Annotated[
 class Target(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
     target: str = Field(alias="_target_")
+
+
+# Options of every `model` node that the factory applies to the built model (builders never see
+# them): `model.freeze` (tfrecipe.models.freeze).
+MODEL_OPTIONS = ("freeze",)
+
+FREEZE_HELP = (
+    "expected none, backbone, fraction:F (0 < F <= 1) or a regular expression over layer names"
+)
+
+
+def parse_freeze(value: object) -> tuple[str, float | str | None]:
+    """`model.freeze` (any builder's) as (kind, argument): ("none", None), ("backbone", None),
+    ("fraction", F) or ("regex", PATTERN). Raises `ValueError` saying what is wrong."""
+    import re
+
+    if value is None or value == "none":
+        return "none", None
+    if not isinstance(value, str) or not value:
+        raise ValueError(FREEZE_HELP)
+    if value == "backbone":
+        return "backbone", None
+    if value.startswith("fraction:"):
+        try:
+            fraction = float(value.removeprefix("fraction:"))
+        except ValueError:
+            fraction = math.nan
+        if not 0 < fraction <= 1:
+            raise ValueError(FREEZE_HELP)
+        return "fraction", fraction
+    try:
+        re.compile(value)
+    except re.error as error:
+        raise ValueError(f"not a valid regular expression ({error}); {FREEZE_HELP}") from None
+    return "regex", value
 
 
 # --- task: what is learned (tfrecipe/tasks.py has the losses and metrics) --------------------------
@@ -384,7 +420,17 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems += _resume_problems(run)
     problems += _rollback_problems(run)
     problems += _monitor_problems(run)
+    problems += _freeze_problems(run)
     return problems
+
+
+def _freeze_problems(run: RunConfig) -> list[Problem]:
+    value = (run.model.model_extra or {}).get("freeze")
+    try:
+        parse_freeze(value)
+    except ValueError as error:
+        return [Problem("model.freeze", value, str(error))]
+    return []
 
 
 def _monitor_problems(run: RunConfig) -> list[str]:

@@ -9,5 +9,6 @@ activation. A user's model is any function with this signature, named by `model.
 """
 
 from tfrecipe.models.builders import cnn, mlp, resnet
+from tfrecipe.models.keras_app import keras_app as keras_app  # re-exported
 
 __all__ = ["cnn", "mlp", "resnet"]

@@ -1,0 +1,222 @@
+"""model=keras_app (a keras.applications backbone) and model.freeze, for real on the digits.
+
+The backbone is the smallest application (MobileNetV3Small, alpha 0.75, minimalistic) at 32x32,
+random weights: seconds per run, the same code paths as ImageNet weights at 224x224.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+SMALL_APP = [
+    "model=keras_app",
+    "model.input_size=32",
+    "+model.options.alpha=0.75",
+    "+model.options.minimalistic=true",
+]
+
+
+def _snapshot(path) -> list[str]:
+    return [
+        "allowed_targets=[helpers]",
+        "+callbacks.extra.snap._target_=helpers.weight_snapshot.WeightSnapshot",
+        f"+callbacks.extra.snap.path={path}",
+    ]
+
+
+def _moved(begin, end, layer: str) -> list[bool]:
+    keys = [k for k in begin.files if k.startswith(f"{layer}/")]
+    assert keys, f"no weights of {layer}"
+    return [not np.array_equal(begin[k], end[k]) for k in keys]
+
+
+# --- training with a frozen backbone, and the model it exports --------------------------------
+# Mirrored traces every step for two replicas: the slow tier (the default runs cover the code).
+@pytest.mark.parametrize(
+    ("loop", "strategy"),
+    [
+        ("fit", "default"),
+        ("custom", "default"),
+        pytest.param("fit", "mirrored", marks=pytest.mark.slow),
+        pytest.param("custom", "mirrored", marks=pytest.mark.slow),
+    ],
+)
+def test_a_frozen_backbone_keeps_its_weights_while_the_head_learns(
+    train_run, tmp_path, loop, strategy
+):
+    snap = tmp_path / "snap"
+    summary, run_dir = train_run(
+        *SMALL_APP,
+        "model.freeze=backbone",
+        f"loop={loop}",
+        f"strategy={strategy}",
+        *(["strategy.logical_cpus=2"] if strategy == "mirrored" else []),
+        *_snapshot(snap),
+    )
+    assert summary["status"] == "completed"
+    assert summary["num_replicas"] == (2 if strategy == "mirrored" else 1)
+    begin, end = np.load(snap / "begin.npz"), np.load(snap / "end.npz")
+    # Every backbone tensor, BatchNormalization's moving statistics included (inference mode).
+    assert not any(_moved(begin, end, "backbone"))
+    assert all(_moved(begin, end, "logits"))
+    params = json.loads((run_dir / "summary.json").read_text())["params"]
+    head = end["logits/0"].size + end["logits/1"].size
+    assert params["trainable"] == head < params["total"]
+    _check_the_export_takes_raw_digits(run_dir)
+
+
+def _check_the_export_takes_raw_digits(run_dir) -> None:
+    """A plain Keras load (safe mode, no custom objects): the resize and the application's
+    preprocessing are built-in layers inside the model, which takes the pipeline's images."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    model = keras.saving.load_model(run_dir / "model.keras")
+    images = (load_digits().images / 16.0).astype("float32")[..., None]  # as the pipeline gives
+    logits = model.predict(images[:32], verbose=0)
+    assert logits.shape == (32, 10) and np.isfinite(logits).all()
+    assert model.get_layer("backbone").input.shape[1:] == (32, 32, 3)
+
+
+# --- errors before training: exit 2, one line, no run dir -------------------------------------
+def test_imagenet_weights_offline_name_the_file_and_where_it_goes(cli, tmp_path):
+    keras_home = tmp_path / "keras_home"
+    keras_home.mkdir()
+    run_dir = tmp_path / "run"
+    result = cli(
+        "model=keras_app",
+        "model.weights=imagenet",
+        f"hydra.run.dir={run_dir}",
+        env={"KERAS_HOME": str(keras_home)},
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "model.weights" in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5" in errors[0]
+    assert str(keras_home / "models") in errors[0]
+    assert not run_dir.exists()
+
+
+def test_an_unknown_application_lists_the_names(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli("model=keras_app", "model.name=MobileNetV9", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [line for line in result.stderr.splitlines() if "model.name" in line]
+    assert "MobileNetV9" in line and "MobileNetV3Small" in line and "ResNet50" in line
+    assert "Traceback" not in result.stderr and not run_dir.exists()
+
+
+def test_options_the_constructor_rejects_are_named():
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.models import keras_app
+
+    with pytest.raises(ConfigError, match=r"model.options=.*beta.*its options: alpha"):
+        keras_app(input_shape=(8, 8, 1), num_outputs=3, input_size=32, options={"beta": 2})
+    with pytest.raises(ConfigError, match="at least 32x32"):
+        keras_app(input_shape=(8, 8, 1), num_outputs=3, input_size=16)
+
+
+# --- what each freeze spec freezes ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def build():
+    def _build(**options):
+        from tfrecipe.models import keras_app
+
+        return keras_app(
+            input_shape=(8, 8, 1),
+            num_outputs=10,
+            input_size=32,
+            options={"alpha": 0.75, "minimalistic": True},
+            **options,
+        )
+
+    return _build
+
+
+def test_fraction_freezes_the_first_layers_of_the_backbone(build):
+    from tfrecipe.models import freeze
+
+    model = build()
+    layers = model.get_layer("backbone").layers
+    frozen = freeze.apply(model, "fraction:0.5")
+    assert frozen == [layer.name for layer in layers[: len(layers) // 2]]
+    assert [layer.trainable for layer in layers] == [
+        i >= len(layers) // 2 for i in range(len(layers))
+    ]
+    assert model.get_layer("logits").trainable
+
+
+def test_a_regex_freezes_the_layers_it_names(build):
+    from tfrecipe.models import freeze
+
+    model = build()
+    before = freeze.param_counts(model)["trainable"]
+    sizes = {
+        layer.name: sum(int(np.prod(w.shape)) for w in layer.trainable_weights)
+        for layer in freeze.all_layers(model)
+    }
+    frozen = freeze.apply(model, r"^expanded_conv_1_")
+    assert set(frozen) == {name for name in sizes if name.startswith("expanded_conv_1_")}
+    assert freeze.param_counts(model)["trainable"] == before - sum(map(sizes.get, frozen)) < before
+
+
+def test_freeze_specs_that_name_nothing_are_refused(build):
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.models import freeze
+
+    with pytest.raises(ConfigError, match=r"model.freeze='\^nothing\$': matches no layer"):
+        freeze.apply(build(), "^nothing$")
+    with pytest.raises(ConfigError, match=r"model.freeze='fraction:1.5'"):
+        freeze.apply(build(), "fraction:1.5")
+
+
+def test_a_bad_freeze_value_stops_validation(compose_cfg):
+    from tfrecipe.config.schema import validate
+    from tfrecipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.freeze='fraction:x'"):
+        validate(compose_cfg("model=cnn", "model.freeze=fraction:x"))
+
+
+def test_backbone_of_a_small_builder_is_everything_but_the_head(train_run):
+    summary, _ = train_run("model=cnn", "model.filters=[8]", "model.freeze=backbone")
+    assert summary["params"]["trainable"] == 128 * 10 + 10  # the 10-class head on 128 units
+
+
+def test_unfreeze_trains_again_what_freeze_froze(build):
+    from tfrecipe.models import freeze
+
+    model = build()
+    total = freeze.param_counts(model)
+    freeze.apply(model, "backbone")
+    freeze.unfreeze(model, r"^expanded_conv_2_")
+    backbone = model.get_layer("backbone")
+    assert backbone.trainable
+    assert {layer.name for layer in backbone.layers if layer.trainable} == {
+        layer.name for layer in backbone.layers if layer.name.startswith("expanded_conv_2_")
+    }
+    freeze.unfreeze(model)
+    assert freeze.param_counts(model) == total
+
+
+# --- the application's preprocessing, inside the model ----------------------------------------
+@pytest.mark.parametrize("name", ["MobileNetV2", "ResNet50", "DenseNet121"])
+def test_the_preprocessing_is_the_applications_own(name):
+    import keras
+
+    from tfrecipe.models.keras_app import _pixel_transform
+
+    app = getattr(keras.applications, {"MobileNetV2": "mobilenet_v2", "ResNet50": "resnet",
+                                       "DenseNet121": "densenet"}[name])  # fmt: skip
+    kernel, bias = _pixel_transform(name, 3, scale=255.0, preprocess=True)
+    images = np.random.default_rng(0).uniform(0, 1, (4, 5, 5, 3)).astype("float32")
+    expected = app.preprocess_input(images * 255.0)
+    np.testing.assert_allclose(images @ kernel + bias, expected, rtol=1e-5, atol=1e-4)
+    grey_kernel, _ = _pixel_transform(name, 1, scale=255.0, preprocess=True)
+    grey = images[..., :1]
+    np.testing.assert_allclose(
+        grey @ grey_kernel + bias, app.preprocess_input(np.repeat(grey, 3, -1) * 255.0), atol=1e-4
+    )
