@@ -50,9 +50,6 @@ def _backups(run_dir: Path) -> list[int]:
 @pytest.fixture
 def train_in(compose_cfg):
     """train_in(run_dir, *overrides): one in-process run into a given run dir."""
-    from conftest import _split_cpu_in_two
-
-    _split_cpu_in_two()
     from tfrecipe.train import train
 
     return lambda run_dir, *overrides: train(compose_cfg(*overrides), run_dir=run_dir)

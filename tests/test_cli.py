@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, _split_cpu_in_two
+from conftest import REPO, TINY
 
 CONF = REPO / "conf"
 SUMMARY_FIELDS = {
@@ -261,7 +261,6 @@ def test_informational_commands_do_not_import_tensorflow(cli, tmp_path, args, ex
 # --- training through the command line ---------------------------------------------------------
 @pytest.mark.slow
 def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_path):
-    _split_cpu_in_two()  # TensorFlow starts in this process below: as the in-process tests need
     import keras
     import numpy as np
     from omegaconf import OmegaConf
@@ -347,7 +346,6 @@ def test_the_same_command_twice_gives_the_same_metrics(cli, tmp_path):
 
 @pytest.mark.slow
 def test_a_users_own_model_from_their_package(cli, tmp_path):
-    _split_cpu_in_two()  # TensorFlow starts in this process below: as the in-process tests need
     import keras
 
     result, run_dir = _run_user_model(

@@ -245,12 +245,9 @@ def without_op_determinism():
 def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
     """Keras turns `jit_compile` on for a model on a GPU without a strategy, and fit then
     XLA-compiles each step; the custom loop does too (forced on here, XLA runs on CPUs)."""
-    from conftest import _split_cpu_in_two
-
     from tfrecipe.loops import custom, fit
     from tfrecipe.loops.options import LoopOptions
 
-    _split_cpu_in_two()  # before TensorFlow starts, for the mirrored tests in this session
     options = LoopOptions(epochs=2, steps_per_epoch=6, verbose=0, steps_per_loop=3)
     results = []
     for loop in (fit, custom):

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import _split_cpu_in_two
 from helpers.datafiles import write_image_folder, write_npz, write_tfrecord
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _two_logical_cpus():
-    # Before this module's first TensorFlow op: train_run needs the split, and it can only be
-    # made before the runtime starts.
-    _split_cpu_in_two()
 
 
 @pytest.fixture

@@ -14,9 +14,6 @@ INF, ONE = [np.inf, 1.0, 1.0], [1.0, 1.0, 1.0]
 
 @pytest.fixture
 def tf_two_cpus():
-    from conftest import _split_cpu_in_two
-
-    _split_cpu_in_two()
     import tensorflow as tf
 
     return tf

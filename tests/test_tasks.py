@@ -70,9 +70,6 @@ def test_each_task_trains_the_same_on_two_mirrored_replicas(train_run, task):
 
 
 def test_the_head_follows_the_task(compose_cfg):
-    from conftest import _split_cpu_in_two
-
-    _split_cpu_in_two()  # before TensorFlow starts: other tests in this process need two CPUs
     from tfrecipe import factory
     from tfrecipe.config.schema import validate
 

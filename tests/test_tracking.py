@@ -88,9 +88,6 @@ def test_two_workers_make_exactly_one_wandb_run(tmp_path):
 def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
     """A run that failed after a backup, started again in its run dir, logs into the same W&B
     run (offline: a second folder with the same run id, which `wandb sync --append` joins)."""
-    from conftest import _split_cpu_in_two
-
-    _split_cpu_in_two()
     from tfrecipe.train import train
 
     run_dir = tmp_path / "run"
