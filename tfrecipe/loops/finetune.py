@@ -61,13 +61,18 @@ def unfreeze(model: keras.Model, pattern: str | None = None) -> list[str]:
         if not trainable[id(leaf)] and _unfreezes(leaf, inside, pattern) and leaf.weights
     ]
     trainable |= {id(leaf): True for leaf in unfrozen}
-    # Setting a holder trainable sets everything inside it: all on, then off where it stays off.
-    model.trainable = True
-    for layer in layers[1:]:
-        inner = _sublayers(layer)
-        keep = any(trainable.get(id(x), False) for x in inner) if inner else trainable[id(layer)]
-        if not keep:
-            layer.trainable = False
+    # A layer is trainable when something inside it is (a holder with frozen parts stays on).
+    # Setting a holder may set the layers inside it: first all that stay on, then all that don't.
+    on = {
+        id(layer): any(trainable.get(id(x), False) for x in inner)
+        if (inner := _sublayers(layer))
+        else trainable[id(layer)]
+        for layer in layers
+    }
+    for value in (True, False):
+        for layer in layers:
+            if on[id(layer)] == value:
+                layer.trainable = value
     return [leaf.name for leaf in unfrozen]
 
 
