@@ -27,6 +27,7 @@ MODEL = [
     f"optimizer.learning_rate={RATE}",
     "optimizer.schedule=constant",
 ]
+SLOW = pytest.mark.slow
 BODY = ["body_dense_0", "body_dense_1"]
 NORMS = ["body_bn_0", "body_bn_1"]
 
@@ -56,8 +57,9 @@ def _moved(rows: list[dict], layer: str) -> list[bool]:
     [
         ("loop=fit",),
         ("loop=custom",),
-        ("loop=fit", "strategy=mirrored", "strategy.logical_cpus=2"),
-        ("loop=custom", "strategy=mirrored", "strategy.logical_cpus=2"),
+        # two replicas: ~20 s each on a loaded 2-core machine
+        pytest.param(("loop=fit", "strategy=mirrored", "strategy.logical_cpus=2"), marks=SLOW),
+        pytest.param(("loop=custom", "strategy=mirrored", "strategy.logical_cpus=2"), marks=SLOW),
     ],
     ids=["fit", "custom", "mirrored-fit", "mirrored-custom"],
 )
@@ -90,8 +92,15 @@ def test_the_body_waits_for_the_switch_then_trains_at_the_lowered_rate(
     assert params["after"] == params["before"] + (64 * 16 + 16) + (16 * 16 + 16)
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
-@pytest.mark.parametrize("resume_step", [3, 5], ids=["at-the-switch", "past-the-switch"])
+@pytest.mark.parametrize("loop", [pytest.param("fit", marks=SLOW), "custom"])
+@pytest.mark.parametrize(
+    "resume_step",
+    [
+        pytest.param(3, marks=SLOW),
+        5,
+    ],  # two runs each: the case that needs the switch first stays fast
+    ids=["at-the-switch", "past-the-switch"],
+)
 def test_a_run_resumed_from_a_backup_lands_in_its_phase_at_the_exact_step(
     train_run, tmp_path, loop, resume_step
 ):
@@ -143,7 +152,7 @@ def test_sigterm_after_the_switch_resumes_in_phase_two(tmp_path):
     assert finished["steps_completed"] == EPOCHS * STEPS_PER_EPOCH
     assert finished["finetune"]["unfroze_at_step"] == SWITCH_EPOCH * STEPS_PER_EPOCH
     assert finished["finetune"]["learning_rate"] == pytest.approx(RATE * FACTOR)
-    assert "fine-tuning: resuming with" in second.stderr
+    assert "fine-tuning: resuming with 2 layers" in second.stdout + second.stderr
     assert read_probe(probe)[-1]["learning_rate"] == pytest.approx(RATE * FACTOR)
 
 
