@@ -53,18 +53,13 @@ def unfreeze(model: keras.Model, pattern: str | None = None) -> list[str]:
     frozen and so in inference mode. Returns the names of the layers that were unfrozen."""
     layers = compat.flatten_layers(model)
     inside = _holders(layers)
-    leaves = [layer for layer in layers[1:] if not _sublayers(layer)]
-    trainable = {id(leaf): _effectively_trainable(leaf, inside) for leaf in leaves}
-    unfrozen = [
-        leaf
-        for leaf in leaves
-        if not trainable[id(leaf)] and _unfreezes(leaf, inside, pattern) and leaf.weights
-    ]
+    unfrozen = _to_unfreeze(layers, inside, pattern)
+    trainable = {id(layer): _effectively_trainable(layer, inside) for layer in layers}
     trainable |= {id(leaf): True for leaf in unfrozen}
-    # A layer is trainable when something inside it is (a holder with frozen parts stays on).
-    # Setting a holder may set the layers inside it: first all that stay on, then all that don't.
+    # A holder (a nested backbone) is trainable when something inside it is; setting it may set
+    # the layers inside it: first all that are on, then all that are off.
     on = {
-        id(layer): any(trainable.get(id(x), False) for x in inner)
+        id(layer): any(trainable[id(x)] for x in inner if not _sublayers(x))
         if (inner := _sublayers(layer))
         else trainable[id(layer)]
         for layer in layers
@@ -79,9 +74,13 @@ def unfreeze(model: keras.Model, pattern: str | None = None) -> list[str]:
 def frozen_layers(model: keras.Model, pattern: str | None = None) -> list[str]:
     """The names of the layers `unfreeze(model, pattern)` would unfreeze (it changes nothing)."""
     layers = compat.flatten_layers(model)
-    inside = _holders(layers)
+    return [layer.name for layer in _to_unfreeze(layers, _holders(layers), pattern)]
+
+
+def _to_unfreeze(layers: list[keras.Layer], inside: dict, pattern: str | None) -> list[keras.Layer]:
+    """The frozen layers with weights (not holders) that `pattern` unfreezes."""
     return [
-        layer.name
+        layer
         for layer in layers[1:]
         if not _sublayers(layer)
         and layer.weights
