@@ -34,7 +34,7 @@ from tfrecipe.errors import ConfigError
 from tfrecipe.fault import backup, preemption, recovery
 from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
-from tfrecipe.loops import custom, fit, parameter_server
+from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models.freeze import param_counts
 from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
@@ -198,6 +198,9 @@ def _train_steps(
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     splits, steps_per_epoch = _load_data(run, global_batch)
     model = _build_model(run, strategy, splits, steps_per_epoch, global_batch)
+    phases = _two_phases(run, strategy, model, steps_per_epoch, global_batch)
+    if phases is not None:  # a backup past the switch holds phase two's optimizer
+        phases.resume_in_phase_two(recovery.candidates(run.resume, dirs.backup_dir))
     policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
     resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
     start_step = resumed.step if resumed else 0
@@ -207,6 +210,8 @@ def _train_steps(
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
     summary.update(_how_it_runs(run, model, steps_per_epoch, start_step))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
+    if phases is not None:
+        summary["finetune"] = phases.record  # filled in at the switch
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -222,8 +227,9 @@ def _train_steps(
     )
     with _recording_end(summary, monitors, dirs.run_dir, started, model, protection):
         _run_loop(
-            run, model, inputs, summary, dirs.run_dir, monitors, protection, start_step, policy
-        )
+            run, model, inputs, summary, dirs.run_dir, monitors, protection, start_step, policy,
+            phases=phases,
+        )  # fmt: skip
     return summary
 
 
@@ -533,13 +539,17 @@ def _run_loop(
     protection: _Protection,
     start_step: int,
     policy: Recovery,
+    *,
+    phases: finetune.TwoPhases | None = None,
 ) -> None:
-    """Trains with the configured loop (again from a backup after each rollback), then evaluates
-    the test split and exports the model."""
+    """Trains with the configured loop (again from a backup after each rollback; in two phases
+    with `loop.finetune`), then evaluates the test split and exports the model."""
     steps_per_loop = _steps_per_call(run, model, inputs.steps_per_epoch, start_step)
     options = _loop_options(run, inputs, steps_per_loop)
     name = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
     loop = _LOOPS[name]
+    if phases is not None:
+        loop = finetune.TwoPhaseLoop(loop, phases, on_switch=lambda: _follow_optimizer(protection))
     callbacks = [*monitors.callbacks, *protection.callbacks]
     unused = [inputs.train]  # the first attempt's data, from start_step on
 
@@ -567,6 +577,50 @@ def _run_loop(
         rundir.export_model(model, run_dir, {"keras", *run.callbacks.export.formats})
     finally:
         plotting.join()
+
+
+def _two_phases(
+    run: schema.RunConfig,
+    strategy: tf.distribute.Strategy,
+    model: keras.Model,
+    steps_per_epoch: int,
+    global_batch: int,
+) -> finetune.TwoPhases | None:
+    """`loop.finetune`'s switch: phase two's optimizer and compile are the run's own."""
+    spec = run.loop.finetune
+    if spec.unfreeze_at_epoch is None:
+        return None
+
+    def new_optimizer() -> keras.optimizers.Optimizer:
+        with model_scope(strategy):
+            total_steps = steps_per_epoch * run.loop.epochs
+            return _build_optimizer(run, global_batch, total_steps=total_steps)
+
+    def compile_with(optimizer: keras.optimizers.Optimizer) -> None:
+        with model_scope(strategy):
+            factory.compile_model(
+                model,
+                task=run.task,
+                optimizer=optimizer,
+                steps_per_execution=model.steps_per_execution,
+                jit_compile=run.batching.jit_compile,
+            )
+
+    plan = finetune.Plan(spec.unfreeze_at_epoch, spec.learning_rate_factor, spec.unfreeze)
+    return finetune.TwoPhases(
+        model,
+        plan,
+        steps_per_epoch=steps_per_epoch,
+        new_optimizer=new_optimizer,
+        compile_with=compile_with,
+    )
+
+
+def _follow_optimizer(protection: _Protection) -> None:
+    """Backups after the fine-tuning switch hold the new optimizer (and its step)."""
+    for callback in protection.callbacks:
+        if isinstance(callback, backup.Backup):
+            callback.manager.checkpoint.optimizer = callback.model.optimizer
 
 
 def _loop_options(run: schema.RunConfig, inputs: _Inputs, steps_per_loop: int) -> LoopOptions:

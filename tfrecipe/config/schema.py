@@ -8,6 +8,7 @@ problem as `key: what is wrong (received value)`.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
@@ -218,6 +219,15 @@ Optimizer = Annotated[Adam | SGD, Field(discriminator="name")]
 
 
 # --- loop, callbacks, logger, cluster ----------------------------------------------------------------
+class Finetune(_Schema):
+    # null: one phase; N: train what the model leaves trainable for N epochs, then unfreeze.
+    unfreeze_at_epoch: PositiveInt | None = None
+    # After the switch: the learning rate x this, with a fresh optimizer.
+    learning_rate_factor: Annotated[float, Field(gt=0, le=1)] = 0.1
+    # null: every layer; else a regular expression over layer names (re.search).
+    unfreeze: str | None = None
+
+
 class Loop(_Schema):
     name: Literal["fit", "custom"]
     epochs: PositiveInt
@@ -226,6 +236,7 @@ class Loop(_Schema):
     verbose: Literal[0, 1, 2, "auto"] = "auto"
     steps_per_loop: PositiveInt | Literal["auto"] = "auto"
     gradient_accumulation_steps: PositiveInt = 1
+    finetune: Finetune = Finetune()
 
 
 class _Switch(_Schema):
@@ -421,6 +432,45 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems += _rollback_problems(run)
     problems += _monitor_problems(run)
     problems += _freeze_problems(run)
+    problems += _finetune_problems(run)
+    return problems
+
+
+def _finetune_problems(run: RunConfig) -> list[str]:
+    """Two-phase fine-tuning needs a second phase, a synchronous loop it can recompile and a
+    regular expression that compiles (which layers it matches is checked on the built model)."""
+    spec, epochs = run.loop.finetune, run.loop.epochs
+    if spec.unfreeze_at_epoch is None:
+        if spec.unfreeze is not None:
+            return [
+                f"loop.finetune.unfreeze={spec.unfreeze}: chooses what unfreezes at "
+                "loop.finetune.unfreeze_at_epoch, which is null; set it (e.g. =1)"
+            ]
+        return []
+    key, problems = f"loop.finetune.unfreeze_at_epoch={spec.unfreeze_at_epoch}", []
+    if spec.unfreeze_at_epoch >= epochs:
+        problems.append(
+            f"{key}: the switch must come before the last epoch ends (loop.epochs={epochs}); "
+            f"use 1..{epochs - 1} or more epochs"
+        )
+    if run.strategy.name == "parameter_server":
+        problems.append(
+            f"{key}: not supported with strategy=parameter_server (its workers keep the "
+            "traced step of the first phase); use a synchronous strategy or unfreeze_at_epoch=null"
+        )
+    if run.callbacks.terminate_on_nan.max_rollbacks:
+        problems.append(
+            f"{key}: a rollback could cross the switch (the backup before it holds the other "
+            "optimizer); set callbacks.terminate_on_nan.max_rollbacks=0"
+        )
+    if spec.unfreeze is not None:
+        try:
+            re.compile(spec.unfreeze)
+        except re.error as error:
+            problems.append(
+                f"loop.finetune.unfreeze={spec.unfreeze}: not a regular expression ({error}); "
+                "expected e.g. 'block_1[3-6]|Conv_1'"
+            )
     return problems
 
 

@@ -32,7 +32,7 @@ def run(
         return
     if options.train_data_from is None:
         raise ValueError("loop=fit: continuing mid-epoch needs LoopOptions.train_data_from")
-    relay = _OneTrainingRun(callbacks, model, last=start_epoch + 1 >= options.epochs)
+    relay = OneTrainingRun(callbacks, model, last=start_epoch + 1 >= options.epochs)
     rest = dataclasses.replace(options, steps_per_epoch=options.steps_per_epoch - start)
     _fit(model, train_data, validation_data, rest, [relay], start_epoch, start_epoch + 1)
     if relay.last:
@@ -59,7 +59,7 @@ def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_
     )
 
 
-class _OneTrainingRun(keras.callbacks.Callback):
+class OneTrainingRun(keras.callbacks.Callback):
     """Relays every hook of several `fit` calls to `callbacks`, except that they see only the
     first `on_train_begin` and the `on_train_end` of the call marked `last`."""
 
