@@ -219,7 +219,7 @@ def test_a_switch_that_would_unfreeze_nothing_is_refused_before_training(
 def test_unfreeze_matches_names_inside_nested_models_and_keeps_batch_norm_frozen():
     import keras
 
-    from tfrecipe.loops.finetune import frozen_layers, unfreeze
+    from tfrecipe.models.freeze import frozen_layers, unfreeze
 
     backbone = keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(8, name="block1_dense"),

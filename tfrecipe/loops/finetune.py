@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tfrecipe import compat, optim
+from tfrecipe import optim
 from tfrecipe.errors import ConfigError
 from tfrecipe.loops import Loop
 from tfrecipe.loops.fit import OneTrainingRun
 from tfrecipe.loops.objective import build_optimizer
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.models.freeze import frozen_layers, param_counts, unfreeze
 
 log = logging.getLogger("tfrecipe")
 
@@ -47,75 +46,8 @@ class Plan:
     unfreeze: str | None = None
 
 
-def unfreeze(model: keras.Model, pattern: str | None = None) -> list[str]:
-    """Makes the layers `pattern` matches (`re.search` over the name of the layer or of a layer
-    that holds it; None: every layer) trainable, except BatchNormalization layers, which stay
-    frozen and so in inference mode. Returns the names of the layers that were unfrozen."""
-    layers = compat.flatten_layers(model)
-    inside = _holders(layers)
-    unfrozen = _to_unfreeze(layers, inside, pattern)
-    trainable = {id(layer): _effectively_trainable(layer, inside) for layer in layers}
-    trainable |= {id(leaf): True for leaf in unfrozen}
-    # A holder (a nested backbone) is trainable when something inside it is; setting it may set
-    # the layers inside it: first all that are on, then all that are off.
-    on = {
-        id(layer): any(trainable[id(x)] for x in inner if not _sublayers(x))
-        if (inner := _sublayers(layer))
-        else trainable[id(layer)]
-        for layer in layers
-    }
-    for value in (True, False):
-        for layer in layers:
-            if on[id(layer)] == value:
-                layer.trainable = value
-    return [leaf.name for leaf in unfrozen]
-
-
-def frozen_layers(model: keras.Model, pattern: str | None = None) -> list[str]:
-    """The names of the layers `unfreeze(model, pattern)` would unfreeze (it changes nothing)."""
-    layers = compat.flatten_layers(model)
-    return [layer.name for layer in _to_unfreeze(layers, _holders(layers), pattern)]
-
-
-def _to_unfreeze(layers: list[keras.Layer], inside: dict, pattern: str | None) -> list[keras.Layer]:
-    """The frozen layers with weights (not holders) that `pattern` unfreezes."""
-    return [
-        layer
-        for layer in layers[1:]
-        if not _sublayers(layer)
-        and layer.weights
-        and not _effectively_trainable(layer, inside)
-        and _unfreezes(layer, inside, pattern)
-    ]
-
-
-def _sublayers(layer: keras.Layer) -> list[keras.Layer]:
-    return compat.flatten_layers(layer)[1:]
-
-
-def _holders(layers: list[keras.Layer]) -> dict[keras.Layer, list[keras.Layer]]:
-    """Each layer -> the layers below the model that hold it (a nested backbone model)."""
-    holders: dict[keras.Layer, list[keras.Layer]] = {layer: [] for layer in layers}
-    for holder in layers[1:]:
-        for layer in _sublayers(holder):
-            holders[layer].append(holder)
-    return holders
-
-
-def _effectively_trainable(layer: keras.Layer, holders: dict) -> bool:
-    # A frozen holder hides the variables of everything inside it from `trainable_variables`.
-    return layer.trainable and all(holder.trainable for holder in holders[layer])
-
-
-def _unfreezes(layer: keras.Layer, holders: dict, pattern: str | None) -> bool:
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return False  # the Keras fine-tuning guide: keep them in inference mode
-    names = [layer.name, *(holder.name for holder in holders[layer])]
-    return pattern is None or any(re.search(pattern, name) for name in names)
-
-
 def trainable_params(model: keras.Model) -> int:
-    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    return param_counts(model)["trainable"]
 
 
 def checkpoint_step(path: str) -> int | None:

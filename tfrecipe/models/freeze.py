@@ -19,11 +19,14 @@ from collections.abc import Iterator
 
 import keras
 
+from tfrecipe import compat
 from tfrecipe.config.schema import parse_freeze
 from tfrecipe.errors import ConfigError, Problem
 
 BACKBONE = "backbone"
 HEAD = "logits"
+# Layers with weights that are constants, never unfrozen: keras_app's fixed preprocess_input.
+FIXED = frozenset({"preprocess"})
 
 
 def apply(model: keras.Model, spec: str | None) -> list[str]:
@@ -52,28 +55,75 @@ def apply(model: keras.Model, spec: str | None) -> list[str]:
     return [layer.name for layer in frozen]
 
 
-def unfreeze(model: keras.Model, regex: str | None = None) -> list[str]:
-    """Makes trainable the backbone (regex None: what `freeze=backbone` freezes; keras_app's
-    fixed preprocessing stays fixed) or the layers whose name `regex` matches (with what they
-    contain, and the models that contain them); returns the names of the layers that were
-    frozen and now train. The caller recompiles (fit) or rebuilds its train step (custom loop):
-    the trainable set is read when a step is traced.
-    """
-    paths = list(_paths(model))
-    before = {id(path[-1]): path[-1].trainable for path in paths}
-    if regex is None:
-        matched = {id(layer) for layer in backbone_layers(model)}
-    else:
-        matched = {id(p[-1]) for p in paths if re.search(regex, p[-1].name)}
-    ancestors = {id(outer) for p in paths if id(p[-1]) in matched for outer in p[:-1]}
-    # Keras passes `trainable` down to every sublayer: set outer before inner (the order of
-    # `_paths`) so each layer ends as wanted, the others as they were.
-    for path in paths:
-        layer = path[-1]
-        inside_matched = any(id(outer) in matched for outer in path[:-1])
-        wanted = id(layer) in matched | ancestors or inside_matched or before[id(layer)]
-        layer.trainable = wanted
-    return [p[-1].name for p in paths if p[-1].trainable and not before[id(p[-1])]]
+def unfreeze(model: keras.Model, pattern: str | None = None) -> list[str]:
+    """Makes the layers `pattern` matches (`re.search` over the name of the layer or of a layer
+    that holds it; None: every layer) trainable, except BatchNormalization layers, which stay
+    frozen and so in inference mode, and the FIXED layers. Returns the names of the layers that
+    were unfrozen. The caller recompiles (fit) or rebuilds its train step (custom loop): the
+    trainable set is read when a step is traced."""
+    layers = compat.flatten_layers(model)
+    inside = _holders(layers)
+    unfrozen = _to_unfreeze(layers, inside, pattern)
+    trainable = {id(layer): _effectively_trainable(layer, inside) for layer in layers}
+    trainable |= {id(leaf): True for leaf in unfrozen}
+    # A holder (a nested backbone) is trainable when something inside it is; setting it may set
+    # the layers inside it: first all that are on, then all that are off.
+    on = {
+        id(layer): any(trainable[id(x)] for x in inner if not _sublayers(x))
+        if (inner := _sublayers(layer))
+        else trainable[id(layer)]
+        for layer in layers
+    }
+    for value in (True, False):
+        for layer in layers:
+            if on[id(layer)] == value:
+                layer.trainable = value
+    return [leaf.name for leaf in unfrozen]
+
+
+def frozen_layers(model: keras.Model, pattern: str | None = None) -> list[str]:
+    """The names of the layers `unfreeze(model, pattern)` would unfreeze (it changes nothing)."""
+    layers = compat.flatten_layers(model)
+    return [layer.name for layer in _to_unfreeze(layers, _holders(layers), pattern)]
+
+
+def _to_unfreeze(layers: list[keras.Layer], inside: dict, pattern: str | None) -> list[keras.Layer]:
+    """The frozen layers with weights (not holders) that `pattern` unfreezes."""
+    return [
+        layer
+        for layer in layers[1:]
+        if not _sublayers(layer)
+        and layer.weights
+        and not _effectively_trainable(layer, inside)
+        and _unfreezes(layer, inside, pattern)
+    ]
+
+
+def _sublayers(layer: keras.Layer) -> list[keras.Layer]:
+    return compat.flatten_layers(layer)[1:]
+
+
+def _holders(layers: list[keras.Layer]) -> dict[keras.Layer, list[keras.Layer]]:
+    """Each layer -> the layers below the model that hold it (a nested backbone model)."""
+    holders: dict[keras.Layer, list[keras.Layer]] = {layer: [] for layer in layers}
+    for holder in layers[1:]:
+        for layer in _sublayers(holder):
+            holders[layer].append(holder)
+    return holders
+
+
+def _effectively_trainable(layer: keras.Layer, holders: dict) -> bool:
+    # A frozen holder hides the variables of everything inside it from `trainable_variables`.
+    return layer.trainable and all(holder.trainable for holder in holders[layer])
+
+
+def _unfreezes(layer: keras.Layer, holders: dict, pattern: str | None) -> bool:
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return False  # the Keras fine-tuning guide: keep them in inference mode
+    if layer.name in FIXED:
+        return False  # not weights to learn (keras_app's preprocess_input as a layer)
+    names = [layer.name, *(holder.name for holder in holders[layer])]
+    return pattern is None or any(re.search(pattern, name) for name in names)
 
 
 def backbone_layers(model: keras.Model, *, flatten: bool = False) -> list[keras.layers.Layer]:
