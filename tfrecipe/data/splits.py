@@ -112,6 +112,7 @@ def from_arrays(
         split_seed,
         stratify=target_kind in ("classes", "binary"),
     )
+
     def make(idx: np.ndarray) -> tf.data.Dataset | None:
         if len(idx) == 0:
             return None
