@@ -91,6 +91,15 @@ def test_a_csv_trains_from_the_command_line_and_its_model_takes_raw_rows(cli, tm
     assert np.isfinite(unseen).all() and not np.allclose(unseen, logits)
 
 
+def test_raw_columns_train_the_same_on_two_replicas_with_either_loop(train_run):
+    """Dict features through the pipeline, mirrored (2 logical CPUs) and the custom loop: the
+    same numbers as one replica with fit."""
+    one, _ = train_run(*CSV_RUN, "batching.per_replica_batch_size=32")  # the same global batch
+    two, _ = train_run(*CSV_RUN, "strategy=mirrored", "strategy.logical_cpus=2", "loop=custom")
+    assert two["num_replicas"] == 2
+    assert two["test"]["loss"] == pytest.approx(one["test"]["loss"], abs=1e-4)
+
+
 def test_string_labels_become_class_ids_in_sorted_order(train_run):
     splits = _customers_splits()
     assert splits.info.class_names == ("no", "yes")

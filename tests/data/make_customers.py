@@ -4,7 +4,7 @@
 
 300 made-up customers: numbers on very different scales (age, income, visits), two
 categorical columns (city, plan), a string target that depends on all of them (churned:
-yes/no) and a float one (spend). A few cells are "NA" in the copy with gaps."""
+yes/no) and a float one (spend). No cell is missing (tests/test_csv.py blanks some in a copy)."""
 
 from __future__ import annotations
 
