@@ -44,6 +44,7 @@ VALIDATE_WITH = {
     ("strategy", "parameter_server"): ["loop=custom", "cluster=local", "cluster.num_ps=1"],
     ("dataset", "npz"): ["dataset.path=/data/train.npz"],
     ("dataset", "image_folder"): ["dataset.path=/data/pictures"],
+    ("dataset", "csv"): ["dataset.path=/data/table.csv", "dataset.label=y"],
     ("dataset", "tfds"): ["dataset.name=mnist"],
     ("dataset", "tfrecord"): [
         "dataset.train_files=/data/*.tfrecord",

@@ -215,6 +215,11 @@ def check_targets(task: schema.Task, info: DatasetInfo, *, dataset: str) -> None
 
 def _target_problem(task: schema.Task, info: DatasetInfo) -> str | None:
     targets = info.targets
+    if info.class_names and task.name in ("regression", "multilabel"):  # ids of string labels
+        return (
+            f"has string labels (e.g. {info.class_names[0]!r}); {task.name} needs numeric "
+            "targets (task=classification or binary learns the names)"
+        )
     if targets is not None and targets.dtype.kind in "USO":
         example = targets.reshape(-1)[0].item() if targets.size else ""
         return f"has string labels (e.g. {example!r}); {task.name} needs numeric targets"

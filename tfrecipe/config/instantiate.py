@@ -89,6 +89,7 @@ DATASET = Kind(
         "tfrecipe.data.npz.load",
         "tfrecipe.data.tfrecord.load",
         "tfrecipe.data.image_folder.load",
+        "tfrecipe.data.tabular.csv",
     ),
     returns="tfrecipe.data.splits.Splits",
 )

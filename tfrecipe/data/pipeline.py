@@ -91,7 +91,7 @@ def batch_transform(options: PipelineOptions):
     import tensorflow as tf
 
     def normalize(x):
-        if options.normalize == "none":
+        if options.normalize == "none" or isinstance(x, dict):  # raw columns: the model encodes
             return x
         # Integers (images) scale by their dtype's range; floats are taken as they are.
         scale = 1.0 / x.dtype.max if x.dtype.is_integer else 1.0
@@ -104,7 +104,10 @@ def batch_transform(options: PipelineOptions):
             x = (x - mean) / tf.maximum(tf.sqrt(variance), tf.math.rsqrt(size))
         return x
 
-    return lambda x, y: (normalize(x), tf.cast(y, tf.int32))
+    def labels(y):  # class ids as int32; float targets (regression, multi-hot) stay floats
+        return y if y.dtype.is_floating else tf.cast(y, tf.int32)
+
+    return lambda x, y: (normalize(x), labels(y))
 
 
 def _require_images(shape, options: PipelineOptions) -> None:

@@ -26,6 +26,9 @@ class DatasetInfo:
     target_kind: TargetKind = "classes"
     target_shape: tuple[int, ...] = ()
     targets: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    # String labels' names, by class id (sorted): the targets are ids, but only a class task
+    # can learn them (a regression on them is refused).
+    class_names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +102,8 @@ def from_arrays(
 
     Args:
       standardize: scale each feature to zero mean and unit variance with the training split's
-        statistics (tabular data whose columns differ in scale by orders of magnitude).
+        statistics (tabular data whose columns differ in scale by orders of magnitude), inside
+        the model (`standardize_in_model`): the exported model takes unscaled rows.
     """
     train, validation, test = split_indices(
         labels,
@@ -108,9 +112,6 @@ def from_arrays(
         split_seed,
         stratify=target_kind in ("classes", "binary"),
     )
-    if standardize:
-        mean, std = features[train].mean(axis=0), features[train].std(axis=0)
-        features = ((features - mean) / np.where(std > 0, std, 1.0)).astype("float32")
 
     def make(idx: np.ndarray) -> tf.data.Dataset | None:
         if len(idx) == 0:
@@ -127,4 +128,18 @@ def from_arrays(
         target_shape=tuple(labels.shape[1:]),
         targets=labels,
     )
-    return Splits(make(train), make(validation), make(test), info)
+    preprocessing = standardize_in_model if standardize else None
+    return Splits(make(train), make(validation), make(test), info, preprocessing=preprocessing)
+
+
+def standardize_in_model(train: tf.data.Dataset) -> tuple[Any, Any]:
+    """`Splits.preprocessing` that standardizes each feature with the training split's mean and
+    variance: a Normalization layer, the model's first, so it takes unscaled inputs."""
+    import keras
+
+    features = np.concatenate([x for x, _ in train.batch(65536).as_numpy_iterator()])
+    inputs = keras.Input(shape=features.shape[1:], dtype="float32", name="features")
+    normalize = keras.layers.Normalization(
+        axis=-1, mean=features.mean(axis=0), variance=features.var(axis=0), dtype="float32"
+    )
+    return inputs, normalize(inputs)
