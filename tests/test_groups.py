@@ -58,7 +58,7 @@ SMALL_MODEL = {
     "cnn": ["model.filters=[8]", "model.dense_units=16"],
     "mlp": ["model.hidden_units=[16]"],
     "resnet": ["model.stage_filters=[4,8]", "model.blocks_per_stage=1"],
-    "keras_app": ["model.input_size=32", "model.options={alpha: 0.75, minimalistic: true}"],
+    "keras_app": ["model.input_size=32", "+model.options={alpha: 0.75, minimalistic: true}"],
 }
 # Extra overrides an option needs for a tiny in-process run on this CPU-only machine.
 RUN_WITH = {
