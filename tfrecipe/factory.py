@@ -31,6 +31,8 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
 
     _check_builder_signature(spec.target, allowed_targets)
     info = splits.info
+    options = spec.model_dump(by_alias=True)
+    options.pop("init_from", None)  # not the builder's: train applies it (models/warm_start.py)
     extra = {}
     builder = resolve_target(spec.target, key="model", allowed=allowed_targets)
     with contextlib.suppress(TypeError, ValueError):
@@ -38,7 +40,7 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
             extra["train_features"] = splits.train.map(lambda features, _: features)
     if splits.preprocessing is None:
         return instantiate(
-            spec.model_dump(by_alias=True),
+            options,
             key="model",
             allowed=allowed_targets,
             input_shape=info.input_shape,
@@ -49,7 +51,7 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
 
     inputs, encoded = splits.preprocessing(splits.train)
     body = instantiate(
-        spec.model_dump(by_alias=True),
+        options,
         key="model",
         allowed=allowed_targets,
         input_shape=tuple(encoded.shape[1:]),
