@@ -85,6 +85,20 @@ def test_every_source_form_loads_the_trained_body(pretrained, source):
     assert not np.array_equal(first_conv.kernel.numpy(), _fresh_cnn(4).layers[1].kernel.numpy())
 
 
+@pytest.mark.parametrize("source", ["model.keras", "backup"])
+def test_init_from_on_mirrored_replicas_with_the_custom_loop(pretrained, train_run, source):
+    # Weights files load through Keras, backups by assigning: both must reach every replica.
+    summary, _ = train_run(
+        FINETUNE,
+        "strategy=mirrored",
+        "strategy.logical_cpus=2",
+        "loop=custom",
+        f"model.init_from={pretrained / source}",
+    )
+    assert summary["num_replicas"] == 2 and summary["status"] == "completed"
+    assert (summary["init_from"]["loaded"], summary["init_from"]["skipped"]) == (10, 2)
+
+
 def test_a_resumed_run_keeps_its_own_weights_not_init_from(pretrained, train_run):
     # resume continues the pretrained run's backup for one more epoch: init_from must not
     # overwrite the restored weights (it would log and record a warm start).

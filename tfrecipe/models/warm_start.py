@@ -55,10 +55,10 @@ class Loaded:
         return {"path": self.path, "loaded": self.loaded, "skipped": skipped, "new": self.new}
 
     def line(self) -> str:
-        skipped = f" ({', '.join(self.skipped)})" if self.skipped else ""
+        why = f" (shape mismatch: {', '.join(self.skipped)})" if self.skipped else ""
         return (
-            f"init_from {self.path}: loaded {self.loaded} tensors, skipped {len(self.skipped)} "
-            f"(shape mismatch){skipped}, {self.new} new"
+            f"init_from {self.path}: loaded {self.loaded} tensors, skipped {len(self.skipped)}"
+            f"{why}, {self.new} new"
         )
 
 
@@ -176,11 +176,16 @@ def _copy_matching(source: dict[str, Any], target: dict[str, Any]) -> tuple[int,
         if match is None:
             new += 1
         elif match.shape != dataset.shape:
-            skipped.append(_mismatch(name.replace("/vars/", ":"), match.shape, dataset.shape))
+            skipped.append(_mismatch(_short(name), match.shape, dataset.shape))
         else:
             dataset[...] = match[...]
             loaded += 1
     return loaded, skipped, new
+
+
+def _short(name: str) -> str:
+    """`layers/dense_1/vars/0` -> `dense_1:0` (nested: `functional/conv2d:0`)."""
+    return name.removeprefix("layers/").replace("/layers/", "/").replace("/vars/", ":")
 
 
 def _mismatch(name: str, source_shape, target_shape) -> str:
