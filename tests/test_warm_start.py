@@ -134,3 +134,18 @@ def test_a_missing_path_exits_2_naming_it(cli, tmp_path):
     run_dir, missing = tmp_path / "run", tmp_path / "nowhere" / "model.keras"
     result = cli(*TINY, f"model.init_from={missing}", f"hydra.run.dir={run_dir}")
     _assert_refused(result, run_dir, str(missing), "does not exist")
+
+
+def test_digits_classes_picks_and_relabels_digits(compose_cfg):
+    from tfrecipe.config import schema
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.factory import load_splits
+
+    run = schema.validate(compose_cfg("dataset.classes=[7,2]"))
+    splits = load_splits(run.dataset, allowed_targets=[])
+    labels = {int(label) for _, label in splits.train.as_numpy_iterator()}
+    assert splits.info.num_classes == 2 and labels == {0, 1}
+    assert splits.info.num_train < 400  # about a fifth of the 1,797 digits
+    bad = schema.validate(compose_cfg("dataset.classes=[3,3]"))
+    with pytest.raises(ConfigError, match=r"dataset.classes=\[3, 3\]"):
+        load_splits(bad.dataset, allowed_targets=[])

@@ -12,6 +12,10 @@ from tfrecipe.config.instantiate import instantiate, resolve_target
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.errors import ConfigError
 
+# `model` options tfrecipe applies itself, never passed to the builder: init_from (train, after
+# the build: models/warm_start.py).
+OWN_OPTIONS = ("init_from",)
+
 
 def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
     """The `dataset` group's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
@@ -31,8 +35,7 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
 
     _check_builder_signature(spec.target, allowed_targets)
     info = splits.info
-    options = spec.model_dump(by_alias=True)
-    options.pop("init_from", None)  # not the builder's: train applies it (models/warm_start.py)
+    options = {k: v for k, v in spec.model_dump(by_alias=True).items() if k not in OWN_OPTIONS}
     extra = {}
     builder = resolve_target(spec.target, key="model", allowed=allowed_targets)
     with contextlib.suppress(TypeError, ValueError):

@@ -149,6 +149,7 @@ def target_problems(cfg: DictConfig) -> list[Problem]:
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
     from tfrecipe.config.instantiate import iter_targets, target_problem
     from tfrecipe.config.targets import Unresolvable, argument_problems
+    from tfrecipe.factory import OWN_OPTIONS
 
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     allowed = list(cfg.get("allowed_targets") or [])
@@ -156,7 +157,11 @@ def target_problems(cfg: DictConfig) -> list[Problem]:
     for key, target, node in iter_targets(OmegaConf.to_container(job, resolve=False)):
         if target_problem(target, key=key, allowed=allowed) is not None:
             continue
-        given = [*(k for k in node if k != "_target_"), *_RUNTIME_ARGUMENTS.get(key, ())]
+        own = OWN_OPTIONS if key == "model" else ()  # applied by tfrecipe, not the builder
+        given = [
+            *(k for k in node if k not in ("_target_", *own)),
+            *_RUNTIME_ARGUMENTS.get(key, ()),
+        ]
         try:
             found = argument_problems(target, given)
         except Unresolvable as error:
