@@ -149,3 +149,13 @@ def test_digits_classes_picks_and_relabels_digits(compose_cfg):
     bad = schema.validate(compose_cfg("dataset.classes=[3,3]"))
     with pytest.raises(ConfigError, match=r"dataset.classes=\[3, 3\]"):
         load_splits(bad.dataset, allowed_targets=[])
+
+
+def test_an_unreadable_weights_file_is_a_config_error(tmp_path):
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.models import warm_start
+
+    broken = tmp_path / "best.weights.h5"
+    broken.write_bytes(b"not hdf5")
+    with pytest.raises(ConfigError, match=r"model\.init_from=.*cannot read best\.weights\.h5"):
+        warm_start.init_from(_fresh_cnn(num_outputs=4), broken)

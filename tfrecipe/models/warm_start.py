@@ -68,7 +68,7 @@ def resolve(path: str | Path) -> Source:
     Raises:
       ConfigError: it does not exist or is none of them.
     """
-    given = Path(path).expanduser()
+    given = Path(str(path)).expanduser()
     if given.is_dir():
         if (given / "model.keras").is_file():
             return Source(given / "model.keras", "keras")
@@ -135,7 +135,11 @@ def _from_weights_file(model, source: Source, *, shown: str) -> Loaded:
         source_file = _weights_h5(source, Path(scratch))
         target_file = Path(scratch) / "target.weights.h5"
         model.save_weights(target_file)
-        with h5py.File(source_file, "r") as src, h5py.File(target_file, "r+") as dst:
+        try:
+            src = h5py.File(source_file, "r")
+        except OSError as error:  # not HDF5, truncated
+            raise ConfigError(f"{KEY}={shown}: cannot read {source_file.name} ({error})") from None
+        with src, h5py.File(target_file, "r+") as dst:
             loaded, skipped, new = _copy_matching(_h5_tensors(src), _h5_tensors(dst))
         model.load_weights(target_file)
     return Loaded(shown, loaded, skipped, new)
