@@ -85,6 +85,7 @@ def test_every_source_form_loads_the_trained_body(pretrained, source):
     assert not np.array_equal(first_conv.kernel.numpy(), _fresh_cnn(4).layers[1].kernel.numpy())
 
 
+@pytest.mark.slow  # two mirrored runs, each compiling for two replicas
 @pytest.mark.parametrize("source", ["model.keras", "backup"])
 def test_init_from_on_mirrored_replicas_with_the_custom_loop(pretrained, train_run, source):
     # Weights files load through Keras, backups by assigning: both must reach every replica.
