@@ -36,6 +36,7 @@ from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.models import warm_start
 from tfrecipe.models.freeze import param_counts
 from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
 from tfrecipe.precision import set_precision
@@ -203,6 +204,7 @@ def _train_steps(
         phases.resume_in_phase_two(recovery.candidates(run.resume, dirs.backup_dir))
     policy = _recovery(run, model, dirs, steps_per_epoch)  # reads the rate before a restore
     resumed = recovery.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
+    warm = _warm_start(run, strategy, model) if resumed is None else None  # after restore
     start_step = resumed.step if resumed else 0
     _pace_fit(run, model, steps_per_epoch, start_step)
     inputs = _build_inputs(run, strategy, splits, steps_per_epoch, global_batch, start_step)
@@ -212,6 +214,8 @@ def _train_steps(
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     if phases is not None:
         summary["finetune"] = phases.record  # filled in at the switch
+    if warm is not None:
+        summary["init_from"] = warm.summary()
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -393,6 +397,18 @@ def _build_model(
             jit_compile=run.batching.jit_compile,
         )
     return model
+
+
+def _warm_start(
+    run: schema.RunConfig, strategy: tf.distribute.Strategy, model: keras.Model
+) -> warm_start.Loaded | None:
+    """`model.init_from`: a new run's first weights from an earlier run. Only a new run's: a
+    resumed run continues from its own backup, never from init_from again."""
+    path = (run.model.model_extra or {}).get("init_from")
+    if path is None:
+        return None
+    with model_scope(strategy):
+        return warm_start.init_from(model, path)
 
 
 def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_step: int = 0) -> int:

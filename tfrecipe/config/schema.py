@@ -107,9 +107,9 @@ class Target(BaseModel):
     target: str = Field(alias="_target_")
 
 
-# Options of every `model` node that the factory applies to the built model (builders never see
-# them): `model.freeze` (tfrecipe.models.freeze).
-MODEL_OPTIONS = ("freeze",)
+# Options of every `model` node that tfrecipe applies to the built model (builders never see
+# them): `model.freeze` (tfrecipe.models.freeze), `model.init_from` (tfrecipe.models.warm_start).
+MODEL_OPTIONS = ("freeze", "init_from")
 
 FREEZE_HELP = (
     "expected none, backbone, fraction:F (0 < F <= 1) or a regular expression over layer names"

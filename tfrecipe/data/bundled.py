@@ -13,20 +13,55 @@ import numpy as np
 from tfrecipe.data.splits import Splits, TargetKind, from_arrays
 
 
-def digits(*, validation_fraction: float, test_fraction: float, split_seed: int) -> Splits:
-    """scikit-learn's bundled handwritten digits: 1,797 8x8 images in [0, 1], 10 classes."""
+def digits(
+    *,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+    classes: Sequence[int] | None = None,
+) -> Splits:
+    """scikit-learn's bundled handwritten digits: 1,797 8x8 images in [0, 1], 10 classes.
+
+    Args:
+      classes: only these digits, relabelled 0..k-1 in the order given (e.g. [5, 6, 7, 8, 9]:
+        5 becomes class 0), for a pretrain-on-some, fine-tune-on-others recipe; None: all ten.
+    """
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     images = (bunch.images / 16.0).astype("float32")[..., np.newaxis]
+    labels = bunch.target.astype("int32")
+    if classes is not None:
+        images, labels = _only_digits(images, labels, _check_digit_classes(classes))
     return from_arrays(
         images,
-        bunch.target.astype("int32"),
-        num_classes=10,
+        labels,
+        num_classes=10 if classes is None else len(classes),
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
         split_seed=split_seed,
     )
+
+
+def _check_digit_classes(classes: Sequence[int]) -> list[int]:
+    digits_ = list(classes)
+    valid = all(isinstance(d, int) and 0 <= d <= 9 for d in digits_)
+    if not valid or len(set(digits_)) != len(digits_) or len(digits_) < 2:
+        raise ValueError(
+            f"dataset.classes={digits_}: expected at least two distinct digits from 0 to 9 "
+            "(e.g. [0,1,2,3,4]), or null for all ten"
+        )
+    return digits_
+
+
+def _only_digits(
+    images: np.ndarray, labels: np.ndarray, classes: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The examples of `classes`, each labelled by its digit's position in `classes`."""
+    keep = np.isin(labels, classes)
+    relabel = np.full(10, -1, dtype="int32")
+    relabel[classes] = np.arange(len(classes), dtype="int32")
+    return images[keep], relabel[labels[keep]]
 
 
 def _tabular(
