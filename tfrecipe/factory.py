@@ -13,7 +13,6 @@ from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.errors import ConfigError
 
 
-
 def load_splits(spec: schema.Target, *, allowed_targets: list[str]):
     """The `dataset` group's unbatched splits and their `DatasetInfo` (`data.Splits`)."""
     return instantiate(spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets)
