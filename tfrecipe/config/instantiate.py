@@ -67,7 +67,12 @@ _SERIALIZERS = frozenset({"get", "serialize", "deserialize"})
 
 MODEL = Kind(
     "a model builder returning a keras.Model",
-    builders=("tfrecipe.models.mlp", "tfrecipe.models.cnn", "tfrecipe.models.resnet"),
+    builders=(
+        "tfrecipe.models.mlp",
+        "tfrecipe.models.cnn",
+        "tfrecipe.models.resnet",
+        "tfrecipe.models.text",
+    ),
     modules=("keras.applications",),
     classes_only=True,  # the constructors (ResNet50, ...), not preprocess_input/decode_predictions
     returns="keras.Model",
@@ -84,6 +89,7 @@ DATASET = Kind(
         "tfrecipe.data.npz.load",
         "tfrecipe.data.tfrecord.load",
         "tfrecipe.data.image_folder.load",
+        "tfrecipe.data.text_folder.load",
     ),
     returns="tfrecipe.data.splits.Splits",
 )

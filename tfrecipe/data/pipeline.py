@@ -91,7 +91,8 @@ def batch_transform(options: PipelineOptions):
     import tensorflow as tf
 
     def normalize(x):
-        if options.normalize == "none":
+        # Raw text goes to the model as it is (its vectorizer tokenizes it).
+        if options.normalize == "none" or x.dtype == tf.string:
             return x
         # Integers (images) scale by their dtype's range; floats are taken as they are.
         scale = 1.0 / x.dtype.max if x.dtype.is_integer else 1.0

@@ -2,6 +2,7 @@
 
 - `builders`: the small built-in networks (`mlp`, `cnn`, `resnet`), configured as
   `tfrecipe.models.mlp` etc.
+- `text`: a text classifier on raw strings (`model=text`; its vectorizer is part of the model).
 
 Every builder takes the dataset's `input_shape` and the task's `num_outputs` (the head's width)
 plus its own options and returns an uncompiled Keras model whose output is float32 with no
@@ -9,5 +10,6 @@ activation. A user's model is any function with this signature, named by `model.
 """
 
 from tfrecipe.models.builders import cnn, mlp, resnet
+from tfrecipe.models.text import text
 
-__all__ = ["cnn", "mlp", "resnet"]
+__all__ = ["cnn", "mlp", "resnet", "text"]
