@@ -166,6 +166,22 @@ def _vocabulary(run_dir: Path) -> list[str]:
     return model.get_layer("vectorizer").get_vocabulary()
 
 
+def test_the_pipeline_passes_raw_strings_through_and_refuses_to_augment_them():
+    import tensorflow as tf
+
+    from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
+    from tfrecipe.errors import ConfigError
+
+    texts = tf.data.Dataset.from_tensor_slices((["Good. Fun!", "dull"], [1, 0]))
+    options = PipelineOptions()  # normalize=scale: images only
+    prepared = prepare(texts, options, split="train", training=False, seed=0)
+    x, y = next(iter(prepared.batch(2).map(batch_transform(options))))
+    assert x.dtype == tf.string and list(x.numpy()) == [b"Good. Fun!", b"dull"]
+    assert y.dtype == tf.int32
+    with pytest.raises(ConfigError, match="augmentation needs images"):
+        prepare(texts, PipelineOptions(augment_flip=True), split="train", training=True, seed=0)
+
+
 # --- bad inputs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["missing", "no_classes", "one_class", "empty_class"])
 def test_bad_text_folders_name_the_folder(case, tmp_path):
