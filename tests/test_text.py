@@ -183,7 +183,9 @@ def test_the_pipeline_passes_raw_strings_through_and_refuses_to_augment_them():
 
 
 # --- bad inputs ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["missing", "no_classes", "one_class", "empty_class"])
+@pytest.mark.parametrize(
+    "case", ["missing", "no_classes", "one_class", "empty_class", "too_few_to_split"]
+)
 def test_bad_text_folders_name_the_folder(case, tmp_path):
     from tfrecipe.data import text_folder
 
@@ -193,6 +195,8 @@ def test_bad_text_folders_name_the_folder(case, tmp_path):
         root.mkdir()
     if case in ("one_class", "empty_class"):
         write_corpus(root, classes=("neg",), per_class=2)
+    if case == "too_few_to_split":  # one text per class cannot give 3 splits
+        write_corpus(root, per_class=1)
     if case == "empty_class":
         named = root / "pos"
         named.mkdir()
@@ -218,6 +222,14 @@ def test_model_text_on_images_is_a_config_error(train_run):
 
     with pytest.raises(ConfigError, match=r"model=text expects raw text.*input_shape=\[8, 8, 1\]"):
         train_run("model=text")
+
+
+def test_a_numeric_model_on_text_is_a_config_error(train_run, tmp_path):
+    from tfrecipe.errors import ConfigError
+
+    corpus = write_corpus(tmp_path / "reviews", per_class=10)
+    with pytest.raises(ConfigError, match=r"gives raw text.*use model=text"):
+        train_run("dataset=text_folder", f"dataset.path={corpus}", "model=mlp")
 
 
 @pytest.mark.slow

@@ -38,10 +38,16 @@ def load(
       validation_fraction, test_fraction, split_seed: the held-out fractions per class.
 
     Raises:
-      ValueError: the folder is missing, has fewer than two classes, or a class without texts.
+      ValueError: the folder is missing, has fewer than two classes, a class without texts, or
+        too few texts to hold the fractions out.
     """
     files, labels, classes = _list(Path(path))
-    train, validation, test = split_indices(labels, validation_fraction, test_fraction, split_seed)
+    try:
+        train, validation, test = split_indices(
+            labels, validation_fraction, test_fraction, split_seed
+        )
+    except ValueError as error:  # e.g. too few texts in a class to hold some out
+        raise ValueError(f"{path}: cannot split the texts ({error})") from None
 
     def make(indices: np.ndarray) -> tf.data.Dataset | None:
         if len(indices) == 0:
