@@ -52,7 +52,7 @@ def test_text_folder_trains_through_the_cli_and_model_keras_takes_raw_strings(cl
         "dataset=text_folder", f"dataset.path={corpus}", "dataset.test_fraction=0.2",
         "task=binary", *SMALL_TEXT, "loop.epochs=5", "loop.verbose=0",
         "batching.per_replica_batch_size=16", "optimizer.learning_rate=0.01",
-        f"hydra.run.dir={run_dir}",
+        "callbacks.export.formats=[keras,saved_model]", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -70,6 +70,12 @@ def test_text_folder_trains_through_the_cli_and_model_keras_takes_raw_strings(cl
     )
     assert logits.shape == (2, 1)
     assert logits[0, 0] > 0 > logits[1, 0]  # pos (label 1) then neg (label 0)
+    # The SavedModel too: its serving signature tokenizes with the same vocabulary.
+    import tensorflow as tf
+
+    exported = tf.saved_model.load(str(run_dir / "saved_model"))  # kept: it owns the variables
+    served = exported.serve(_strings("Brilliant, witty fun!", "A dull waste."))
+    np.testing.assert_allclose(np.asarray(served), logits, rtol=1e-5)
 
 
 def test_three_classes_train_with_the_conv_encoder_and_the_custom_loop(train_run, tmp_path):
