@@ -32,6 +32,7 @@ NOT_IN_PROCESS = {
     ("cluster", "tf_config"): f"joins the cluster TF_CONFIG describes ({_WITH_MULTI_WORKER})",
     ("strategy", "parameter_server"): "needs parameter servers (tests/test_parameter_server.py)",
     ("strategy", "tpu"): "needs a TPU (tests/test_tpu.py: refused without one)",
+    ("model", "text"): "needs text data (none is bundled): tests/test_text.py trains it",
 }
 # Values an option needs before it validates: cluster options only make sense with a strategy
 # that spans workers; the user's own data formats need the user's files (`???` in their YAML).
@@ -45,6 +46,7 @@ VALIDATE_WITH = {
     ("dataset", "npz"): ["dataset.path=/data/train.npz"],
     ("dataset", "image_folder"): ["dataset.path=/data/pictures"],
     ("dataset", "csv"): ["dataset.path=/data/table.csv", "dataset.label=y"],
+    ("dataset", "text_folder"): ["dataset.path=/data/reviews"],
     ("dataset", "tfds"): ["dataset.name=mnist"],
     ("dataset", "tfrecord"): [
         "dataset.train_files=/data/*.tfrecord",

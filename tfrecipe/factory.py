@@ -51,6 +51,7 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
             **extra,
         )
         freeze.apply(model, options["freeze"])
+        _check_takes_text(model, splits.train, spec.target)
         return model
     import keras
 
@@ -65,6 +66,19 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
     )
     freeze.apply(body, options["freeze"])
     return keras.Model(inputs, body(encoded), name=body.name)
+
+
+def _check_takes_text(model, train, target: str) -> None:
+    """Raw strings (a text dataset) need a model that tokenizes them itself (`model=text`):
+    any other would fail in its first training step with a TensorFlow cast error."""
+    features = train.element_spec[0]
+    if getattr(features, "dtype", None) != "string":
+        return
+    if any(getattr(x, "dtype", None) != "string" for x in model.inputs):
+        raise ConfigError(
+            f"model._target_={target}: the dataset gives raw text (strings) and this model "
+            "takes numbers; use model=text (it tokenizes inside the model)"
+        )
 
 
 def _check_builder_signature(target: str, allowed_targets: list[str]) -> None:

@@ -72,6 +72,7 @@ MODEL = Kind(
         "tfrecipe.models.cnn",
         "tfrecipe.models.resnet",
         "tfrecipe.models.keras_app",
+        "tfrecipe.models.text",
     ),
     modules=("keras.applications",),
     classes_only=True,  # the constructors (ResNet50, ...), not preprocess_input/decode_predictions
@@ -90,6 +91,7 @@ DATASET = Kind(
         "tfrecipe.data.tfrecord.load",
         "tfrecipe.data.image_folder.load",
         "tfrecipe.data.tabular.csv",
+        "tfrecipe.data.text_folder.load",
     ),
     returns="tfrecipe.data.splits.Splits",
 )

@@ -91,7 +91,8 @@ def batch_transform(options: PipelineOptions):
     import tensorflow as tf
 
     def normalize(x):
-        if options.normalize == "none" or isinstance(x, dict):  # raw columns: the model encodes
+        # Raw columns (a dict) and raw text go to the model as they are: it encodes them itself.
+        if options.normalize == "none" or isinstance(x, dict) or x.dtype == tf.string:
             return x
         # Integers (images) scale by their dtype's range; floats are taken as they are.
         scale = 1.0 / x.dtype.max if x.dtype.is_integer else 1.0

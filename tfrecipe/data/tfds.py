@@ -4,6 +4,10 @@
 Only data prepared beforehand are read: this never downloads (many training machines have no
 network, and a download that cannot finish would hang the run). Without prepared data the user
 gets one line saying how to prepare them elsewhere and where to copy them.
+
+Images, feature vectors and text alike: examples are passed on as TFDS decodes them (uint8
+images, which the pipeline scales; raw strings for a text feature such as imdb_reviews' "text",
+which `model=text` tokenizes inside the model).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ def load(
         ~/tensorflow_datasets).
       train_split, validation_split, test_split: TFDS split strings; None or "" for none.
       feature_key, label_key: the features and the integer class label in each example
-        ("image"/"label" for image datasets; "features"/"label" for tabular ones).
+        ("image"/"label" for image datasets; "features"/"label" for tabular ones;
+        "text"/"label" for text ones such as imdb_reviews).
 
     Raises:
       ValueError: unknown dataset, data not prepared in `data_dir`, missing keys or splits.
@@ -64,6 +69,7 @@ def load(
         num_train=_count(train),
         num_validation=_count(validation),
         num_test=_count(test),
+        target_kind="binary" if label.num_classes == 2 else "classes",
     )
     return Splits(train, validation, test, info)
 

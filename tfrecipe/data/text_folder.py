@@ -1,0 +1,92 @@
+"""The user's texts, one subfolder per class: `dataset=text_folder`.
+
+    path/neg/0001.txt  path/neg/0002.txt  path/pos/0001.txt ...
+
+The layout of `keras.utils.text_dataset_from_directory`: classes are the subfolder names in
+sorted order (label 0 = the first), each example is one `.txt` file anywhere below its class
+folder. Examples are raw strings (scalar `tf.string`, `input_shape=()`): the model turns them into
+tokens (`model=text`), so the exported model takes raw text too. Two classes give 0/1 labels
+(`task=binary` or `classification`), more give class ids (`classification`).
+
+The split is seeded and stratified by class, so every process and every resumed run reads the
+same training texts (the text model's vocabulary is learnt from them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
+
+TEXT_SUFFIX = ".txt"
+
+
+def load(
+    *,
+    path: str,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    split_seed: int = 0,
+) -> Splits:
+    """Lists `path/CLASS/**/*.txt` files and splits them (seeded, stratified).
+
+    Args:
+      path: the folder holding one subfolder per class.
+      validation_fraction, test_fraction, split_seed: the held-out fractions per class.
+
+    Raises:
+      ValueError: the folder is missing, has fewer than two classes, a class without texts, or
+        too few texts to hold the fractions out.
+    """
+    files, labels, classes = _list(Path(path))
+    try:
+        train, validation, test = split_indices(
+            labels, validation_fraction, test_fraction, split_seed
+        )
+    except ValueError as error:  # e.g. too few texts in a class to hold some out
+        raise ValueError(f"{path}: cannot split the texts ({error})") from None
+
+    def make(indices: np.ndarray) -> tf.data.Dataset | None:
+        if len(indices) == 0:
+            return None
+        dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
+        # Read lazily (a corpus may be large); the pipeline's cache keeps what was read.
+        return dataset.map(
+            lambda file, label: (tf.io.read_file(file), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+
+    info = DatasetInfo(
+        input_shape=(),
+        num_classes=len(classes),
+        num_train=len(train),
+        num_validation=len(validation),
+        num_test=len(test),
+        target_kind="binary" if len(classes) == 2 else "classes",
+        targets=labels,
+    )
+    return Splits(make(train), make(validation), make(test), info)
+
+
+def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(files, labels, class names) under `root`."""
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such folder (dataset.path={str(root)!r})")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise ValueError(
+            f"{root}: needs one subfolder of {TEXT_SUFFIX} files per class (at least 2), "
+            f"found {classes or 'none'}"
+        )
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        texts = sorted(str(p) for p in (root / name).rglob(f"*{TEXT_SUFFIX}") if p.is_file())
+        if not texts:
+            raise ValueError(f"{root / name}: class folder holds no {TEXT_SUFFIX} files")
+        files += texts
+        labels += [label] * len(texts)
+    return np.array(files), np.array(labels, dtype="int32"), classes
