@@ -105,9 +105,21 @@ CALLBACK = Kind(
     ),
     base="keras.callbacks.Callback",
 )
-LOSS = Kind("a keras.losses class or function", modules=("keras.losses",), excluded=_SERIALIZERS)
+# Classes only: the custom loop needs a loss's per-example form (reduction none), and a metric
+# object keeps state; functions (keras.losses.huber) give neither.
+LOSS = Kind(
+    "a keras.losses.Loss subclass",
+    modules=("keras.losses",),
+    excluded=_SERIALIZERS,
+    classes_only=True,
+    base="keras.losses.Loss",
+)
 METRIC = Kind(
-    "a keras.metrics class or function", modules=("keras.metrics",), excluded=_SERIALIZERS
+    "a keras.metrics.Metric subclass",
+    modules=("keras.metrics",),
+    excluded=_SERIALIZERS,
+    classes_only=True,
+    base="keras.metrics.Metric",
 )
 OPTIMIZER = Kind(
     "a keras.optimizers.Optimizer subclass",
@@ -129,6 +141,8 @@ SLOT_KINDS = {
     "model": MODEL,
     "dataset": DATASET,
     "callbacks.extra.NAME": CALLBACK,
+    "task.loss": LOSS,
+    "task.metrics.N": METRIC,
     "hydra.launcher": HYDRA_PLUGIN,
     "hydra.sweeper": HYDRA_PLUGIN,
     "hydra.sweeper.sampler": OPTUNA_SAMPLER,
@@ -148,7 +162,8 @@ def _matches(target: str, prefix: str) -> bool:
 
 def slot_kind(key: str) -> Kind | None:
     """The kind the config slot at `key` accepts; None where a config may name no target."""
-    return SLOT_KINDS.get(re.sub(r"^callbacks\.extra\.[^.]+$", "callbacks.extra.NAME", key))
+    key = re.sub(r"^callbacks\.extra\.[^.]+$", "callbacks.extra.NAME", key)
+    return SLOT_KINDS.get(re.sub(r"^task\.metrics\.\d+$", "task.metrics.N", key))
 
 
 def _is_dotted_path(target: object) -> bool:
