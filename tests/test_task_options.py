@@ -48,7 +48,7 @@ def test_class_weights_train_the_same_with_fit_and_the_custom_loop(
     used = {int(c): w for c, w in fit["class_weight"].items()}
     if weights == "balanced":
         counts = _training_counts(compose_cfg, *options)
-        assert counts[1] * 2 < counts[0]  # imbalanced indeed
+        assert counts[1] * 1.5 < counts[0]  # imbalanced indeed: a third positive
         n = counts.sum()
         assert used == pytest.approx({c: n / (2 * counts[c]) for c in (0, 1)}, rel=1e-6)
     else:

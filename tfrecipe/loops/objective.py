@@ -9,9 +9,10 @@ are driven; `loop=fit` uses Keras' own objective, but shares `build_optimizer`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -103,18 +104,29 @@ def build(model: keras.Model, *, distributed: bool = True) -> Objective:
     scope = model.distribute_strategy.scope() if distributed else contextlib.nullcontext()
     with scope:
         return Objective(
-            per_example_loss=_per_example(model.loss),
+            per_example_loss=_unreduced(_rebuild(config["loss"], keras.losses.deserialize)),
             loss=keras.metrics.Mean(name="loss"),
-            metrics=tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ()),
+            metrics=tuple(
+                _rebuild(m, keras.metrics.deserialize) for m in config.get("metrics") or ()
+            ),
         )
 
 
-def _per_example(loss: keras.losses.Loss) -> keras.losses.Loss:
-    """The compiled loss, unreduced: a copy with reduction none. Copied, not rebuilt from its
-    config, so a user's loss class (`task.loss`) whose constructor takes no `reduction` works."""
-    per_example = copy.copy(loss)
-    per_example.reduction = None
-    return per_example
+def _rebuild(config: dict, deserialize: Callable[..., Any]) -> Any:
+    """A fresh object from a compiled loss's or metric's config. A user's class (`task.loss`,
+    `task.metrics`, unregistered with Keras) is taken from its module, imported already when
+    the config's `_target_` was instantiated (never imported here)."""
+    module = sys.modules.get(config.get("module") or "")
+    found = getattr(module, config.get("class_name") or "", None) if module else None
+    custom = {config["registered_name"]: found} if isinstance(found, type) else None
+    return deserialize(config, custom_objects=custom)
+
+
+def _unreduced(loss: keras.losses.Loss) -> keras.losses.Loss:
+    """The loss per example (reduction none), set on the object rather than passed to its
+    constructor: a user's loss class need not take `reduction`."""
+    loss.reduction = None
+    return loss
 
 
 def regularization_loss(model: keras.Model) -> tf.Tensor:
