@@ -44,7 +44,15 @@ def _in_original_units(model, mean, std):
     rescale = keras.layers.Rescaling(
         scale=std.tolist(), offset=mean.tolist(), dtype="float32", name="original_units"
     )
-    return keras.Model(model.inputs, rescale(model.outputs[0]), name=model.name)
+    try:  # `input`, not `inputs`: a model taking a dict of columns keeps taking one
+        inputs, outputs = model.input, model.output
+    except (AttributeError, ValueError):
+        raise ConfigError(
+            "task.standardize_targets=true: appends a rescaling layer to the model, which needs "
+            f"a functional or Sequential model; {model.name} is a subclassed model (rescale its "
+            "outputs yourself, or set task.standardize_targets=false)"
+        ) from None
+    return keras.Model(inputs, rescale(outputs), name=model.name)
 
 
 def _build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
