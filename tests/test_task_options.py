@@ -239,3 +239,16 @@ def test_class_weights_train_on_parameter_servers(tmp_path):
         assert run.finish(timeout=300) == 0, run.output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["class_weight"]) == 10
+
+
+def test_float_targets_reach_the_model_unrounded():
+    """Regression targets (and multi-hot labels) keep their values; class ids become int32."""
+    import tensorflow as tf
+
+    from tfrecipe.data.pipeline import PipelineOptions, batch_transform
+
+    transform = batch_transform(PipelineOptions())
+    _, targets = transform(tf.zeros([2, 3]), tf.constant([[0.25], [-1.75]]))
+    assert targets.numpy().tolist() == [[0.25], [-1.75]]
+    _, ids = transform(tf.zeros([2, 3]), tf.constant([3, 1], tf.int64))
+    assert ids.dtype == tf.int32
