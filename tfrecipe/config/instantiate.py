@@ -2,7 +2,7 @@
 
 A config names callables in a few slots, and each slot says what it accepts (`SLOT_KINDS`): the
 `model` slot a model builder, `dataset` a dataset builder, `callbacks.extra.NAME` a Keras callback
-class. A target is allowed when it is one of tfrecipe's own builders of that kind, a public member
+class, `task.loss` a Keras loss class, `task.metrics.N` a Keras metric class. A target is allowed when it is one of tfrecipe's own builders of that kind, a public member
 of the Keras module that kind lives in (`keras.callbacks`, `keras.applications`, ...), or under a
 prefix the user lists in `allowed_targets`. Everything else is refused by default: other modules
 of keras and tensorflow (`tensorflow.io.write_file`, `keras.utils.get_file`), private modules
