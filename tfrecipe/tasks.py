@@ -9,6 +9,10 @@ dataset's targets fit it (before any training).
 | multilabel     | N logits            | sigmoid (binary) cross-entropy        | binary_accuracy, auc, f1_micro/macro  |
 | regression     | N linear outputs    | mse, mae or huber                     | mae, rmse, r2                         |
 
+Options: `task.loss` / `task.metrics` by `_target_`; `task.class_weight` (per-example weights
+the input pipeline adds, averaged alike by every loop) and `task.standardize_targets`, both
+fitted on the training split; each task's default monitor and the names a sweep may optimize.
+
 Imports no TensorFlow at module level: the config check (`tfrecipe validate`) uses the names.
 """
 
