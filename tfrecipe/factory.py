@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable
 
 from tfrecipe import tasks
 from tfrecipe.config import schema
@@ -26,7 +27,35 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
     dataset's own (`splits.preprocessing`, e.g. a CSV's column encoders: the builder then sees
     the encoded width) and the builder's (one that takes `train_features` gets the training
     split's features, e.g. to adapt a text vectorizer). The returned model takes raw inputs.
+    With `task.standardize_targets` its outputs are rescaled to the targets' units (mean and
+    std of the training split's targets).
     """
+    model = _build_model(spec, splits, task=task, allowed_targets=allowed_targets)
+    scaling = tasks.target_scaling(task, splits.train)
+    return model if scaling is None else _in_original_units(model, *scaling)
+
+
+def _in_original_units(model, mean, std):
+    """The model's outputs put back in the targets' units (output x std + mean, in float32):
+    its head learns standardized targets, yet predictions, metrics and the exported model are
+    in the original units."""
+    import keras
+
+    rescale = keras.layers.Rescaling(
+        scale=std.tolist(), offset=mean.tolist(), dtype="float32", name="original_units"
+    )
+    try:  # `input`, not `inputs`: a model taking a dict of columns keeps taking one
+        inputs, outputs = model.input, model.output
+    except (AttributeError, ValueError):
+        raise ConfigError(
+            "task.standardize_targets=true: appends a rescaling layer to the model, which needs "
+            f"a functional or Sequential model; {model.name} is a subclassed model (rescale its "
+            "outputs yourself, or set task.standardize_targets=false)"
+        ) from None
+    return keras.Model(inputs, rescale(outputs), name=model.name)
+
+
+def _build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
     import inspect
 
     from tfrecipe.models import freeze
@@ -150,13 +179,15 @@ def compile_model(
     optimizer=None,
     steps_per_execution: int = 1,
     jit_compile: bool | str = "auto",
+    allowed_targets: Iterable[str] = (),
 ) -> None:
     """The model trains on the task's loss and is scored on its metrics, under the names
-    `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...)."""
+    `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...); `allowed_targets`
+    may hold the packages of a `_target_` loss or metric of the user's own."""
     model.compile(
         optimizer=optimizer,
-        loss=tasks.loss(task),
-        metrics=tasks.metrics(task),
+        loss=tasks.loss(task, allowed_targets=allowed_targets),
+        metrics=tasks.metrics(task, allowed_targets=allowed_targets),
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )

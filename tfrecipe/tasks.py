@@ -9,12 +9,18 @@ dataset's targets fit it (before any training).
 | multilabel     | N logits            | sigmoid (binary) cross-entropy        | binary_accuracy, auc, f1_micro/macro  |
 | regression     | N linear outputs    | mse, mae or huber                     | mae, rmse, r2                         |
 
+Options: `task.loss` / `task.metrics` by `_target_`; `task.class_weight` (per-example weights
+the input pipeline adds, averaged alike by every loop) and `task.standardize_targets`, both
+fitted on the training split; each task's default monitor and the names a sweep may optimize.
+
 Imports no TensorFlow at module level: the config check (`tfrecipe validate`) uses the names.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +28,8 @@ import numpy as np
 from tfrecipe.errors import ConfigError
 
 if TYPE_CHECKING:
+    import tensorflow as tf
+
     from tfrecipe.config import schema
     from tfrecipe.data.splits import DatasetInfo
 
@@ -33,15 +41,46 @@ OLD_SIGNATURE_HINT = (
 )
 
 
-def metric_names(task: schema.Task) -> tuple[str, ...]:
-    """The task's metrics as `fit` logs them (without `loss`; validation adds `val_`)."""
+def metric_names(task: schema.Task, *, extra: bool = True) -> tuple[str, ...]:
+    """The task's metrics as `fit` logs them (without `loss`; validation adds `val_`), then
+    its extra `task.metrics` (unless `extra` is False)."""
+    extras = tuple(extra_metric_name(node) for node in task.metrics) if extra else ()
     if task.name == "classification":
-        return ("accuracy", *((f"top_{task.top_k}_accuracy",) if task.top_k else ()))
+        return ("accuracy", *((f"top_{task.top_k}_accuracy",) if task.top_k else ()), *extras)
     if task.name == "binary":
-        return ("accuracy", "auc", "precision", "recall")
+        return ("accuracy", "auc", "precision", "recall", *extras)
     if task.name == "multilabel":
-        return ("binary_accuracy", "auc", "f1_micro", "f1_macro")
-    return ("mae", "rmse", "r2")
+        return ("binary_accuracy", "auc", "f1_micro", "f1_macro", *extras)
+    return ("mae", "rmse", "r2", *extras)
+
+
+def extra_metric_name(node: schema.Target) -> str:
+    """The name an extra metric is reported under: its `name`, else its class's name in snake
+    case (keras.metrics.MeanSquaredLogarithmicError: mean_squared_logarithmic_error). Known
+    without importing it (the config check runs before TensorFlow); `metrics` passes it on."""
+    name = (node.model_extra or {}).get("name")
+    if isinstance(name, str) and name:
+        return name
+    return _snake_case(node.target.rpartition(".")[2])
+
+
+def _snake_case(name: str) -> str:
+    # Keras' own rule (keras.src.utils.naming.to_snake_case), for the names Keras would pick.
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def default_monitor(task: schema.Task) -> str:
+    """What checkpoints and early stopping watch with `monitor: auto`: the validation loss, but
+    for binary tasks the validation AUC (threshold-free, robust to imbalanced classes)."""
+    return "val_auc" if task.name == "binary" else "val_loss"
+
+
+def summary_names(task: schema.Task) -> tuple[str, ...]:
+    """The numbers summary.json holds for this task by the names sweeps and `compare` use
+    (`rundir.summary_value`): the final metrics, the test split's as `test_X`, throughput."""
+    test = tuple(f"test_{name}" for name in ("loss", *metric_names(task)))
+    return (*monitors(task), *test, "examples_per_sec", "wall_time_s")
 
 
 def main_metric(task: schema.Task) -> str:
@@ -63,12 +102,21 @@ _HIGHER_IS_BETTER = frozenset(
 )
 
 
+# Words in a metric's name that say bigger is better (an extra metric's too: auc_pr, f1_score,
+# mean_io_u, r2_score, ...); any other name improves downwards (losses, errors).
+_HIGHER_IS_BETTER_WORDS = ("accuracy", "auc", "precision", "recall", "f1", "io_u", "iou", "r2")
+
+
 def monitor_mode(monitor: str) -> str:
     """ "max" or "min" for a monitored name (val_auc: max, val_mae: min), decided from the name:
     Keras' "auto" reads it from the compiled metric objects, which the custom loop never
     builds, and guesses wrong for names it does not know."""
     base = monitor.removeprefix("val_")
-    return "max" if base in _HIGHER_IS_BETTER or base.endswith("_accuracy") else "min"
+    words = base.split("_")
+    higher = base in _HIGHER_IS_BETTER or any(
+        word in words or base.endswith(word) for word in _HIGHER_IS_BETTER_WORDS
+    )
+    return "max" if higher else "min"
 
 
 def num_outputs(task: schema.Task, info: DatasetInfo) -> int:
@@ -81,10 +129,14 @@ def num_outputs(task: schema.Task, info: DatasetInfo) -> int:
 
 
 # --- loss and metrics (Keras objects) -------------------------------------------------------------
-def loss(task: schema.Task):
-    """The task's loss (from logits where it has a choice), mean over each example's outputs."""
+def loss(task: schema.Task, *, allowed_targets: Iterable[str] = ()):
+    """The task's loss (from logits where it has a choice), mean over each example's outputs;
+    `task.loss` when it names a Keras loss class by `_target_` (it then sees the raw outputs:
+    logits for the classification tasks)."""
     import keras
 
+    if task.loss is not None and not isinstance(task.loss, str):
+        return _instantiate(task.loss, key="task.loss", allowed=allowed_targets)
     if task.name == "classification":
         if task.label_smoothing:
             return _sparse_smoothed_loss()(label_smoothing=task.label_smoothing)
@@ -98,8 +150,29 @@ def loss(task: schema.Task):
     ]()
 
 
-def metrics(task: schema.Task) -> list[Any]:
-    """Fresh metric objects under the names `metric_names` lists, in that order."""
+def metrics(task: schema.Task, *, allowed_targets: Iterable[str] = ()) -> list[Any]:
+    """Fresh metric objects under the names `metric_names` lists, in that order: the task's
+    own, then `task.metrics` (which see the model's raw outputs, logits for classification)."""
+    extras = [
+        _instantiate(
+            node, key=f"task.metrics.{index}", allowed=allowed_targets, name=extra_metric_name(node)
+        )
+        for index, node in enumerate(task.metrics)
+    ]
+    return [*_task_metrics(task), *extras]
+
+
+def _instantiate(node: schema.Target, *, key: str, allowed: Iterable[str], **defaults: Any) -> Any:
+    """A `_target_` loss or metric, through the one allow-listed instantiation; `defaults`
+    are arguments the node does not set itself."""
+    from tfrecipe.config.instantiate import instantiate
+
+    spec = node.model_dump(by_alias=True)
+    extra = {name: value for name, value in defaults.items() if name not in spec}
+    return instantiate(spec, key=key, allowed=allowed, **extra)
+
+
+def _task_metrics(task: schema.Task) -> list[Any]:
     import keras
 
     if task.name == "classification":
@@ -201,9 +274,78 @@ def register_custom_objects() -> None:
     _sparse_smoothed_loss()
 
 
+# --- class weights and target standardization: fitted on the training split ----------------------
+def training_targets(train: tf.data.Dataset) -> np.ndarray:
+    """The training split's targets (labels only, read once, in large batches), for statistics
+    every dataset can give: in-memory arrays, TFDS, files."""
+    batches = [batch.numpy() for batch in train.map(lambda *example: example[1]).batch(8192)]
+    return np.concatenate(batches) if batches else np.zeros((0,), "float32")
+
+
+def class_weights(
+    task: schema.Task, train: tf.data.Dataset, info: DatasetInfo
+) -> np.ndarray | None:
+    """The loss weight of each class id's examples in training (None: unweighted).
+
+    `balanced` gives class c the weight n / (k x count_c) over the training split's n examples
+    and k classes (scikit-learn's and Keras' rule); a `{class_id: weight}` mapping weighs the
+    classes it names, the others 1.
+
+    Raises:
+      ConfigError: a balanced weight for a class the training split does not hold.
+    """
+    spec = getattr(task, "class_weight", None)
+    if spec is None:
+        return None
+    num_classes = 2 if task.name == "binary" else info.num_classes
+    if spec != "balanced":
+        weights = np.ones(num_classes, "float32")
+        weights[list(spec)] = list(spec.values())  # ids checked in check_targets
+        return weights
+    ids = training_targets(train).reshape(-1).astype("int64")
+    counts = np.bincount(ids, minlength=num_classes)
+    if not counts.all():
+        absent = int(np.flatnonzero(counts == 0)[0])
+        raise ConfigError(
+            f"task.class_weight=balanced: class {absent} has no example in the training split "
+            f"(n / (k x count) is undefined); give the weights as {{class_id: weight}}"
+        )
+    return (len(ids) / (num_classes * counts)).astype("float32")
+
+
+def weigh_examples(weights: np.ndarray, *, after: Callable[[Any, Any], tuple[Any, Any]]):
+    """A batch map `(x, y) -> (x, y, w)` (`after` first): each example's class weight as its
+    sample weight, the form Keras' fit reads and the custom loops average with
+    (`loops/objective.py`)."""
+    import tensorflow as tf
+
+    table = tf.constant(weights, tf.float32)
+
+    def weigh(features, labels):
+        features, labels = after(features, labels)
+        ids = tf.reshape(tf.cast(labels, tf.int32), [-1])
+        return features, labels, tf.gather(table, ids)
+
+    return weigh
+
+
+def target_scaling(
+    task: schema.Task, train: tf.data.Dataset
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, std) per output of the training split's targets with
+    `task.standardize_targets` (a constant output keeps std 1), else None."""
+    if task.name != "regression" or not task.standardize_targets:
+        return None
+    targets = training_targets(train).astype("float64")
+    targets = targets.reshape(len(targets), -1)
+    mean, std = targets.mean(axis=0), targets.std(axis=0)
+    return mean.astype("float32"), np.where(std > 0, std, 1.0).astype("float32")
+
+
 # --- the dataset's targets against the task --------------------------------------------------------
 def check_targets(task: schema.Task, info: DatasetInfo, *, dataset: str) -> None:
-    """Refuses targets the task cannot learn from, before training.
+    """Refuses targets the task cannot learn from, and class weights for classes the dataset
+    does not have, before training.
 
     Raises:
       ConfigError: one line naming the dataset, the task and the offending value.
@@ -211,6 +353,15 @@ def check_targets(task: schema.Task, info: DatasetInfo, *, dataset: str) -> None
     problem = _target_problem(task, info)
     if problem:
         raise ConfigError(f"task={task.name}: dataset {dataset} {problem}")
+    weights = getattr(task, "class_weight", None)
+    if isinstance(weights, dict):
+        num_classes = 2 if task.name == "binary" else info.num_classes
+        outside = [c for c in weights if c >= num_classes]
+        if outside:
+            raise ConfigError(
+                f"task.class_weight={weights}: class id {outside[0]} is outside [0, "
+                f"num_classes={num_classes}) of task={task.name} on dataset {dataset}"
+            )
 
 
 def _target_problem(task: schema.Task, info: DatasetInfo) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -103,7 +104,7 @@ def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any
     model = factory.build_model(
         run.model, splits, task=run.task, allowed_targets=run.allowed_targets
     )
-    factory.compile_model(model, task=run.task)
+    factory.compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
     split = "validation" if splits.validation is not None else "test"
     data = factory.evaluation_data(
         getattr(splits, split),
@@ -216,6 +217,8 @@ def _train_steps(
         summary["finetune"] = phases.record  # filled in at the switch
     if warm is not None:
         summary["init_from"] = warm.summary()
+    if inputs.class_weight is not None:  # the weights used, per class id
+        summary["class_weight"] = {str(c): float(w) for c, w in enumerate(inputs.class_weight)}
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -317,6 +320,8 @@ class _Inputs:
     steps_per_epoch: int
     # step -> the training data from that optimizer step on (fit's resume, a rollback)
     train_from: Callable[[int], tf.distribute.DistributedDataset]
+    # per class id, the weight of its examples' loss in training (task.class_weight), or None
+    class_weight: np.ndarray | None = None
 
 
 def _load_data(run: schema.RunConfig, global_batch: int) -> tuple[Splits, int]:
@@ -341,10 +346,15 @@ def _build_inputs(
     global_batch: int,
     start_step: int = 0,
 ) -> _Inputs:
+    class_weight = tasks.class_weights(run.task, splits.train, splits.info)
+
     def distribute(dataset: tf.data.Dataset | None, *, split: str, start: int = 0):
         if dataset is None:
             return None
         training = split == "train"
+        batch_map = batch_transform(run.pipeline)
+        if training and class_weight is not None:  # (x, y, w): Keras' sample-weight form
+            batch_map = tasks.weigh_examples(class_weight, after=batch_map)
         dataset = prepare(dataset, run.pipeline, split=split, training=training, seed=run.seed)
         return distribute_dataset(
             strategy,
@@ -355,7 +365,7 @@ def _build_inputs(
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
             auto_shard_policy=run.pipeline.auto_shard_policy,
-            batch_map=batch_transform(run.pipeline),
+            batch_map=batch_map,
             # A restored run continues the same seeded stream where the backup was taken.
             skip=start * run.loop.gradient_accumulation_steps,
         )
@@ -370,6 +380,7 @@ def _build_inputs(
         info=splits.info,
         steps_per_epoch=steps_per_epoch,
         train_from=train_from,
+        class_weight=class_weight,
     )
 
 
@@ -395,6 +406,7 @@ def _build_model(
             if run.loop.name == "fit"
             else 1,
             jit_compile=run.batching.jit_compile,
+            allowed_targets=run.allowed_targets,
         )
     return model
 

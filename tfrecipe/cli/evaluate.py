@@ -51,7 +51,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
         run.model, splits, task=run.task, allowed_targets=run.allowed_targets
     )
     model.load_weights(weights)
-    factory.compile_model(model, task=run.task)
+    factory.compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
     return model
 
 

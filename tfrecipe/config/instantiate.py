@@ -2,7 +2,7 @@
 
 A config names callables in a few slots, and each slot says what it accepts (`SLOT_KINDS`): the
 `model` slot a model builder, `dataset` a dataset builder, `callbacks.extra.NAME` a Keras callback
-class. A target is allowed when it is one of tfrecipe's own builders of that kind, a public member
+class, `task.loss` a Keras loss class, `task.metrics.N` a Keras metric class. A target is allowed when it is one of tfrecipe's own builders of that kind, a public member
 of the Keras module that kind lives in (`keras.callbacks`, `keras.applications`, ...), or under a
 prefix the user lists in `allowed_targets`. Everything else is refused by default: other modules
 of keras and tensorflow (`tensorflow.io.write_file`, `keras.utils.get_file`), private modules
@@ -113,9 +113,21 @@ CALLBACK = Kind(
     ),
     base="keras.callbacks.Callback",
 )
-LOSS = Kind("a keras.losses class or function", modules=("keras.losses",), excluded=_SERIALIZERS)
+# Classes only: the custom loop needs a loss's per-example form (reduction none), and a metric
+# object keeps state; functions (keras.losses.huber) give neither.
+LOSS = Kind(
+    "a keras.losses.Loss subclass",
+    modules=("keras.losses",),
+    excluded=_SERIALIZERS,
+    classes_only=True,
+    base="keras.losses.Loss",
+)
 METRIC = Kind(
-    "a keras.metrics class or function", modules=("keras.metrics",), excluded=_SERIALIZERS
+    "a keras.metrics.Metric subclass",
+    modules=("keras.metrics",),
+    excluded=_SERIALIZERS,
+    classes_only=True,
+    base="keras.metrics.Metric",
 )
 OPTIMIZER = Kind(
     "a keras.optimizers.Optimizer subclass",
@@ -137,6 +149,8 @@ SLOT_KINDS = {
     "model": MODEL,
     "dataset": DATASET,
     "callbacks.extra.NAME": CALLBACK,
+    "task.loss": LOSS,
+    "task.metrics.N": METRIC,
     "hydra.launcher": HYDRA_PLUGIN,
     "hydra.sweeper": HYDRA_PLUGIN,
     "hydra.sweeper.sampler": OPTUNA_SAMPLER,
@@ -156,7 +170,8 @@ def _matches(target: str, prefix: str) -> bool:
 
 def slot_kind(key: str) -> Kind | None:
     """The kind the config slot at `key` accepts; None where a config may name no target."""
-    return SLOT_KINDS.get(re.sub(r"^callbacks\.extra\.[^.]+$", "callbacks.extra.NAME", key))
+    key = re.sub(r"^callbacks\.extra\.[^.]+$", "callbacks.extra.NAME", key)
+    return SLOT_KINDS.get(re.sub(r"^task\.metrics\.\d+$", "task.metrics.N", key))
 
 
 def _is_dotted_path(target: object) -> bool:

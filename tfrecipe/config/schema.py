@@ -143,28 +143,64 @@ def parse_freeze(value: object) -> tuple[str, float | str | None]:
 
 
 # --- task: what is learned (tfrecipe/tasks.py has the losses and metrics) --------------------------
-class ClassificationTask(_Schema):
+class _TaskBase(_Schema):
+    # null: the task's own loss; else a Keras loss class by `_target_` (task.loss).
+    loss: Target | None = None
+    # Extra metrics (keras.metrics classes by `_target_`), reported beside the task's own.
+    metrics: list[Target] = []
+
+
+class _ClassWeighted(_TaskBase):
+    # null, "balanced" (n / (classes x count) on the training split) or {class_id: weight}.
+    class_weight: Literal["balanced"] | dict[int, float] | None = None
+
+    @field_validator("class_weight", mode="before")
+    @classmethod
+    def _balanced_or_weights(cls, value):
+        """One problem for every way it can be wrong (a union would report one per member)."""
+        if value is None or value == "balanced":
+            return value
+        if isinstance(value, dict) and all(_class_id(k) and _weight(w) for k, w in value.items()):
+            return {k: float(w) for k, w in value.items()}
+        raise PydanticCustomError(
+            "class_weight",
+            "expected null, balanced or {class_id: weight} with class ids >= 0 and weights >= 0 "
+            "(e.g. {0: 1.0, 1: 5.0})",
+        )
+
+
+def _class_id(key: object) -> bool:
+    return isinstance(key, int) and not isinstance(key, bool) and key >= 0
+
+
+def _weight(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+class ClassificationTask(_ClassWeighted):
     name: Literal["classification"]
     top_k: Annotated[int, Field(ge=2)] | None = None
     label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
 
-class BinaryTask(_Schema):
+class BinaryTask(_ClassWeighted):
     name: Literal["binary"]
     threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
 
 
-class MultilabelTask(_Schema):
+class MultilabelTask(_TaskBase):
     name: Literal["multilabel"]
     threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
     # null: the dataset's label width; else the width its labels must have.
     num_labels: PositiveInt | None = None
 
 
-class RegressionTask(_Schema):
+class RegressionTask(_TaskBase):
     name: Literal["regression"]
-    loss: Literal["mse", "mae", "huber"] = "mse"
+    loss: Literal["mse", "mae", "huber"] | Target = "mse"
     huber_delta: PositiveFloat = 1.0
+    # Train against standardized targets: the model ends in a rescaling to the original units.
+    standardize_targets: bool = False
 
 
 TASK_NAMES = ("classification", "binary", "multilabel", "regression")
@@ -244,12 +280,13 @@ class _Switch(_Schema):
 
 
 class ModelCheckpoint(_Switch):
-    monitor: str = "val_loss"
+    # auto: the task's default (tfrecipe.tasks.default_monitor), set by `validate`
+    monitor: str = "auto"
     mode: Literal["auto", "min", "max"] = "auto"
 
 
 class EarlyStopping(_Switch):
-    monitor: str = "val_loss"
+    monitor: str = "auto"
     patience: NonNegativeInt = 5
     min_delta: Annotated[float, Field(ge=0)] = 0.0
     restore_best_weights: bool = True
@@ -418,6 +455,7 @@ def validate(cfg: DictConfig) -> RunConfig:
         problems += [p for p in allow_list if p.slot not in reported]
         raise ConfigError(problems) from None
     problems += allow_list
+    run = _with_task_monitors(run)
     problems += _cross_checks(run)
     if problems:
         raise ConfigError(problems)
@@ -433,6 +471,8 @@ def _cross_checks(run: RunConfig) -> list[str]:
     problems += _monitor_problems(run)
     problems += _freeze_problems(run)
     problems += _finetune_problems(run)
+    problems += _task_metric_problems(run)
+    problems += _sweep_problems(run)
     return problems
 
 
@@ -481,6 +521,52 @@ def _freeze_problems(run: RunConfig) -> list[Problem]:
     except ValueError as error:
         return [Problem("model.freeze", value, str(error))]
     return []
+
+
+def _with_task_monitors(run: RunConfig) -> RunConfig:
+    """`monitor: auto` (checkpoint, early stopping) becomes the task's default monitor."""
+    from tfrecipe.tasks import default_monitor
+
+    callbacks, updates = run.callbacks, {}
+    for key in ("model_checkpoint", "early_stopping"):
+        spec = getattr(callbacks, key)
+        if spec.monitor == "auto":
+            updates[key] = spec.model_copy(update={"monitor": default_monitor(run.task)})
+    if not updates:
+        return run
+    return run.model_copy(update={"callbacks": callbacks.model_copy(update=updates)})
+
+
+def _task_metric_problems(run: RunConfig) -> list[str]:
+    """An extra metric (task.metrics) must not take a name the run already reports."""
+    from tfrecipe.tasks import extra_metric_name, metric_names
+
+    taken = ["loss", *metric_names(run.task, extra=False)]
+    problems = []
+    for index, node in enumerate(run.task.metrics):
+        name = extra_metric_name(node)
+        if name in taken:
+            problems.append(
+                f"task.metrics.{index}: {node.target} would be reported as {name!r}, a name "
+                f"the run already reports ({', '.join(taken)}); give it another name "
+                f"(name: my_{name})"
+            )
+        taken.append(name)
+    return problems
+
+
+def _sweep_problems(run: RunConfig) -> list[str]:
+    """The sweep's objective must be a number the task's runs report (else every job's
+    objective would be NaN and the sweeper would optimize nothing)."""
+    from tfrecipe.tasks import summary_names
+
+    allowed = summary_names(run.task)
+    if run.sweep.objective in allowed:
+        return []
+    return [
+        f"sweep.objective={run.sweep.objective}: task={run.task.name} does not report it; "
+        f"allowed: {', '.join(allowed)}"
+    ]
 
 
 def _monitor_problems(run: RunConfig) -> list[str]:

@@ -86,7 +86,7 @@ def prepare(
 
 def batch_transform(options: PipelineOptions):
     """The per-batch map `data.distribute.distribute` applies after batching: normalization and int32
-    labels. Vectorized over the batch: a per-example map costs tens of microseconds of tf.data
+    class ids (float targets unchanged). Vectorized over the batch: a per-example map costs tens of microseconds of tf.data
     overhead per example, more than a small model's training step per example."""
     import tensorflow as tf
 
@@ -105,8 +105,9 @@ def batch_transform(options: PipelineOptions):
             x = (x - mean) / tf.maximum(tf.sqrt(variance), tf.math.rsqrt(size))
         return x
 
-    def labels(y):  # class ids as int32; float targets (regression, multi-hot) stay floats
-        return y if y.dtype.is_floating else tf.cast(y, tf.int32)
+    def labels(y):
+        # Class ids as int32; float targets (regression, multi-hot) keep their values.
+        return tf.cast(y, tf.int32) if y.dtype.is_integer or y.dtype.is_bool else y
 
     return lambda x, y: (normalize(x), labels(y))
 

@@ -50,7 +50,7 @@ def _global_examples(strategy: tf.distribute.Strategy, micro_batches: Sequence[A
     Less than N x the global batch at the end of a pass; the loss is averaged over this number.
     """
     local = strategy.run(
-        lambda batches: tf.add_n([tf.shape(labels)[0] for _, labels in batches]),
+        lambda batches: tf.add_n([tf.shape(batch[1])[0] for batch in batches]),
         args=(micro_batches,),
     )
     return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None)
@@ -59,7 +59,7 @@ def _global_examples(strategy: tf.distribute.Strategy, micro_batches: Sequence[A
 def _train_replica_step(
     model: keras.Model,
     objective: Objective,
-    micro_batches: Sequence[tuple[tf.Tensor, tf.Tensor]],
+    micro_batches: Sequence[objectives.Batch],
     global_examples: tf.Tensor,
 ) -> None:
     """One optimizer step on this replica's share of the step's micro-batches (replica context).
@@ -75,11 +75,11 @@ def _train_replica_step(
         return loss + tf.nn.scale_regularization_loss(regularization) / len(micro_batches)
 
     gradients: list[tf.Tensor | None] = []
-    for features, labels in micro_batches:
+    for batch in micro_batches:
         # The next micro-batch starts once this one's gradients exist: one set of activations at
         # a time, which is what accumulation is for.
         with tf.control_dependencies([g for g in gradients if g is not None]):
-            _, step_gradients = objective.gradients(model, features, labels, reduce)
+            _, step_gradients = objective.gradients(model, batch, reduce)
         gradients = step_gradients if not gradients else list(map(_add, gradients, step_gradients))
     model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
@@ -128,7 +128,7 @@ def _make_test_function(
     strategy = model.distribute_strategy
 
     def replica_step(batch):
-        objective.test_batch(model, *batch)
+        objective.test_batch(model, batch)
 
     @_compiled_like_fit(model)
     def step(batch):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -19,6 +21,21 @@ from tfrecipe import compat
 
 # (per-example losses, regularization loss) -> the loss this replica differentiates.
 Reduction = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+# (features, labels) or (features, labels, sample weights): one batch as the data give it.
+Batch = tuple[tf.Tensor, ...]
+
+
+def unpack(batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """(features, labels, sample weights or None) of a batch."""
+    features, labels, *weights = batch
+    return features, labels, (weights[0] if weights else None)
+
+
+def weighted(per_example: tf.Tensor, weights: tf.Tensor | None) -> tf.Tensor:
+    """Each example's loss times its sample weight (class weights arrive this way). Averaged
+    over the examples, not over the weights, it is Keras' `sum_over_batch_size` with
+    `sample_weight` (fit's loss): sum(loss x w) / examples."""
+    return per_example if weights is None else per_example * tf.cast(weights, per_example.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +66,15 @@ class Objective:
             metric.reset_state()
 
     def gradients(
-        self, model: keras.Model, features: tf.Tensor, labels: tf.Tensor, reduce: Reduction
+        self, model: keras.Model, batch: Batch, reduce: Reduction
     ) -> tuple[tf.Tensor, list[tf.Tensor | None]]:
         """This replica's loss on one batch and its gradients (of the loss times the optimizer's
-        loss scale, which `apply_gradients` divides out); updates the metrics (replica context)."""
+        loss scale, which `apply_gradients` divides out); updates the metrics (replica context).
+        The batch's sample weights (if any) weigh the loss, not the metrics (as in fit)."""
+        features, labels, weights = unpack(batch)
         with tf.GradientTape() as tape:
             logits = model(features, training=True)
-            per_example = self.per_example_loss(labels, logits)
+            per_example = weighted(self.per_example_loss(labels, logits), weights)
             regularization = regularization_loss(model)
             loss = reduce(per_example, regularization)
             scaled_loss = model.optimizer.scale_loss(loss)  # dynamic loss scale for float16
@@ -63,12 +82,12 @@ class Objective:
         self.update(labels, logits, per_example + regularization)
         return loss, gradients
 
-    def test_batch(self, model: keras.Model, features: tf.Tensor, labels: tf.Tensor) -> None:
+    def test_batch(self, model: keras.Model, batch: Batch) -> None:
         """Updates the metrics with one batch in inference mode (the loss as in training)."""
+        features, labels, weights = unpack(batch)
         logits = model(features, training=False)
-        self.update(
-            labels, logits, self.per_example_loss(labels, logits) + regularization_loss(model)
-        )
+        per_example = weighted(self.per_example_loss(labels, logits), weights)
+        self.update(labels, logits, per_example + regularization_loss(model))
 
 
 def build(model: keras.Model, *, distributed: bool = True) -> Objective:
@@ -84,18 +103,33 @@ def build(model: keras.Model, *, distributed: bool = True) -> Objective:
             "loop=custom expects a model compiled with one Keras Loss object and metric objects "
             f"(no weighted_metrics), received compile config {config}"
         )
-    loss = config["loss"]
-    loss = {**loss, "config": {**loss["config"], "reduction": None}}
     scope = model.distribute_strategy.scope() if distributed else contextlib.nullcontext()
     with scope:
-        metrics = tuple(keras.metrics.deserialize(m) for m in config.get("metrics") or ())
+        metrics = tuple(_rebuild(m, keras.metrics.deserialize) for m in config.get("metrics") or ())
         for metric in metrics:
             compat.build_metric(metric, model.output_shape)
         return Objective(
-            per_example_loss=keras.losses.deserialize(loss),
+            per_example_loss=_unreduced(_rebuild(config["loss"], keras.losses.deserialize)),
             loss=keras.metrics.Mean(name="loss"),
             metrics=metrics,
         )
+
+
+def _rebuild(config: dict, deserialize: Callable[..., Any]) -> Any:
+    """A fresh object from a compiled loss's or metric's config. A user's class (`task.loss`,
+    `task.metrics`, unregistered with Keras) is taken from its module, imported already when
+    the config's `_target_` was instantiated (never imported here)."""
+    module = sys.modules.get(config.get("module") or "")
+    found = getattr(module, config.get("class_name") or "", None) if module else None
+    custom = {config["registered_name"]: found} if isinstance(found, type) else None
+    return deserialize(config, custom_objects=custom)
+
+
+def _unreduced(loss: keras.losses.Loss) -> keras.losses.Loss:
+    """The loss per example (reduction none), set on the object rather than passed to its
+    constructor: a user's loss class need not take `reduction`."""
+    loss.reduction = None
+    return loss
 
 
 def regularization_loss(model: keras.Model) -> tf.Tensor:

@@ -40,15 +40,14 @@ def _make_train_step(
         # examples (there is no all-reduce to divide by the replicas).
         return tf.reduce_mean(per_example) + regularization
 
-    def replica_step(features, labels):
-        loss, gradients = objective.gradients(model, features, labels, reduce)
+    def replica_step(batch):
+        loss, gradients = objective.gradients(model, batch, reduce)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
     @tf.function
     def train_step(iterator):
-        features, labels = next(iterator)
-        return strategy.run(replica_step, args=(features, labels))
+        return strategy.run(replica_step, args=(next(iterator),))
 
     return train_step
 
@@ -114,13 +113,13 @@ class _Evaluator:
         self.model = weakref.ref(model)  # the cache must not keep the model alive
         self.step = tf.function(self._step, reduce_retracing=True)
 
-    def _step(self, features, labels):
-        self.objective.test_batch(self.model(), features, labels)
+    def _step(self, batch):
+        self.objective.test_batch(self.model(), batch)
 
     def __call__(self, data: tf.data.Dataset) -> dict[str, float]:
         self.objective.reset()
-        for features, labels in data:
-            self.step(features, labels)
+        for batch in data:
+            self.step(batch)
         return self.objective.float_results()
 
 
