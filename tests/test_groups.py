@@ -155,6 +155,8 @@ def assert_contains(actual, expected, key: str) -> None:
     if isinstance(expected, dict):
         for name, value in expected.items():
             assert_contains(actual[name], value, f"{key}.{name}")
+    elif expected == "auto" and key.endswith(".monitor"):
+        assert actual != "auto", f"{key}: auto was not resolved to the task's monitor"
     else:
         assert actual == expected, f"{key}: {actual!r} != {expected!r}"
 
