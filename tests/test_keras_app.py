@@ -69,6 +69,43 @@ def test_a_frozen_backbone_keeps_its_weights_while_the_head_learns(
     _check_the_export_takes_raw_digits(run_dir)
 
 
+@pytest.mark.parametrize(
+    ("loop", "strategy"),
+    [
+        ("fit", "default"),
+        ("custom", "default"),
+        pytest.param("fit", "mirrored", marks=pytest.mark.slow),
+        pytest.param("custom", "mirrored", marks=pytest.mark.slow),
+    ],
+)
+def test_unfreeze_at_epoch_2_trains_the_backbone_from_then_on(train_run, tmp_path, loop, strategy):
+    snap = tmp_path / "snap"
+    summary, _ = train_run(
+        *SMALL_APP,
+        "model.freeze=backbone",
+        "loop.epochs=3",
+        "loop.finetune.unfreeze_at_epoch=2",
+        f"loop={loop}",
+        f"strategy={strategy}",
+        *(["strategy.logical_cpus=2"] if strategy == "mirrored" else []),
+        *_snapshot(snap),
+    )
+    assert summary["status"] == "completed"
+    begin, second, end = (np.load(snap / f"{name}.npz") for name in ("begin", "epoch1", "end"))
+    assert not any(_moved(begin, second, "backbone"))  # epochs 0 and 1: the head only
+    assert all(_moved(begin, second, "logits"))
+    # From epoch 2 every convolution kernel trains; BatchNormalization (its 1-D weights) stays
+    # frozen in inference mode, as the Keras fine-tuning guide says.
+    kernels = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 4]
+    norms = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 1]
+    assert kernels and all(not np.array_equal(second[k], end[k]) for k in kernels)
+    assert norms and all(np.array_equal(second[k], end[k]) for k in norms)
+    record = summary["finetune"]
+    assert record["unfroze_at_step"] == 2 * 3  # TINY: 3 steps per epoch
+    assert record["trainable_params"]["after"] > record["trainable_params"]["before"]
+    assert record["learning_rate"] == pytest.approx(summary["learning_rate"] * 0.1)
+
+
 def _check_the_export_takes_raw_digits(run_dir) -> None:
     """A plain Keras load (safe mode, no custom objects): the resize and the application's
     preprocessing are built-in layers inside the model, which takes the pipeline's images."""

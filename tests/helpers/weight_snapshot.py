@@ -1,5 +1,5 @@
-"""A user's callback that saves the backbone's and the head's weights as training begins and ends,
-to see what a frozen layer did:
+"""A user's callback that saves the backbone's and the head's weights as training begins, after
+each epoch and as it ends, to see what a frozen layer did:
     +callbacks.extra.snap._target_=helpers.weight_snapshot.WeightSnapshot
     +callbacks.extra.snap.path=DIR  allowed_targets=[helpers]
 """
@@ -13,8 +13,9 @@ import numpy as np
 
 
 class WeightSnapshot(keras.callbacks.Callback):
-    """DIR/begin.npz and DIR/end.npz: `backbone/I` and `logits/I` for each weight (trainable or
-    not: a frozen BatchNormalization must not update its moving statistics either)."""
+    """DIR/begin.npz, DIR/epoch{N}.npz and DIR/end.npz: `backbone/I` and `logits/I` for each
+    weight (trainable or not: a frozen BatchNormalization must not update its moving statistics
+    either)."""
 
     def __init__(self, path: str):
         super().__init__()
@@ -31,6 +32,9 @@ class WeightSnapshot(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._save("begin")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._save(f"epoch{epoch}")
 
     def on_train_end(self, logs=None):
         self._save("end")
