@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -87,7 +87,7 @@ def split_indices(
 
 
 def from_arrays(
-    features: np.ndarray,
+    features: np.ndarray | Mapping[str, np.ndarray],
     labels: np.ndarray,
     *,
     num_classes: int,
@@ -96,14 +96,19 @@ def from_arrays(
     split_seed: int,
     target_kind: TargetKind = "classes",
     standardize: bool = False,
+    preprocessing: Callable[[tf.data.Dataset], tuple[Any, Any]] | None = None,
+    class_names: tuple[str, ...] = (),
 ) -> Splits:
     """Splits in-memory arrays into train/validation/test datasets (stratified by class for
     class and 0/1 targets).
 
     Args:
+      features: one array [N, ...], or named columns of N values each (a table's raw columns,
+        which `preprocessing` encodes inside the model).
       standardize: scale each feature to zero mean and unit variance with the training split's
         statistics (tabular data whose columns differ in scale by orders of magnitude), inside
         the model (`standardize_in_model`): the exported model takes unscaled rows.
+      preprocessing: the encoders the model starts with (`Splits.preprocessing`).
     """
     train, validation, test = split_indices(
         labels,
@@ -112,14 +117,17 @@ def from_arrays(
         split_seed,
         stratify=target_kind in ("classes", "binary"),
     )
+    columns = isinstance(features, Mapping)
 
     def make(idx: np.ndarray) -> tf.data.Dataset | None:
         if len(idx) == 0:
             return None
-        return tf.data.Dataset.from_tensor_slices((features[idx], labels[idx]))
+        rows = {k: v[idx] for k, v in features.items()} if columns else features[idx]
+        return tf.data.Dataset.from_tensor_slices((rows, labels[idx]))
 
     info = DatasetInfo(
-        input_shape=tuple(features.shape[1:]),
+        # a table's raw columns: the model's encoders decide the width its body sees
+        input_shape=(len(features),) if columns else tuple(features.shape[1:]),
         num_classes=num_classes,
         num_train=len(train),
         num_validation=len(validation),
@@ -127,8 +135,10 @@ def from_arrays(
         target_kind=target_kind,
         target_shape=tuple(labels.shape[1:]),
         targets=labels,
+        class_names=class_names,
     )
-    preprocessing = standardize_in_model if standardize else None
+    if standardize:
+        preprocessing = standardize_in_model
     return Splits(make(train), make(validation), make(test), info, preprocessing=preprocessing)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfrecipe.data.splits import DatasetInfo, Splits, TargetKind, split_indices
+from tfrecipe.data.splits import Splits, TargetKind, from_arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,38 +69,20 @@ def csv(
     columns = {name: _numbers(table, name, na) for name in numeric}
     columns |= {name: _strings(table, name) for name in categorical}
     targets, kind, num_classes, class_names = _targets(table, labels, na)
-    train, validation, test = split_indices(
-        targets if kind in ("classes", "binary") else np.zeros(len(targets)),
-        validation_fraction,
-        test_fraction,
-        split_seed,
-        stratify=kind in ("classes", "binary"),
-    )
-
-    def make(idx: np.ndarray):
-        import tensorflow as tf
-
-        if len(idx) == 0:
-            return None
-        return tf.data.Dataset.from_tensor_slices(
-            ({name: values[idx] for name, values in columns.items()}, targets[idx])
-        )
-
-    info = DatasetInfo(
-        input_shape=(len(inputs),),  # raw columns; the model sees the encoded width
-        num_classes=num_classes,
-        num_train=len(train),
-        num_validation=len(validation),
-        num_test=len(test),
-        target_kind=kind,
-        target_shape=tuple(targets.shape[1:]),
-        targets=targets,
-        class_names=class_names,
-    )
     encode = functools.partial(
         encode_columns, numeric=tuple(numeric), categorical=tuple(categorical), na_values=na
     )
-    return Splits(make(train), make(validation), make(test), info, preprocessing=encode)
+    return from_arrays(
+        columns,
+        targets,
+        num_classes=num_classes,
+        target_kind=kind,
+        class_names=class_names,
+        preprocessing=encode,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
 
 
 # --- reading --------------------------------------------------------------------------------------
