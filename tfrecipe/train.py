@@ -213,12 +213,7 @@ def _train_steps(
     summary = _initial_summary(run, strategy, per_replica_batch, global_batch, dirs.run_dir)
     summary.update(_how_it_runs(run, model, steps_per_epoch, start_step))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
-    if phases is not None:
-        summary["finetune"] = phases.record  # filled in at the switch
-    if warm is not None:
-        summary["init_from"] = warm.summary()
-    if inputs.class_weight is not None:  # the weights used, per class id
-        summary["class_weight"] = {str(c): float(w) for c, w in enumerate(inputs.class_weight)}
+    summary.update(_options_used(phases, warm, inputs.class_weight))
     if resumed:
         summary["resumed_from_step"] = resumed.step
         summary["rollbacks"] = policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step)
@@ -238,6 +233,19 @@ def _train_steps(
             phases=phases,
         )  # fmt: skip
     return summary
+
+
+def _options_used(phases, warm, class_weight) -> dict[str, Any]:
+    """summary.json's record of the options this run uses, where it uses them: the two-phase
+    fine-tuning (filled in at the switch), the warm start, the class weights per class id."""
+    used: dict[str, Any] = {}
+    if phases is not None:
+        used["finetune"] = phases.record
+    if warm is not None:
+        used["init_from"] = warm.summary()
+    if class_weight is not None:
+        used["class_weight"] = {str(c): float(w) for c, w in enumerate(class_weight)}
+    return used
 
 
 def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:
