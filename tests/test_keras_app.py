@@ -6,7 +6,6 @@ random weights: seconds per run, the same code paths as ImageNet weights at 224x
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -34,7 +33,7 @@ def _moved(begin, end, layer: str) -> list[bool]:
     return [not np.array_equal(begin[k], end[k]) for k in keys]
 
 
-# --- training with a frozen backbone, and the model it exports --------------------------------
+# --- training with a frozen backbone, unfrozen at epoch 2, and the model it exports -------------
 # Mirrored traces every step for two replicas: the slow tier (the default runs cover the code).
 @pytest.mark.parametrize(
     ("loop", "strategy"),
@@ -45,42 +44,13 @@ def _moved(begin, end, layer: str) -> list[bool]:
         pytest.param("custom", "mirrored", marks=pytest.mark.slow),
     ],
 )
-def test_a_frozen_backbone_keeps_its_weights_while_the_head_learns(
+def test_a_frozen_backbone_keeps_its_weights_until_unfrozen_at_epoch_2(
     train_run, tmp_path, loop, strategy
 ):
+    """Epochs 0 and 1 train the head only; from epoch 2 (loop.finetune.unfreeze_at_epoch) the
+    backbone's convolutions train too, at a tenth of the rate."""
     snap = tmp_path / "snap"
     summary, run_dir = train_run(
-        *SMALL_APP,
-        "model.freeze=backbone",
-        f"loop={loop}",
-        f"strategy={strategy}",
-        *(["strategy.logical_cpus=2"] if strategy == "mirrored" else []),
-        *_snapshot(snap),
-    )
-    assert summary["status"] == "completed"
-    assert summary["num_replicas"] == (2 if strategy == "mirrored" else 1)
-    begin, end = np.load(snap / "begin.npz"), np.load(snap / "end.npz")
-    # Every backbone tensor, BatchNormalization's moving statistics included (inference mode).
-    assert not any(_moved(begin, end, "backbone"))
-    assert all(_moved(begin, end, "logits"))
-    params = json.loads((run_dir / "summary.json").read_text())["params"]
-    head = end["logits/0"].size + end["logits/1"].size
-    assert params["trainable"] == head < params["total"]
-    _check_the_export_takes_raw_digits(run_dir)
-
-
-@pytest.mark.parametrize(
-    ("loop", "strategy"),
-    [
-        ("fit", "default"),
-        ("custom", "default"),
-        pytest.param("fit", "mirrored", marks=pytest.mark.slow),
-        pytest.param("custom", "mirrored", marks=pytest.mark.slow),
-    ],
-)
-def test_unfreeze_at_epoch_2_trains_the_backbone_from_then_on(train_run, tmp_path, loop, strategy):
-    snap = tmp_path / "snap"
-    summary, _ = train_run(
         *SMALL_APP,
         "model.freeze=backbone",
         "loop.epochs=3",
@@ -91,10 +61,15 @@ def test_unfreeze_at_epoch_2_trains_the_backbone_from_then_on(train_run, tmp_pat
         *_snapshot(snap),
     )
     assert summary["status"] == "completed"
+    assert summary["num_replicas"] == (2 if strategy == "mirrored" else 1)
     begin, second, end = (np.load(snap / f"{name}.npz") for name in ("begin", "epoch1", "end"))
-    assert not any(_moved(begin, second, "backbone"))  # epochs 0 and 1: the head only
+    # Phase one: every backbone tensor stays, BatchNormalization's moving statistics included
+    # (inference mode); the head learns.
+    assert not any(_moved(begin, second, "backbone"))
     assert all(_moved(begin, second, "logits"))
-    # From epoch 2 every convolution kernel trains; BatchNormalization (its 1-D weights) stays
+    head = end["logits/0"].size + end["logits/1"].size
+    assert summary["params"]["trainable"] == head < summary["params"]["total"]
+    # Phase two: every convolution kernel trains; BatchNormalization (its 1-D weights) stays
     # frozen in inference mode, as the Keras fine-tuning guide says.
     kernels = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 4]
     norms = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 1]
@@ -104,6 +79,7 @@ def test_unfreeze_at_epoch_2_trains_the_backbone_from_then_on(train_run, tmp_pat
     assert record["unfroze_at_step"] == 2 * 3  # TINY: 3 steps per epoch
     assert record["trainable_params"]["after"] > record["trainable_params"]["before"]
     assert record["learning_rate"] == pytest.approx(summary["learning_rate"] * 0.1)
+    _check_the_export_takes_raw_digits(run_dir)
 
 
 def _check_the_export_takes_raw_digits(run_dir) -> None:
