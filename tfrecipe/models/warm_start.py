@@ -63,7 +63,8 @@ class Loaded:
 
 
 def resolve(path: str | Path) -> Source:
-    """Which of the accepted forms `path` is (no TensorFlow import: `validate` calls it).
+    """Which of the accepted forms `path` is (a directory: its model.keras, else the newest
+    backup, found as `resume=` finds it).
 
     Raises:
       ConfigError: it does not exist or is none of them.
@@ -72,9 +73,11 @@ def resolve(path: str | Path) -> Source:
     if given.is_dir():
         if (given / "model.keras").is_file():
             return Source(given / "model.keras", "keras")
-        latest = _latest_checkpoint(given) or _latest_checkpoint(given / "backup")
-        if latest is not None:
-            return Source(latest, "checkpoint")
+        from tfrecipe.fault.backup import resolve_checkpoints
+
+        newest = next(iter(resolve_checkpoints(given)), None)
+        if newest is not None and Path(f"{newest}.index").is_file():
+            return Source(Path(newest), "checkpoint")
         raise ConfigError(
             f"{KEY}={path}: the directory holds no model.keras and no backup checkpoint; "
             f"expected {_ACCEPTED}"
@@ -87,20 +90,6 @@ def resolve(path: str | Path) -> Source:
         return Source(given, "checkpoint")
     what = "does not exist" if not given.exists() else "is not one of them"
     raise ConfigError(f"{KEY}={path}: {what}; expected {_ACCEPTED}")
-
-
-def _latest_checkpoint(directory: Path) -> Path | None:
-    """The newest checkpoint a CheckpointManager recorded in `directory` (its `checkpoint` file:
-    `model_checkpoint_path: "ckpt-6"`), read without TensorFlow."""
-    state = directory / "checkpoint"
-    if not state.is_file():
-        return None
-    for line in state.read_text().splitlines():
-        if line.startswith("model_checkpoint_path:"):
-            prefix = Path(line.split(":", 1)[1].strip().strip('"'))
-            prefix = prefix if prefix.is_absolute() else directory / prefix
-            return prefix if Path(f"{prefix}.index").is_file() else None
-    return None
 
 
 def init_from(model, path: str | Path) -> Loaded:
