@@ -3,9 +3,8 @@ sidecar evaluator (which must build exactly what training built)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from tfrecipe import tasks
 from tfrecipe.config import schema
@@ -56,44 +55,32 @@ def _in_original_units(model, mean, std):
 
 
 def _build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
-    import inspect
+    import keras
 
     from tfrecipe.models import freeze
 
-    _check_builder_signature(spec.target, allowed_targets)
+    parameters = _builder_parameters(spec.target, allowed_targets)
     node = spec.model_dump(by_alias=True)
     # Every builder's options (schema.MODEL_OPTIONS): applied here to what it built.
     options = {key: node.pop(key, None) for key in schema.MODEL_OPTIONS}
-    info = splits.info
     extra = {}
-    builder = resolve_target(spec.target, key="model", allowed=allowed_targets)
-    with contextlib.suppress(TypeError, ValueError):
-        if "train_features" in inspect.signature(builder).parameters:
-            extra["train_features"] = splits.train.map(lambda features, _: features)
-    if splits.preprocessing is None:
-        model = instantiate(
-            node,
-            key="model",
-            allowed=allowed_targets,
-            input_shape=info.input_shape,
-            num_outputs=tasks.num_outputs(task, info),
-            **extra,
-        )
-        freeze.apply(model, options["freeze"])
-        _check_takes_text(model, splits.train, spec.target)
-        return model
-    import keras
-
-    inputs, encoded = splits.preprocessing(splits.train)
+    if "train_features" in parameters:
+        extra["train_features"] = splits.train.map(lambda features, _: features)
+    inputs = encoded = None
+    if splits.preprocessing is not None:
+        inputs, encoded = splits.preprocessing(splits.train)
     body = instantiate(
         node,
         key="model",
         allowed=allowed_targets,
-        input_shape=tuple(encoded.shape[1:]),
-        num_outputs=tasks.num_outputs(task, info),
+        input_shape=splits.info.input_shape if encoded is None else tuple(encoded.shape[1:]),
+        num_outputs=tasks.num_outputs(task, splits.info),
         **extra,
     )
     freeze.apply(body, options["freeze"])
+    if encoded is None:
+        _check_takes_text(body, splits.train, spec.target)
+        return body
     return keras.Model(inputs, body(encoded), name=body.name)
 
 
@@ -110,17 +97,19 @@ def _check_takes_text(model, train, target: str) -> None:
         )
 
 
-def _check_builder_signature(target: str, allowed_targets: list[str]) -> None:
-    """A builder written for the old `num_classes` signature is told what to change."""
+def _builder_parameters(target: str, allowed_targets: list[str]) -> Mapping[str, object]:
+    """The model builder's parameters (empty when they cannot be read); a builder written for
+    the old `num_classes` signature is told what to change."""
     import inspect
 
     fn = resolve_target(target, key="model", allowed=allowed_targets)
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return
+        return {}
     if "num_classes" in parameters and "num_outputs" not in parameters:
         raise ConfigError(f"model._target_={target}: {tasks.OLD_SIGNATURE_HINT}")
+    return parameters
 
 
 def check_targets(spec: schema.Target, info, *, task: schema.Task) -> None:
