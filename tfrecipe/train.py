@@ -37,7 +37,7 @@ from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
-from tfrecipe.models import warm_start
+from tfrecipe.models import batch_norm, warm_start
 from tfrecipe.models.freeze import param_counts
 from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
 from tfrecipe.precision import set_precision
@@ -404,6 +404,8 @@ def _build_model(
         model = factory.build_model(
             run.model, splits, task=run.task, allowed_targets=run.allowed_targets
         )
+        if run.batching.fused_batch_norm:
+            batch_norm.fuse(model)
         total_steps = steps_per_epoch * run.loop.epochs
         optimizer = _build_optimizer(run, global_batch, total_steps=total_steps)
         factory.compile_model(
@@ -489,6 +491,7 @@ def _how_it_runs(
         "precision": keras.mixed_precision.global_policy().name,
         "steps_per_execution": _steps_per_call(run, model, steps_per_epoch, start_step),
         "jit_compile": bool(model.jit_compile),
+        "fused_batch_norm": batch_norm.fused_layers(model),  # layers on the fused kernel
         "params": param_counts(model),  # trainable < total: model.freeze froze some
     }
 

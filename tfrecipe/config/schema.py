@@ -226,6 +226,8 @@ class Batching(_Schema):
     steps_per_execution: PositiveInt | Literal["auto"] = "auto"
     # auto: Keras' choice (XLA where the model supports it, never on a CPU-only machine)
     jit_compile: bool | Literal["auto"] = "auto"
+    # BatchNormalization's training step on TensorFlow's fused kernel (tfrecipe.models.batch_norm)
+    fused_batch_norm: bool = True
 
 
 class _OptimizerBase(_Schema):
