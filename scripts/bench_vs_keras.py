@@ -5,6 +5,7 @@
     python scripts/bench_vs_keras.py -- batching.steps_per_execution=1   # a knob on tfrecipe's side
     python scripts/bench_vs_keras.py --knobs --jobs cnn --repeats 3      # the per-knob table
     python scripts/bench_vs_keras.py --bf16 --repeats 3                  # bf16 vs fp32, ResNet
+                                                    # (and each with Keras' own BatchNormalization)
 
 Two jobs on the bundled digits (the same stratified 70/10/20 split, seed 0, on both sides):
 
@@ -134,7 +135,10 @@ def run_tfrecipe(job: str, run_dir: Path, extra: list[str]) -> dict:
         "examples_per_sec": summary["examples_per_sec"],
         "test_accuracy": summary["test"]["accuracy"],
         "wall_s": wall,
-        "picked": {k: summary.get(k) for k in ("precision", "steps_per_execution", "jit_compile")},
+        "picked": {
+            k: summary.get(k)
+            for k in ("precision", "steps_per_execution", "jit_compile", "fused_batch_norm")
+        },
     }
 
 
@@ -162,7 +166,13 @@ BF16_JOB = [
     "loop.epochs=3",
     "loop.verbose=0",
 ]
-BF16_SIDES = {"float32": ["precision=fp32"], "mixed_bfloat16": ["precision=mixed_bfloat16"]}
+# The policies with tfrecipe's defaults, then each with Keras' own (unfused) BatchNormalization.
+BF16_SIDES = {
+    "float32": ["precision=fp32"],
+    "mixed_bfloat16": ["precision=mixed_bfloat16"],
+    "float32, Keras BN": ["precision=fp32", "batching.fused_batch_norm=false"],
+    "mixed_bfloat16, Keras BN": ["precision=mixed_bfloat16", "batching.fused_batch_norm=false"],
+}
 
 
 def run_sides(job: str, sides: dict[str, list[str]], repeats: int, tmp: str) -> None:
