@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 COMMANDS = {
     "import tensorflow": [sys.executable, "-c", "import tensorflow"],
@@ -42,13 +43,22 @@ def _imports_tensorflow(argv: list[str]) -> bool:
     return any(line.rsplit("|", 1)[-1].strip() == "tensorflow" for line in log.stderr.splitlines())
 
 
+def _cpu_name() -> str:
+    for line in (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    ):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{_cpu_name()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}; load average before: {os.getloadavg()}"
     )
     names = list(COMMANDS)
