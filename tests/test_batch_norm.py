@@ -70,8 +70,8 @@ def test_fused_training_step_matches_keras_own(policy):
 
 
 def test_what_the_kernel_does_not_cover_stays_keras_own():
-    """channels-first and 2-D inputs, renorm and a tiny epsilon are left alone, and a frozen
-    layer (trainable=False) runs in inference mode: its moving statistics do not move."""
+    """channels-first and 2-D inputs, renorm, a tiny epsilon and a subclass's own step are left
+    alone, and a frozen layer (trainable=False) runs in inference mode: its moving statistics do not move."""
     import keras
 
     from tfrecipe.models import batch_norm
@@ -81,6 +81,16 @@ def test_what_the_kernel_does_not_cover_stays_keras_own():
         assert batch_norm.fuse(model) == 0, kwargs
     dense = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
     assert batch_norm.fuse(dense) == 0
+
+    class OwnStep(keras.layers.BatchNormalization):
+        def call(self, inputs, training=None, mask=None):
+            return super().call(inputs, training=training, mask=mask) * 2
+
+    own = keras.Sequential([keras.Input((6, 6, 5)), OwnStep()])
+    assert batch_norm.fuse(own) == 0
+    # nested models are walked
+    nested = keras.Sequential([keras.Input((6, 6, 5)), _bn_model()[0]])
+    assert batch_norm.fuse(nested) == 1
 
     model, layer = _bn_model()
     batch_norm.fuse(model)

@@ -12,7 +12,7 @@ semantics: batch statistics normalize, and the moving statistics follow the bias
 variance at the layer's momentum. Everything else stays Keras' own code: inference
 (validation, test, export), a frozen layer (it runs in inference mode) and anything the kernel
 does not cover (a mask, renorm, synchronized statistics, an axis other than the last of a 4-D or
-5-D input, float64). Only the instances change, not their class, so model.keras still names
+5-D input, float64), and a subclass that brings its own `call`. Only the instances change, not their class, so model.keras still names
 `keras.layers.BatchNormalization` and loads anywhere.
 """
 
@@ -30,10 +30,12 @@ def fuse(model) -> int:
     fused training step; returns how many. A no-op off the TensorFlow backend."""
     import keras
 
+    from tfrecipe.models.freeze import all_layers
+
     if keras.backend.backend() != "tensorflow":
         return 0
     fused = 0
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and _eligible(layer):
             layer.call = types.MethodType(_call, layer)
             fused += 1
@@ -41,6 +43,10 @@ def fuse(model) -> int:
 
 
 def _eligible(layer) -> bool:
+    import keras
+
+    if type(layer).call is not keras.layers.BatchNormalization.call:
+        return False  # a subclass with its own step: that step is the point of it
     if not layer.built or layer.input_spec is None or layer.input_spec.ndim not in (4, 5):
         return False
     rank = layer.input_spec.ndim
@@ -81,7 +87,9 @@ def _call(layer, inputs, training=None, mask=None):
 
 def fused_layers(model) -> int:
     """How many of `model`'s layers train on the fused kernel (summary.json)."""
+    from tfrecipe.models.freeze import all_layers
+
     return sum(
         isinstance(layer.call, types.MethodType) and layer.call.__func__ is _call
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in all_layers(model)
     )
