@@ -119,8 +119,13 @@ def test_the_saved_model_names_keras_batch_normalization(tmp_path):
     assert type(loaded.layers[-1]) is keras.layers.BatchNormalization
 
 
-def test_a_resnet_run_trains_on_the_fused_kernel_and_says_so(train_run):
-    overrides = ["model=resnet", "model.stage_filters=[4,8]", "model.blocks_per_stage=1"]
+@pytest.mark.parametrize(
+    "where", [[], ["strategy=mirrored", "strategy.logical_cpus=2", "loop=custom"]],
+    ids=["default-fit", "mirrored-custom"],
+)  # fmt: skip
+def test_a_resnet_run_trains_on_the_fused_kernel_and_says_so(train_run, where):
+    """On two replicas too, where each replica updates the moving statistics as Keras' does."""
+    overrides = ["model=resnet", "model.stage_filters=[4,8]", "model.blocks_per_stage=1", *where]
     summary, _ = train_run(*overrides)
     assert summary["status"] == "completed"
     # stem + 2 per block + the downsampling shortcut's
@@ -129,6 +134,7 @@ def test_a_resnet_run_trains_on_the_fused_kernel_and_says_so(train_run):
     assert off["fused_batch_norm"] == 0
     # same steps on the same batches: the fused kernel's round-off only
     np.testing.assert_allclose(off["metrics"]["loss"], summary["metrics"]["loss"], rtol=1e-3)
+    np.testing.assert_allclose(off["test"]["loss"], summary["test"]["loss"], rtol=1e-3)
 
 
 def test_deterministic_resnet_runs_reproduce_to_the_bit(train_run):
