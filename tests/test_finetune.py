@@ -156,6 +156,37 @@ def test_sigterm_after_the_switch_resumes_in_phase_two(tmp_path):
     assert read_probe(probe)[-1]["learning_rate"] == pytest.approx(RATE * FACTOR)
 
 
+@pytest.fixture
+def launch(tmp_path):
+    from helpers.launch import launching
+
+    yield from launching(tmp_path)
+
+
+@pytest.mark.slow
+def test_two_workers_switch_together_with_fit(launch, tmp_path):
+    """loop=fit on two real workers (gRPC on loopback): both unfreeze, take phase two's new
+    optimizer and recompile at the same step (a worker that did not would hang the all-reduce
+    or fail it), and the run ends at the exact step."""
+    run_dir, repo = tmp_path / "run", Path(__file__).parents[1]
+    probe = tmp_path / "probe.jsonl"  # both workers append to it; only the chief's summary counts
+    run = launch(
+        *_finetune(probe), "loop=fit", "loop.verbose=0", "batching.per_replica_batch_size=16",
+        "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
+        f"hydra.run.dir={run_dir}", env={"PYTHONPATH": f"{repo}:{repo / 'tests'}"},
+    )  # fmt: skip
+    assert run.finish() == 0, run.output[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["num_replicas"] == 2
+    assert summary["steps_completed"] == EPOCHS * STEPS_PER_EPOCH
+    assert summary["finetune"]["unfroze_at_step"] == SWITCH_EPOCH * STEPS_PER_EPOCH
+    assert summary["finetune"]["learning_rate"] == pytest.approx(summary["learning_rate"] * FACTOR)
+    last_rows = [row for row in read_probe(probe) if row["epoch"] == EPOCHS - 1]
+    assert len(last_rows) == 2  # one per worker, both in phase two with the same weights
+    assert all(row["learning_rate"] == pytest.approx(RATE * FACTOR) for row in last_rows)
+    assert last_rows[0]["weights"] == last_rows[1]["weights"]
+
+
 def _run(command: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     import os
 
