@@ -41,6 +41,15 @@ def _train_step(model, x):
     return [y, *grads, layer.moving_mean, layer.moving_variance]
 
 
+def _training_ops(model, x) -> set[str]:
+    """The op types of the model's traced training-mode call."""
+    import tensorflow as tf
+
+    spec = tf.TensorSpec(x.shape, "float32")
+    graph = tf.function(lambda t: model(t, training=True)).get_concrete_function(spec).graph
+    return {op.type for op in graph.get_operations()}
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_fused_training_step_matches_keras_own(policy):
     """Outputs, input and weight gradients and the moving statistics (biased variance, the
@@ -55,6 +64,8 @@ def test_fused_training_step_matches_keras_own(policy):
         keras_model, _ = _bn_model()
         fused_model, _ = _bn_model()
         assert batch_norm.fuse(fused_model) == 1 and batch_norm.fused_layers(keras_model) == 0
+        assert "FusedBatchNormV3" in _training_ops(fused_model, x)
+        assert "FusedBatchNormV3" not in _training_ops(keras_model, x)
         expected = _train_step(keras_model, x)
         got = _train_step(fused_model, x)
         for name, a, b in zip(

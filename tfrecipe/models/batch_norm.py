@@ -1,4 +1,4 @@
-"""BatchNormalization's training step on TensorFlow's fused kernel (`model.fused_batch_norm`).
+"""BatchNormalization's training step on TensorFlow's fused kernel (`batching.fused_batch_norm`).
 
 Keras 3 trains a BatchNormalization layer from separate ops: mean, squared difference,
 broadcasts, the normalization, and under mixed precision a cast to float32 and back, each with
@@ -10,10 +10,10 @@ more in mixed_bfloat16, where the casts come on top (docs/benchmarks.md).
 `fuse(model)` moves each eligible layer's training step onto the fused kernel with Keras'
 semantics: batch statistics normalize, and the moving statistics follow the biased batch
 variance at the layer's momentum. Everything else stays Keras' own code: inference
-(validation, test, export), a frozen layer (it runs in inference mode) and anything the kernel
-does not cover (a mask, renorm, synchronized statistics, an axis other than the last of a 4-D or
-5-D input, float64), and a subclass that brings its own `call`. Only the instances change, not their class, so model.keras still names
-`keras.layers.BatchNormalization` and loads anywhere.
+(validation, test, export), a frozen layer (it runs in inference mode), anything the kernel does
+not cover (a mask, renorm, synchronized statistics, an axis other than the last of a 4-D or 5-D
+input, float64) and a subclass that brings its own `call`. Only the instances change, not their
+class, so model.keras still names `keras.layers.BatchNormalization` and loads anywhere.
 """
 
 from __future__ import annotations
