@@ -53,7 +53,7 @@ def _training_ops(model, x) -> set[str]:
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_fused_training_step_matches_keras_own(policy):
     """Outputs, input and weight gradients and the moving statistics (biased variance, the
-    layer's momentum) as Keras computes them, within float32 round-off."""
+    layer's momentum) as Keras computes them, within round-off of the dtype they pass through."""
     import keras
 
     from tfrecipe.models import batch_norm
@@ -72,7 +72,10 @@ def test_fused_training_step_matches_keras_own(policy):
             ["y", "dx", "dgamma", "dbeta", "mean", "var"], expected, got, strict=True
         ):
             a, b = np.asarray(a, "float32"), np.asarray(b, "float32")
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max(), err_msg=name)
+            # y and dx pass through bfloat16 under mixed_bfloat16: one bfloat16 step apart is
+            # round-off there (2**-7 relative; seen on a CPU without AVX-512)
+            rtol = 2**-7 if policy == "mixed_bfloat16" and name in ("y", "dx") else 1e-5
+            np.testing.assert_allclose(b, a, rtol=rtol, atol=1e-5 * np.abs(a).max(), err_msg=name)
         # inference (validation, test, export) is Keras' own code, to the bit
         fused_model.set_weights(keras_model.get_weights())
         np.testing.assert_array_equal(fused_model(x).numpy(), keras_model(x).numpy())
