@@ -166,6 +166,8 @@ BF16_JOB = [
     "loop.epochs=3",
     "loop.verbose=0",
 ]
+# The CPU flags of native bfloat16 (as tfrecipe.precision reads them, without importing it).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # The policies with tfrecipe's defaults, then each with Keras' own (unfused) BatchNormalization.
 BF16_SIDES = {
     "float32": ["precision=fp32"],
@@ -243,9 +245,16 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.bf16:
-            if "avx512_bf16" not in Path("/proc/cpuinfo").read_text().split():
-                print("this CPU has no native bfloat16 (AVX512_BF16): the bf16 ratio is skipped")
+            flags = set(Path("/proc/cpuinfo").read_text().split())
+            native = sorted(flags.intersection(BF16_FLAGS))
+            if not native:
+                print(
+                    "this CPU has no native bfloat16 (AVX512_BF16/AMX): the bf16 ratio is skipped"
+                )
                 return
+            # AMX tiles run oneDNN's bf16 weight gradients too; AVX512_BF16 alone runs them on an
+            # older kernel no faster than float32's (docs/benchmarks.md), so say which it is.
+            print(f"native bfloat16 on this CPU: {', '.join(native)}")
             JOBS["resnet"] = (BF16_JOB, [])
             run_sides("resnet", BF16_SIDES, args.repeats, tmp)
             print(f"load average after: {os.getloadavg()}")
