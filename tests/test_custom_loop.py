@@ -170,6 +170,54 @@ def test_an_epoch_runs_exactly_its_steps_when_calls_do_not_divide_it(train_run, 
     assert tests == [1, 2] * 2
 
 
+def test_auto_calls_of_the_custom_loop_need_not_divide_the_epoch(train_run, tmp_path):
+    """7-step epochs with a step log every 2 steps: fit's auto would take 1 (gcd 7, 2), the
+    custom loop's takes 2 and ends each epoch with a 1-step call; the step log keeps its steps."""
+    summary, calls = _recorded_calls(
+        train_run,
+        tmp_path,
+        *COMMON,
+        "loop=custom",
+        "loop.steps_per_epoch=7",
+        "logger.csv.every_n_steps=2",
+    )
+    assert summary["steps_per_execution"] == 2
+    assert summary["steps_completed"] == 14
+    begins = [c["index"] for c in calls if c["hook"] == "on_train_batch_begin"]
+    ends = [c["index"] for c in calls if c["hook"] == "on_train_batch_end"]
+    assert list(zip(begins, ends, strict=True)) == [(0, 1), (2, 3), (4, 5), (6, 6)] * 2
+    run_dir = next(tmp_path.glob("run*"))
+    logged = [int(r.split(",")[0]) for r in (run_dir / "steps.csv").read_text().splitlines()[1:]]
+    assert logged == [2, 4, 6, 9, 11, 13]  # steps 2, 4, 6 of each epoch
+
+
+def test_a_restored_epoch_realigns_its_calls_to_the_epochs_multiples():
+    """From step 3 of a 7-step epoch at 2 per call: 3 alone, then 4-5 and 6, the calls an epoch
+    run from its start makes (so step hooks at even steps still fire)."""
+    import keras
+
+    from tfrecipe.loops.custom import _train_epoch
+    from tfrecipe.loops.options import LoopOptions
+
+    class Model:
+        stop_training = False
+
+    run: list[int] = []
+
+    def train_steps(iterator, num_steps):
+        run.append(int(num_steps))
+        return {}
+
+    recorder = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: run.append(("begin", batch)),
+        on_train_batch_end=lambda batch, logs: run.append(("end", batch)),
+    )
+    options = LoopOptions(epochs=1, steps_per_epoch=7, steps_per_loop=2)
+    _train_epoch(Model(), train_steps, None, keras.callbacks.CallbackList([recorder]), options, 3)
+    assert run == [("begin", 3), 1, ("end", 3), ("begin", 4), 2, ("end", 5), ("begin", 6), 1,
+                   ("end", 6)]  # fmt: skip
+
+
 def test_early_stopping_ends_the_custom_loop(train_run):
     """EarlyStopping sets model.stop_training; the loop stops after that epoch."""
     summary, _ = train_run(
@@ -315,6 +363,17 @@ def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
         steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
     )
     assert steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+
+
+def test_auto_steps_per_call_of_a_loop_that_ends_epochs_short_divide_the_hooks_only():
+    from tfrecipe.factory import steps_per_call
+
+    # MNIST's 422-step epochs (54,000 / 128) and a step log every 10 steps
+    assert steps_per_call("auto", num_params=1, steps_per_epoch=422, hook_intervals=(10,)) == 2
+    short = {"num_params": 1, "steps_per_epoch": 422, "start_step": 7, "short_last_call": True}
+    assert steps_per_call("auto", **short, hook_intervals=(10,)) == 10
+    assert steps_per_call("auto", **short) == 32  # no step hooks: the most per call
+    assert steps_per_call("auto", **(short | {"num_params": 5_000_000})) == 1
 
 
 def test_auto_steps_per_call_also_divide_the_rest_of_a_restored_epoch():

@@ -132,7 +132,8 @@ def test_sigterm_after_the_switch_resumes_in_phase_two(tmp_path):
     stop_at = SWITCH_EPOCH * STEPS_PER_EPOCH + 2
     command = [
         sys.executable, "-m", "tfrecipe", *_finetune(probe), "loop=custom", "loop.verbose=0",
-        "batching.per_replica_batch_size=16",
+        # one step per call, so the signal lands mid-epoch (auto runs a 3-step epoch in one call)
+        "loop.steps_per_loop=1", "batching.per_replica_batch_size=16",
         "+callbacks.extra.term._target_=helpers.finetune_models.SignalAtStep",
         f"+callbacks.extra.term.step={stop_at}", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip

@@ -146,18 +146,22 @@ def steps_per_call(
     steps_per_epoch: int,
     start_step: int = 0,
     hook_intervals: tuple[int, ...] = (),
+    short_last_call: bool = False,
 ) -> int:
     """`batching.steps_per_execution` / `loop.steps_per_loop`, with "auto" resolved: for a small
-    model the largest number up to MAX_STEPS_PER_CALL that divides `steps_per_epoch`, the steps
-    left in the epoch a restored run starts in (`fit`'s last call of an epoch would otherwise run
-    past the epoch on endless data) and every step interval a per-step hook was asked for
-    (`hook_intervals`: backups, step logs keep their steps); else 1. It depends on the config,
-    the model and the restored step only, so every replica and worker picks the same."""
+    model the largest number up to MAX_STEPS_PER_CALL that divides every step interval a
+    per-step hook was asked for (`hook_intervals`: backups, step logs keep their steps) and,
+    unless the loop ends an epoch with a shorter call (`short_last_call`: the custom loop),
+    `steps_per_epoch` and the steps left in the epoch a restored run starts in (`fit`'s last
+    call of an epoch would otherwise run past the epoch on endless data); else 1. It depends on
+    the config, the model and the restored step only, so every replica and worker picks the
+    same."""
     if requested != "auto":
         return int(requested)
     if num_params >= SMALL_MODEL_PARAMS:
         return 1
-    period = math.gcd(steps_per_epoch, start_step % steps_per_epoch, *hook_intervals)
+    epoch = () if short_last_call else (steps_per_epoch, start_step % steps_per_epoch)
+    period = math.gcd(*epoch, *hook_intervals) or MAX_STEPS_PER_CALL  # 0: nothing constrains it
     return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
 
 

@@ -450,6 +450,7 @@ def _steps_per_call(run: schema.RunConfig, model, steps_per_epoch: int, start_st
         steps_per_epoch=steps_per_epoch,
         start_step=start_step,
         hook_intervals=_hook_intervals(run),
+        short_last_call=run.loop.name == "custom",
     )
 
 

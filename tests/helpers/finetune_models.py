@@ -74,7 +74,8 @@ def read_probe(path: str | Path) -> list[dict]:
 
 class SignalAtStep(keras.callbacks.Callback):
     """Sends this process SIGTERM after optimizer step `step` (a preemption at a known step; a
-    resumed run starts past it and is left alone)."""
+    resumed run starts past it and is left alone). The step must end a call: run it with one
+    step per call."""
 
     def __init__(self, step: int):
         super().__init__()

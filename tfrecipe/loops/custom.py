@@ -18,8 +18,10 @@ How it matches `Model.fit`:
 
 Where it deliberately differs:
 - An epoch runs exactly `steps_per_epoch` steps; when that is not a multiple of `steps_per_loop`
-  the epoch's last call runs fewer steps (fit runs whole executions and so runs extra steps).
-  Batch-end indices are those of the last step or batch actually run.
+  the epoch's last call runs fewer steps (fit runs whole executions and so runs extra steps), and
+  so does the first call of a run restored off a multiple. Batch-end indices are those of the
+  last step or batch actually run. So `steps_per_loop=auto` need not divide the epoch, only the
+  step hooks' intervals: a 422-step epoch runs in calls of 10 where fit's auto takes 2.
 - With several replicas, a partial global batch (the end of a pass) is averaged over its real
   number of examples; fit averages each replica's own mean.
 - Gradient accumulation (`gradient_accumulation_steps` = N): each optimizer step reads N
@@ -204,13 +206,16 @@ def _train_epoch(
     options: LoopOptions,
     start: int = 0,
 ) -> None:
-    """`options.steps_per_epoch` steps (from step `start` of a restored epoch), `steps_per_loop`
-    per call, batch hooks around each call."""
-    for first in range(start, options.steps_per_epoch, options.steps_per_loop):
-        num_steps = min(options.steps_per_loop, options.steps_per_epoch - first)
+    """`options.steps_per_epoch` steps (from step `start` of a restored epoch), batch hooks around
+    each call. Calls end where the epoch's multiples of `steps_per_loop` do (there the step
+    hooks fire, as in an epoch run from its start) and at the epoch's end."""
+    first, per_call = start, options.steps_per_loop
+    while first < options.steps_per_epoch:
+        num_steps = min(per_call - first % per_call, options.steps_per_epoch - first)
         callbacks.on_train_batch_begin(first)
         logs = train_steps(iterator, tf.constant(num_steps))
-        callbacks.on_train_batch_end(first + num_steps - 1, logs)
+        first += num_steps
+        callbacks.on_train_batch_end(first - 1, logs)
         if model.stop_training:
             break
 
