@@ -32,6 +32,22 @@ def test_offline_run_logs_resolved_config_and_summary(train_run):
     assert wandb_records.exit_code(run_dir) == 0
 
 
+def test_step_metrics_reach_wandb_every_n_steps_with_several_steps_per_call(train_run):
+    """4-step epochs, W&B every 2 steps: 2 steps per call (auto), and the steps logged are the
+    optimizer's 2, 4, 6, 8, as in steps.csv (W&B's own batch logging saw indices 1, 3 and never
+    logged)."""
+    summary, run_dir = train_run(
+        *WANDB, "logger.wandb.log_every_n_steps=2", "loop.steps_per_epoch=4"
+    )
+    assert summary["steps_per_execution"] == 2
+    steps = [row for row in wandb_records.history(run_dir) if "batch/step" in row]
+    assert [row["batch/step"] for row in steps] == [2, 4, 6, 8]
+    assert [row["batch/epoch"] for row in steps] == [1, 1, 2, 2]
+    assert all({"batch/loss", "batch/accuracy", "batch/learning_rate"} <= set(row) for row in steps)
+    epochs = [row for row in wandb_records.history(run_dir) if "epoch/epoch" in row]
+    assert len(epochs) == 2 and "epoch/val_loss" in epochs[-1]
+
+
 def test_failed_training_still_finishes_the_wandb_run(train_run, tmp_path):
     with pytest.raises(TrainingError, match="deliberate failure"):
         train_run(

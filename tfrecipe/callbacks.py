@@ -102,6 +102,23 @@ class PeriodicExport(keras.callbacks.Callback):
             export_model(self.model, self.run_dir, self.formats, epoch=epoch + 1)
 
 
+def step_row(
+    model: keras.Model, epoch: int, batch: int, logs: dict | None, *, every_n_steps: int
+) -> dict[str, float] | None:
+    """A step log's row after the call that ends step `batch` of `epoch` (0-based), when that
+    is a multiple of `every_n_steps` steps into the epoch (else None): the optimizer step, the
+    epoch (1-based), the next step's learning rate and the call's logs. Steps per call divide
+    `every_n_steps` (tfrecipe.train._hook_intervals), so calls end on those steps."""
+    if (batch + 1) % every_n_steps:
+        return None
+    row = {
+        "step": current_step(model),
+        "epoch": epoch + 1,
+        "learning_rate": current_learning_rate(model.optimizer),
+    }
+    return row | {k: float(v) for k, v in (logs or {}).items()}
+
+
 class StepCSVLogger(keras.callbacks.Callback):
     """Writes training metrics and the learning rate every N steps to a CSV file (flushed as it
     goes, so a crash keeps what was logged). A resumed run keeps the rows up to the step it
@@ -126,14 +143,9 @@ class StepCSVLogger(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.every_n_steps:
+        row = step_row(self.model, self._epoch, batch, logs, every_n_steps=self.every_n_steps)
+        if row is None:
             return
-        row = {
-            "step": current_step(self.model),
-            "epoch": self._epoch + 1,
-            "learning_rate": current_learning_rate(self.model.optimizer),
-        }
-        row |= {k: float(v) for k, v in (logs or {}).items()}
         if self._writer is None:
             self._writer = csv.DictWriter(self._file, fieldnames=list(row))
             self._writer.writeheader()

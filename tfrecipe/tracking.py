@@ -15,6 +15,7 @@ from typing import Any
 import keras
 
 from tfrecipe import rundir
+from tfrecipe.callbacks import step_row
 from tfrecipe.config import schema
 
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
@@ -71,7 +72,7 @@ class WandbTracker:
         from wandb.integration.keras import WandbMetricsLogger
 
         every = self.spec.log_every_n_steps
-        return [WandbMetricsLogger(log_freq=every if every else "epoch")]
+        return [WandbMetricsLogger(log_freq="epoch"), *([StepLogger(every)] if every else [])]
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Copies the summary into the W&B run, uploads the model if asked, finishes the run."""
@@ -84,3 +85,31 @@ class WandbTracker:
             artifact.add_file(str(model))
             self.run.log_artifact(artifact)
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+
+
+class StepLogger(keras.callbacks.Callback):
+    """Training metrics and the learning rate every N optimizer steps (the rows of steps.csv),
+    as `batch/*` against `batch/step`. W&B's own `WandbMetricsLogger(log_freq=N)` counts hook
+    calls, not steps, and logs where the call's last batch index is a multiple of N: with
+    several steps per call (9, 19, ... at 10 per call) that never holds."""
+
+    def __init__(self, every_n_steps: int):
+        super().__init__()
+        self.every_n_steps = every_n_steps
+        self._epoch = 0
+
+    def on_train_begin(self, logs=None):
+        import wandb
+
+        wandb.define_metric("batch/step")
+        wandb.define_metric("batch/*", step_metric="batch/step")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        import wandb
+
+        row = step_row(self.model, self._epoch, batch, logs, every_n_steps=self.every_n_steps)
+        if row is not None:
+            wandb.log({f"batch/{name}": value for name, value in row.items()})

@@ -79,6 +79,18 @@ def summary(run_dir: Path) -> dict:
     return values
 
 
+def history(run_dir: Path) -> list[dict]:
+    """One dict per `wandb.log` call, in order."""
+    return [
+        {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for item in r.history.item
+        }
+        for r in records(run_file(run_dir))
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
 def exit_code(run_dir: Path) -> int | None:
     codes = [
         r.exit.exit_code
