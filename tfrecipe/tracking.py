@@ -72,7 +72,7 @@ class WandbTracker:
         from wandb.integration.keras import WandbMetricsLogger
 
         every = self.spec.log_every_n_steps
-        return [WandbMetricsLogger(log_freq="epoch"), *([StepLogger(every)] if every else [])]
+        return [WandbMetricsLogger(log_freq="epoch"), *([WandbStepLogger(every)] if every else [])]
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Copies the summary into the W&B run, uploads the model if asked, finishes the run."""
@@ -87,7 +87,7 @@ class WandbTracker:
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
 
 
-class StepLogger(keras.callbacks.Callback):
+class WandbStepLogger(keras.callbacks.Callback):
     """Training metrics and the learning rate every N optimizer steps (the rows of steps.csv),
     as `batch/*` against `batch/step`. W&B's own `WandbMetricsLogger(log_freq=N)` counts hook
     calls, not steps, and logs where the call's last batch index is a multiple of N: with
