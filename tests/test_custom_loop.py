@@ -202,7 +202,7 @@ def test_a_restored_epoch_realigns_its_calls_to_the_epochs_multiples():
     class Model:
         stop_training = False
 
-    run: list[int] = []
+    run: list = []  # call sizes and hook calls, in order
 
     def train_steps(iterator, num_steps):
         run.append(int(num_steps))
