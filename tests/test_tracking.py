@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 from helpers import wandb_records
 
@@ -34,18 +36,32 @@ def test_offline_run_logs_resolved_config_and_summary(train_run):
 
 def test_step_metrics_reach_wandb_every_n_steps_with_several_steps_per_call(train_run):
     """4-step epochs, W&B every 2 steps: 2 steps per call (auto), and the steps logged are the
-    optimizer's 2, 4, 6, 8, as in steps.csv (W&B's own batch logging saw indices 1, 3 and never
-    logged)."""
+    optimizer's 2, 4, 6, 8, with steps.csv's learning rates under a warm-up schedule (W&B's own
+    logger saw batch indices 1, 3 and never logged, and read the schedule at the call count)."""
     summary, run_dir = train_run(
-        *WANDB, "logger.wandb.log_every_n_steps=2", "loop.steps_per_epoch=4"
+        *WANDB,
+        "logger=[csv,wandb]",
+        "logger.csv.every_n_steps=2",
+        "logger.wandb.log_every_n_steps=2",
+        "loop.steps_per_epoch=4",
+        "optimizer.schedule=warmup_cosine",
+        "optimizer.warmup_steps=8",
     )
     assert summary["steps_per_execution"] == 2
-    steps = [row for row in wandb_records.history(run_dir) if "batch/step" in row]
+    history = wandb_records.history(run_dir)
+    steps = [row for row in history if "batch/step" in row]
     assert [row["batch/step"] for row in steps] == [2, 4, 6, 8]
     assert [row["batch/epoch"] for row in steps] == [1, 1, 2, 2]
     assert all({"batch/loss", "batch/accuracy", "batch/learning_rate"} <= set(row) for row in steps)
-    epochs = [row for row in wandb_records.history(run_dir) if "epoch/epoch" in row]
-    assert len(epochs) == 2 and "epoch/val_loss" in epochs[-1]
+    with open(run_dir / "steps.csv", newline="") as file:
+        rates = {int(row["step"]): float(row["learning_rate"]) for row in csv.DictReader(file)}
+    assert [row["batch/learning_rate"] for row in steps] == pytest.approx(list(rates.values()))
+    epochs = [row for row in history if "epoch/epoch" in row]
+    assert [row["epoch/epoch"] for row in epochs] == [0, 1]
+    assert "epoch/val_loss" in epochs[-1] and "epoch/accuracy" in epochs[-1]
+    # the rate of the step after each epoch's last (4 and 8), rising in the warm-up
+    assert [row["epoch/learning_rate"] for row in epochs] == pytest.approx([rates[4], rates[8]])
+    assert rates[4] < rates[8]
 
 
 def test_failed_training_still_finishes_the_wandb_run(train_run, tmp_path):
