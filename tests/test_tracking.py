@@ -37,7 +37,7 @@ def test_offline_run_logs_resolved_config_and_summary(train_run):
 def test_step_metrics_reach_wandb_every_n_steps_with_several_steps_per_call(train_run):
     """4-step epochs, W&B every 2 steps: 2 steps per call (auto), and the steps logged are the
     optimizer's 2, 4, 6, 8, with steps.csv's learning rates under a warm-up schedule (W&B's own
-    logger saw batch indices 1, 3 and never logged, and read the schedule at the call count)."""
+    batch logging saw batch indices 1, 3 and never logged)."""
     summary, run_dir = train_run(
         *WANDB,
         "logger=[csv,wandb]",
