@@ -24,7 +24,7 @@ def test_a_problem_reads_key_value_then_hint():
     assert str(Problem("loop.epochs", hint="required value is missing")) == (
         "loop.epochs: required value is missing"
     )
-    assert str(Problem("model._target_", "x.y", "expected ...")).startswith("model._target_='x.y'")
+    assert str(Problem("model._target_", "x.y", "expected ...")).startswith("model._target_=x.y: ")
     assert ConfigError("written as a whole").messages == ["written as a whole"]
 
 
@@ -92,8 +92,7 @@ def test_a_saved_config_with_a_target_from_before_the_packages_names_the_new_pat
     config.yaml (tfrecipe evaluate) or a user's copy says where the target lives now."""
     [problem] = _problems(compose_cfg, f"dataset._target_={old}")
     assert (
-        str(problem)
-        == f"dataset._target_={old!r}: tfrecipe moved it to {new!r}; update your config"
+        str(problem) == f"dataset._target_={old}: tfrecipe moved it to {new!r}; update your config"
     )
 
 
@@ -105,7 +104,8 @@ def test_a_saved_config_with_a_target_from_before_the_packages_names_the_new_pat
         (["model.freeze='^|conv'"], "model.freeze='^|conv': matches every layer name"),
         (
             ["+task.metrics=[{_target_: keras.metrics.MeanSquaredError, name: val_loss}]"],
-            "task.metrics.0: keras.metrics.MeanSquaredError would be reported as 'val_loss'; val_",
+            "task.metrics.0._target_=keras.metrics.MeanSquaredError: would be reported as 'val_loss'; "
+            "val_",
         ),
     ],
     ids=["infinite class weight", "freeze everything", "freeze everything too", "val_ metric"],

@@ -159,7 +159,7 @@ BAD_ROLLBACKS = {
     ),
     "lr_factor_not_a_number": (
         ["callbacks.terminate_on_nan.lr_factor=x"],
-        ["callbacks.terminate_on_nan.lr_factor='x'", "number"],
+        ["callbacks.terminate_on_nan.lr_factor=x", "number"],
     ),
     "rollbacks_without_backups": (
         ["callbacks.terminate_on_nan.max_rollbacks=1", "callbacks.backup.enabled=false"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 from typing import Final
 
@@ -36,13 +37,28 @@ class Problem:
         """The one line a user sees: `key=received: hint` (`key: hint` without a value)."""
         if not self.key:
             return self.hint
-        where = self.key if self.received is NOT_GIVEN else f"{self.key}={self.received!r}"
+        where = self.key if self.received is NOT_GIVEN else f"{self.key}={_shown(self.received)}"
         return f"{where}: {self.hint}"
 
     @property
     def slot(self) -> str:
         """The config node the problem is about ("model" for "model._target_")."""
         return self.key.removesuffix("._target_")
+
+
+def _shown(value: object) -> str:
+    """A received value as the user writes it in an override: true, false, null, a plain word or
+    dotted name bare (`loop=fit`, `model._target_=x.y`); any other string quoted, so '', ' x' or
+    '1' (not the number) stay visible."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str) and _PLAIN.fullmatch(value) and value.lower() not in _YAML_WORDS:
+        return value
+    return repr(value)
+
+
+_PLAIN = re.compile(r"[A-Za-z_][\w.:/+-]*")
+_YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "nan", "inf"}
 
 
 class ConfigError(Exception):

@@ -513,31 +513,38 @@ def validate(cfg: DictConfig, *, command_line: CommandLine | None = None) -> Run
     return run
 
 
-def _cross_checks(run: RunConfig) -> list[str]:
-    problems = _cluster_problems(run)
-    problems += _loop_problems(run)
-    problems += _parameter_server_loop_problems(run)
-    problems += _resume_problems(run)
-    problems += _rollback_problems(run)
-    problems += _monitor_problems(run)
-    problems += _freeze_problems(run)
-    problems += _finetune_problems(run)
-    problems += _task_metric_problems(run)
-    problems += _sweep_problems(run)
-    problems += _export_problems(run)
-    problems += _ema_problems(run)
-    return problems
+def _cross_checks(run: RunConfig) -> list[Problem]:
+    """What each section allows but not together with the others, as problems naming the key to
+    change, the value found there and how to fix it."""
+    return [
+        *_cluster_problems(run),
+        *_loop_problems(run),
+        *_parameter_server_loop_problems(run),
+        *_resume_problems(run),
+        *_rollback_problems(run),
+        *_monitor_problems(run),
+        *_freeze_problems(run),
+        *_finetune_problems(run),
+        *_task_metric_problems(run),
+        *_sweep_problems(run),
+        *_export_problems(run),
+        *_ema_problems(run),
+    ]
 
 
-def _ema_problems(run: RunConfig) -> list[str]:
+def _ema_problems(run: RunConfig) -> list[Problem]:
     """Early stopping's restored weights are raw ones; the averaged weights (optimizer.ema) put
     in place when training ends would replace them."""
     stopping = run.callbacks.early_stopping
     if run.optimizer.ema and stopping.enabled and stopping.restore_best_weights:
         return [
-            "optimizer.ema=true: with callbacks.early_stopping.restore_best_weights=true the "
-            "restored best epoch would be replaced by the final averaged weights; set "
-            "restore_best_weights=false (best.weights.h5 holds the best epoch's averaged weights)"
+            Problem(
+                "optimizer.ema",
+                True,
+                "with callbacks.early_stopping.restore_best_weights=true the restored best epoch "
+                "would be replaced by the final averaged weights; set restore_best_weights=false "
+                "(best.weights.h5 holds the best epoch's averaged weights)",
+            )
         ]
     return []
 
@@ -546,71 +553,95 @@ def _ema_problems(run: RunConfig) -> list[str]:
 # dataset target, format) -> why. Other models are checked on the built model
 # (tfrecipe.models.export.unsupported).
 _TEXT_MODEL = "tfrecipe.models.text"
+_TEXT_FORMATS = {
+    "onnx": "ONNX has no string ops for its TextVectorization layer",
+    "litert": "LiteRT's pip runtime cannot run its TextVectorization layer (no Flex delegate)",
+}
 _TABLE_DATASETS = "tfrecipe.data.tabular."  # csv, parquet: categorical columns by StringLookup
 
 
-def _export_problems(run: RunConfig) -> list[str]:
+def _export_problems(run: RunConfig) -> list[Problem]:
     """A format that cannot carry the configured model is refused before training: string
     preprocessing (TextVectorization, StringLookup) in ONNX, TextVectorization in LiteRT."""
-    formats, problems = run.export.formats, []
-    key = f"export.formats={list(formats)}"
+    formats, problems = list(run.export.formats), []
     if run.model.target == _TEXT_MODEL:
-        for fmt, why in (
-            ("onnx", "ONNX has no string ops for its TextVectorization layer"),
-            (
-                "litert",
-                "LiteRT's pip runtime cannot run its TextVectorization layer (no Flex delegate)",
-            ),
-        ):
-            if fmt in formats:
-                problems.append(
-                    f"{key}: model=text cannot be exported to {fmt}: {why}; "
-                    f"remove {fmt} (keras and saved_model carry it)"
-                )
+        problems += [
+            Problem(
+                "export.formats",
+                formats,
+                f"model=text cannot be exported to {fmt}: {why}; remove {fmt} (keras and "
+                "saved_model carry it)",
+            )
+            for fmt, why in _TEXT_FORMATS.items()
+            if fmt in formats
+        ]
     categorical = (run.dataset.model_extra or {}).get("categorical")
     if run.dataset.target.startswith(_TABLE_DATASETS) and categorical and "onnx" in formats:
         problems.append(
-            f"{key}: dataset.categorical={list(categorical)} are encoded by StringLookup layers "
-            "inside the model, which Keras exports to an invalid ONNX file; remove onnx (litert, "
-            "saved_model and keras carry it)"
+            Problem(
+                "export.formats",
+                formats,
+                f"dataset.categorical={list(categorical)} are encoded by StringLookup layers "
+                "inside the model, which Keras exports to an invalid ONNX file; remove onnx "
+                "(litert, saved_model and keras carry it)",
+            )
         )
     return problems
 
 
-def _finetune_problems(run: RunConfig) -> list[str]:
+def _finetune_problems(run: RunConfig) -> list[Problem]:
     """Two-phase fine-tuning needs a second phase, a synchronous loop it can recompile and a
     regular expression that compiles (which layers it matches is checked on the built model)."""
     spec, epochs = run.loop.finetune, run.loop.epochs
     if spec.unfreeze_at_epoch is None:
         if spec.unfreeze is not None:
             return [
-                f"loop.finetune.unfreeze={spec.unfreeze}: chooses what unfreezes at "
-                "loop.finetune.unfreeze_at_epoch, which is null; set it (e.g. =1)"
+                Problem(
+                    "loop.finetune.unfreeze",
+                    spec.unfreeze,
+                    "chooses what unfreezes at loop.finetune.unfreeze_at_epoch, which is null; "
+                    "set it (e.g. =1)",
+                )
             ]
         return []
-    key, problems = f"loop.finetune.unfreeze_at_epoch={spec.unfreeze_at_epoch}", []
-    if spec.unfreeze_at_epoch >= epochs:
+    key, at, problems = "loop.finetune.unfreeze_at_epoch", spec.unfreeze_at_epoch, []
+    if at >= epochs:
         problems.append(
-            f"{key}: the switch must come before the last epoch ends (loop.epochs={epochs}); "
-            f"use 1..{epochs - 1} or more epochs"
+            Problem(
+                key,
+                at,
+                f"the switch must come before the last epoch ends (loop.epochs={epochs}); use "
+                f"1..{epochs - 1} or more epochs",
+            )
         )
     if run.strategy.name == "parameter_server":
         problems.append(
-            f"{key}: not supported with strategy=parameter_server (its workers keep the "
-            "traced step of the first phase); use a synchronous strategy or unfreeze_at_epoch=null"
+            Problem(
+                key,
+                at,
+                "not supported with strategy=parameter_server (its workers keep the traced step "
+                "of the first phase); use a synchronous strategy or unfreeze_at_epoch=null",
+            )
         )
     if run.callbacks.terminate_on_nan.max_rollbacks:
         problems.append(
-            f"{key}: a rollback could cross the switch (the backup before it holds the other "
-            "optimizer); set callbacks.terminate_on_nan.max_rollbacks=0"
+            Problem(
+                key,
+                at,
+                "a rollback could cross the switch (the backup before it holds the other "
+                "optimizer); set callbacks.terminate_on_nan.max_rollbacks=0",
+            )
         )
     if spec.unfreeze is not None:
         try:
             re.compile(spec.unfreeze)
         except re.error as error:
             problems.append(
-                f"loop.finetune.unfreeze={spec.unfreeze}: not a regular expression ({error}); "
-                "expected e.g. 'block_1[3-6]|Conv_1'"
+                Problem(
+                    "loop.finetune.unfreeze",
+                    spec.unfreeze,
+                    f"not a regular expression ({error}); expected e.g. 'block_1[3-6]|Conv_1'",
+                )
             )
     return problems
 
@@ -674,31 +705,38 @@ def _with_task_monitors(run: RunConfig) -> RunConfig:
     return run.model_copy(update={"callbacks": callbacks.model_copy(update=updates)})
 
 
-def _task_metric_problems(run: RunConfig) -> list[str]:
+def _task_metric_problems(run: RunConfig) -> list[Problem]:
     """An extra metric (task.metrics) must not take a name the run already reports."""
     from tfrecipe.tasks import extra_metric_name, metric_names
 
     taken = ["loss", *metric_names(run.task, extra=False)]
     problems = []
     for index, node in enumerate(run.task.metrics):
-        name = extra_metric_name(node)
+        name, key = extra_metric_name(node), f"task.metrics.{index}._target_"
         if name.startswith(("val_", "test_")):
             problems.append(
-                f"task.metrics.{index}: {node.target} would be reported as {name!r}; val_ and "
-                "test_ name a metric on the validation and test splits (Keras and summary.json "
-                f"add them), so give it a name without them (name: {name.split('_', 1)[1]})"
+                Problem(
+                    key,
+                    node.target,
+                    f"would be reported as {name!r}; val_ and test_ name a metric on the "
+                    "validation and test splits (Keras and summary.json add them), so give it a "
+                    f"name without them (name: {name.split('_', 1)[1]})",
+                )
             )
         elif name in taken:
             problems.append(
-                f"task.metrics.{index}: {node.target} would be reported as {name!r}, a name "
-                f"the run already reports ({', '.join(taken)}); give it another name "
-                f"(name: my_{name})"
+                Problem(
+                    key,
+                    node.target,
+                    f"would be reported as {name!r}, a name the run already reports "
+                    f"({', '.join(taken)}); give it another name (name: my_{name})",
+                )
             )
         taken.append(name)
     return problems
 
 
-def _sweep_problems(run: RunConfig) -> list[str]:
+def _sweep_problems(run: RunConfig) -> list[Problem]:
     """The sweep's objective must be a number the task's runs report (else every job's
     objective would be NaN and the sweeper would optimize nothing)."""
     from tfrecipe.tasks import summary_names
@@ -707,20 +745,26 @@ def _sweep_problems(run: RunConfig) -> list[str]:
     if run.sweep.objective in allowed:
         return []
     return [
-        f"sweep.objective={run.sweep.objective}: task={run.task.name} does not report it; "
-        f"allowed: {', '.join(allowed)}"
+        Problem(
+            "sweep.objective",
+            run.sweep.objective,
+            f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}",
+        )
     ]
 
 
-def _monitor_problems(run: RunConfig) -> list[str]:
+def _monitor_problems(run: RunConfig) -> list[Problem]:
     """A checkpoint or early-stopping monitor must be a value the task's run logs (Keras would
     only warn, each epoch, and never save or stop)."""
     from tfrecipe.tasks import monitors
 
     allowed = monitors(run.task)
     return [
-        f"callbacks.{key}.monitor={spec.monitor}: task={run.task.name} does not produce it; "
-        f"allowed: {', '.join(allowed)}"
+        Problem(
+            f"callbacks.{key}.monitor",
+            spec.monitor,
+            f"task={run.task.name} does not produce it; allowed: {', '.join(allowed)}",
+        )
         for key, spec in (
             ("model_checkpoint", run.callbacks.model_checkpoint),
             ("early_stopping", run.callbacks.early_stopping),
@@ -729,58 +773,79 @@ def _monitor_problems(run: RunConfig) -> list[str]:
     ]
 
 
-def _rollback_problems(run: RunConfig) -> list[str]:
+def _rollback_problems(run: RunConfig) -> list[Problem]:
     """A rollback restarts from a backup once TerminateOnNaN has stopped the loop."""
     spec = run.callbacks.terminate_on_nan
     if not spec.max_rollbacks:
         return []
-    key, problems = f"callbacks.terminate_on_nan.max_rollbacks={spec.max_rollbacks}", []
+    key, problems = "callbacks.terminate_on_nan.max_rollbacks", []
     if not spec.enabled:
         problems.append(
-            f"{key}: rolls back when TerminateOnNaN stops training, but "
-            "callbacks.terminate_on_nan.enabled=false; enable it or set max_rollbacks=0"
+            Problem(
+                key,
+                spec.max_rollbacks,
+                "rolls back when TerminateOnNaN stops training, but "
+                "callbacks.terminate_on_nan.enabled=false; enable it or set max_rollbacks=0",
+            )
         )
     if run.callbacks.backup.enabled is False:
         problems.append(
-            f"{key}: rolls back to the last backup, but callbacks.backup.enabled=false; set "
-            "callbacks.backup.enabled=true (or null) or max_rollbacks=0"
+            Problem(
+                key,
+                spec.max_rollbacks,
+                "rolls back to the last backup, but callbacks.backup.enabled=false; set "
+                "callbacks.backup.enabled=true (or null) or max_rollbacks=0",
+            )
         )
     if run.strategy.name == "parameter_server":
         problems.append(
-            f"{key}: not supported with strategy=parameter_server (its ClusterCoordinator "
-            "loop does not restart in-process from a backup); set max_rollbacks=0"
+            Problem(
+                key,
+                spec.max_rollbacks,
+                "not supported with strategy=parameter_server (its ClusterCoordinator loop does "
+                "not restart in-process from a backup); set max_rollbacks=0",
+            )
         )
     return problems
 
 
-def _resume_problems(run: RunConfig) -> list[str]:
+def _resume_problems(run: RunConfig) -> list[Problem]:
     if not run.resume:
-        return ["resume: expected auto, never or a checkpoint path, received resume=''"]
+        return [Problem("resume", run.resume, "expected auto, never or a checkpoint path")]
     return []
 
 
-def _loop_problems(run: RunConfig) -> list[str]:
+def _loop_problems(run: RunConfig) -> list[Problem]:
     """Each loop's own knobs: a knob the chosen loop would ignore is an error, not a no-op."""
     loop, problems = run.loop, []
     if loop.name == "fit" and loop.steps_per_loop not in (1, "auto"):
         problems.append(
-            f"loop.steps_per_loop={loop.steps_per_loop}: a loop=custom knob; with loop=fit set "
-            "batching.steps_per_execution"
+            Problem(
+                "loop.steps_per_loop",
+                loop.steps_per_loop,
+                "a loop=custom knob; with loop=fit set batching.steps_per_execution",
+            )
         )
     if loop.name == "fit" and loop.gradient_accumulation_steps != 1:
         problems.append(
-            f"loop.gradient_accumulation_steps={loop.gradient_accumulation_steps}: only "
-            "loop=custom accumulates gradients; use loop=custom"
+            Problem(
+                "loop.gradient_accumulation_steps",
+                loop.gradient_accumulation_steps,
+                "only loop=custom accumulates gradients; use loop=custom",
+            )
         )
     if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
-            f"batching.steps_per_execution={run.batching.steps_per_execution}: a Model.fit knob; "
-            "with loop=custom set loop.steps_per_loop"
+            Problem(
+                "batching.steps_per_execution",
+                run.batching.steps_per_execution,
+                "a Model.fit knob; with loop=custom set loop.steps_per_loop",
+            )
         )
     return problems
 
 
-def _parameter_server_loop_problems(run: RunConfig) -> list[str]:
+def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:
     """The ClusterCoordinator loop schedules one batch per step on whichever worker is free, so
     the custom loop's step knobs have nothing to act on; refused here, before a cluster starts."""
     loop, problems = run.loop, []
@@ -788,52 +853,83 @@ def _parameter_server_loop_problems(run: RunConfig) -> list[str]:
         return []  # loop=fit is refused on its own (and its knobs by _loop_problems)
     if loop.gradient_accumulation_steps != 1:
         problems.append(
-            f"loop.gradient_accumulation_steps={loop.gradient_accumulation_steps}: "
-            "strategy=parameter_server applies each worker's batch on its own (asynchronous "
-            "steps, nothing to accumulate); set loop.gradient_accumulation_steps=1"
+            Problem(
+                "loop.gradient_accumulation_steps",
+                loop.gradient_accumulation_steps,
+                "strategy=parameter_server applies each worker's batch on its own (asynchronous "
+                "steps, nothing to accumulate); set loop.gradient_accumulation_steps=1",
+            )
         )
     if loop.steps_per_loop not in (1, "auto"):  # auto: one step per closure here
         problems.append(
-            f"loop.steps_per_loop={loop.steps_per_loop}: strategy=parameter_server schedules one "
-            "step per closure (ClusterCoordinator); set loop.steps_per_loop=1"
+            Problem(
+                "loop.steps_per_loop",
+                loop.steps_per_loop,
+                "strategy=parameter_server schedules one step per closure (ClusterCoordinator); "
+                "set loop.steps_per_loop=1",
+            )
         )
     return problems
 
 
-def _cluster_problems(run: RunConfig) -> list[str]:
+def _cluster_problems(run: RunConfig) -> list[Problem]:
     """Strategy, loop and cluster must fit together."""
     strategy, cluster, problems = run.strategy.name, run.cluster, []
-    if strategy == "parameter_server" and run.loop.name == "fit":
+    parameter_server = strategy == "parameter_server"
+    if parameter_server and run.loop.name == "fit":
         problems.append(
-            "loop=fit: Keras 3 Model.fit does not support strategy=parameter_server; use "
-            "loop=custom (ClusterCoordinator schedule/join)"
+            Problem(
+                "loop",
+                "fit",
+                "Keras 3 Model.fit does not support strategy=parameter_server; use loop=custom "
+                "(ClusterCoordinator schedule/join)",
+            )
         )
-    if strategy == "parameter_server" and run.strategy.variable_partitioner != "none":
+    if parameter_server and run.strategy.variable_partitioner != "none":
         problems.append(
-            f"strategy.variable_partitioner={run.strategy.variable_partitioner}: Keras 3 "
-            "optimizers cannot update partitioned (sharded) variables (apply_gradients fails "
-            'with "ShardedVariable doesn\'t support being used as a reference"); use '
-            "strategy.variable_partitioner=none"
+            Problem(
+                "strategy.variable_partitioner",
+                run.strategy.variable_partitioner,
+                "Keras 3 optimizers cannot update partitioned (sharded) variables "
+                "(apply_gradients fails with \"ShardedVariable doesn't support being used as a "
+                'reference"); use strategy.variable_partitioner=none',
+            )
         )
-    if strategy == "parameter_server" and cluster.name == "none":
+    if parameter_server and cluster.name == "none":
         problems.append(
-            "strategy=parameter_server: needs a cluster with parameter servers; use "
-            "cluster=local cluster.num_ps=1 (or cluster=tf_config / cluster=slurm)"
+            Problem(
+                "strategy",
+                strategy,
+                "needs a cluster with parameter servers; use cluster=local cluster.num_ps=1 (or "
+                "cluster=tf_config / cluster=slurm)",
+            )
         )
-    if cluster.name == "local" and strategy == "parameter_server" and cluster.num_ps == 0:
+    if cluster.name == "local" and parameter_server and cluster.num_ps == 0:
         problems.append(
-            "cluster.num_ps=0: strategy=parameter_server needs at least one parameter server; "
-            "set cluster.num_ps=1"
+            Problem(
+                "cluster.num_ps",
+                0,
+                "strategy=parameter_server needs at least one parameter server; set "
+                "cluster.num_ps=1",
+            )
         )
-    if cluster.name == "local" and strategy != "parameter_server" and cluster.num_ps:
+    if cluster.name == "local" and not parameter_server and cluster.num_ps:
         problems.append(
-            f"cluster.num_ps={cluster.num_ps}: parameter servers serve only "
-            f"strategy=parameter_server (received strategy={strategy}); set cluster.num_ps=0"
+            Problem(
+                "cluster.num_ps",
+                cluster.num_ps,
+                "parameter servers serve only strategy=parameter_server (received "
+                f"strategy={strategy}); set cluster.num_ps=0",
+            )
         )
     if cluster.name == "local" and strategy not in ("multi_worker_mirrored", "parameter_server"):
         problems.append(
-            f"cluster=local: starts several workers, which only strategy=multi_worker_mirrored "
-            f"and strategy=parameter_server use (received strategy={strategy})"
+            Problem(
+                "cluster",
+                "local",
+                "starts several workers, which only strategy=multi_worker_mirrored and "
+                f"strategy=parameter_server use (received strategy={strategy})",
+            )
         )
     return problems
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tfrecipe.errors import ConfigError
+from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tasks import checks, keras_objects
 from tfrecipe.tasks.config import Target as Target
 from tfrecipe.tasks.config import TaskConfig as TaskConfig
@@ -225,13 +225,17 @@ def check_targets(task: TaskConfig, info: DatasetInfo, *, dataset: str) -> None:
     problem = checks.common_problem(task, info, learns_names=spec.learns_names)
     problem = problem or spec.target_problem(task, info)
     if problem:
-        raise ConfigError(f"task={task.name}: dataset {dataset} {problem}")
+        raise ConfigError(Problem("task", task.name, f"dataset {dataset} {problem}"))
     weights = getattr(task, "class_weight", None)
     if isinstance(weights, dict):
         num_classes = spec.num_classes(info)
         outside = [c for c in weights if c >= num_classes]
         if outside:
             raise ConfigError(
-                f"task.class_weight={weights}: class id {outside[0]} is outside [0, "
-                f"num_classes={num_classes}) of task={task.name} on dataset {dataset}"
+                Problem(
+                    "task.class_weight",
+                    weights,
+                    f"class id {outside[0]} is outside [0, num_classes={num_classes}) of "
+                    f"task={task.name} on dataset {dataset}",
+                )
             )
