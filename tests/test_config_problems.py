@@ -3,7 +3,10 @@ set, each slot's problem is reported once, and checking a target twice gives the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from omegaconf import OmegaConf
 
 from tfrecipe.cli import commands
 from tfrecipe.config.instantiate import iter_targets
@@ -127,3 +130,22 @@ def test_a_freeze_pattern_that_happens_to_match_every_layer_is_refused_when_buil
     splits = factory.load_splits(run.dataset, allowed_targets=[])
     with pytest.raises(ConfigError, match=r"freezes all 3 layers that have weights"):
         factory.build_model(run.model, splits, task=run.task, allowed_targets=[])
+
+
+def test_tfrecipes_builders_are_allowed_by_the_mark_where_they_are_defined(compose_cfg):
+    """Every model and dataset YAML names a marked builder; a public function of the same modules
+    without the mark is refused, so a new dataset is its module, its YAML and `@config_target`."""
+    from tfrecipe.config.instantiate import DATASET, MODEL
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    for group, kind in (("model", MODEL), ("dataset", DATASET)):
+        for yaml in sorted((conf / group).glob("*.yaml")):
+            target = OmegaConf.load(yaml).get("_target_")
+            assert target in kind.builders, (yaml.name, target, kind.builders)
+    assert "tfrecipe.models.mlp" in MODEL.builders  # by the package's name, not builders.mlp
+    [problem] = _problems(compose_cfg, "dataset._target_=tfrecipe.data.bundled.human_bytes")
+    assert (problem.key, problem.received) == (
+        "dataset._target_",
+        "tfrecipe.data.bundled.human_bytes",
+    )
+    assert "tfrecipe.data.tabular.parquet" in problem.hint  # the allowed ones are listed

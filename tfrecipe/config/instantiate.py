@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.targets import marked_targets
 from tfrecipe.errors import ConfigError, Problem
 
 
@@ -41,7 +42,8 @@ class Kind:
 
     Attributes:
       name: what the slot takes, in the user's words (for error messages).
-      builders: tfrecipe's own targets of this kind (exact dotted paths).
+      package: tfrecipe's package whose functions marked `@config_target` are of this kind
+        (`builders`).
       modules: public modules whose members are of this kind.
       members: when given, the only names of `modules` allowed (deny by default).
       excluded: names of `modules` that are not of this kind (deserializers, ...).
@@ -52,7 +54,7 @@ class Kind:
     """
 
     name: str
-    builders: tuple[str, ...] = ()
+    package: str | None = None
     modules: tuple[str, ...] = ()
     members: frozenset[str] | None = None
     excluded: frozenset[str] = frozenset()
@@ -61,38 +63,24 @@ class Kind:
     returns: str | None = None
     user_prefixes: bool = True
 
+    @property
+    def builders(self) -> tuple[str, ...]:
+        """tfrecipe's own targets of this kind (exact dotted paths), found by their mark."""
+        return marked_targets(self.package) if self.package else ()
+
 
 _SERIALIZERS = frozenset({"get", "serialize", "deserialize"})
 
 MODEL = Kind(
     "a model builder returning a keras.Model",
-    builders=(
-        "tfrecipe.models.mlp",
-        "tfrecipe.models.cnn",
-        "tfrecipe.models.resnet",
-        "tfrecipe.models.keras_app",
-        "tfrecipe.models.text",
-    ),
+    package="tfrecipe.models",
     modules=("keras.applications",),
     classes_only=True,  # the constructors (ResNet50, ...), not preprocess_input/decode_predictions
     returns="keras.Model",
 )
 DATASET = Kind(
     "a dataset builder returning tfrecipe.Splits",
-    builders=(
-        "tfrecipe.data.bundled.digits",
-        "tfrecipe.data.bundled.breast_cancer",
-        "tfrecipe.data.bundled.diabetes",
-        "tfrecipe.data.bundled.wine",
-        "tfrecipe.data.bundled.synthetic",
-        "tfrecipe.data.tfds.load",
-        "tfrecipe.data.npz.load",
-        "tfrecipe.data.tfrecord.load",
-        "tfrecipe.data.image_folder.load",
-        "tfrecipe.data.tabular.csv",
-        "tfrecipe.data.tabular.parquet",
-        "tfrecipe.data.text_folder.load",
-    ),
+    package="tfrecipe.data",
     returns="tfrecipe.data.splits.Splits",
 )
 CALLBACK = Kind(

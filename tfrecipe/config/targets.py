@@ -12,8 +12,9 @@ import ast
 import copy
 import functools
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 
 class Unresolvable(Exception):
@@ -105,3 +106,54 @@ def argument_problems(target: str, given: Iterable[str]) -> list[str]:
     required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
     problems += [f"missing argument {name!r}" for name in required if name not in given]
     return problems
+
+
+# --- tfrecipe's own builders, marked where they are defined ----------------------------------------
+_F = TypeVar("_F", bound=Callable)
+
+
+def config_target(function: _F) -> _F:
+    """Marks one of tfrecipe's functions as a target a config may name (a model or dataset
+    builder). The allow-list finds the mark in the source (`marked_targets`), so a new builder is
+    its module, its YAML and this line; the function itself is unchanged."""
+    return function
+
+
+@functools.cache
+def marked_targets(package: str) -> tuple[str, ...]:
+    """The functions of `package`'s modules marked `@config_target`, each by the name configs use:
+    the package's own (`tfrecipe.models.mlp`) where its `__init__` re-exports it, else the
+    module's (`tfrecipe.data.npz.load`). Read from source, nothing imported."""
+    reexported = _reexports(package)
+    found = []
+    for module in _package_modules(package):
+        for node in _module_ast(module).body:
+            if isinstance(node, ast.FunctionDef) and any(_is_mark(d) for d in node.decorator_list):
+                path = f"{module}.{node.name}"
+                found.append(reexported.get(path, path))
+    return tuple(sorted(found))
+
+
+def _is_mark(decorator: ast.expr) -> bool:
+    name = decorator.attr if isinstance(decorator, ast.Attribute) else getattr(decorator, "id", "")
+    return name == config_target.__name__
+
+
+def _package_modules(package: str) -> list[str]:
+    parts = package.split(".")
+    for entry in sys.path:
+        folder = Path(entry or ".").joinpath(*parts)
+        if (folder / "__init__.py").is_file():
+            return [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem[0] != "_"]
+    raise Unresolvable(f"package {package!r} not found")
+
+
+def _reexports(package: str) -> dict[str, str]:
+    """{module path of a name: the package's path for it} for `from package.m import name`."""
+    names = {}
+    for node in _module_ast(package).body:
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve_relative(package, node, is_package=True)
+            for alias in node.names:
+                names[f"{source}.{alias.name}"] = f"{package}.{alias.asname or alias.name}"
+    return names

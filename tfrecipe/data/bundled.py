@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import Splits, TargetKind, from_arrays
 
 
+@config_target
 def digits(
     *,
     validation_fraction: float,
@@ -89,6 +91,7 @@ def _tabular(
     )
 
 
+@config_target
 def breast_cancer(
     *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
 ) -> Splits:
@@ -110,6 +113,7 @@ def breast_cancer(
     )
 
 
+@config_target
 def diabetes(
     *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
 ) -> Splits:
@@ -131,6 +135,7 @@ def diabetes(
     )
 
 
+@config_target
 def wine(
     *, standardize: bool, validation_fraction: float, test_fraction: float, split_seed: int
 ) -> Splits:
@@ -154,6 +159,7 @@ def wine(
 SYNTHETIC_TARGETS = ("classes", "binary", "multi_hot", "regression")
 
 
+@config_target
 def synthetic(
     *,
     num_examples: int,

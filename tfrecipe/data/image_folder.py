@@ -17,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
 
+@config_target
 def load(
     *,
     path: str,

@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 
+@config_target
 def load(
     *,
     path: str,

@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data import table_files, table_stats
 from tfrecipe.data.splits import DatasetInfo, Splits, from_arrays
 from tfrecipe.data.table_files import CsvOptions, Table
@@ -91,6 +92,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+@config_target
 def csv(
     *,
     path: str,
@@ -160,6 +162,7 @@ def csv(
     )
 
 
+@config_target
 def parquet(
     *,
     path: str,

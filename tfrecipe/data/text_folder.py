@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 TEXT_SUFFIX = ".txt"
 
 
+@config_target
 def load(
     *,
     path: str,

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits
 
 
+@config_target
 def load(
     *,
     name: str,

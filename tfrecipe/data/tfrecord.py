@@ -19,11 +19,13 @@ from typing import Literal
 
 import tensorflow as tf
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits
 
 FeatureKind = Literal["image", "float", "int"]
 
 
+@config_target
 def load(
     *,
     train_files: str | Sequence[str],

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import keras
 from keras import layers
 
+from tfrecipe.config.targets import config_target
+
 
 def _logits(x: keras.KerasTensor, num_outputs: int) -> keras.KerasTensor:
     # float32 output: softmax/cross-entropy (and a regression's squared error) in half precision
@@ -28,6 +30,7 @@ def _require_image(input_shape: Sequence[int], model: str) -> None:
         )
 
 
+@config_target
 def mlp(
     *,
     input_shape: Sequence[int],
@@ -47,6 +50,7 @@ def mlp(
     return keras.Model(inputs, _logits(x, num_outputs), name="mlp")
 
 
+@config_target
 def cnn(
     *,
     input_shape: Sequence[int],
@@ -86,6 +90,7 @@ def _residual_block(x: keras.KerasTensor, width: int, stride: int) -> keras.Kera
     return layers.ReLU()(layers.Add()([y, shortcut]))
 
 
+@config_target
 def resnet(
     *,
     input_shape: Sequence[int],

@@ -24,12 +24,14 @@ import keras
 import numpy as np
 from keras import layers
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.models.builders import _logits, _require_image
 
 BACKBONE = "backbone"
 
 
+@config_target
 def keras_app(
     *,
     input_shape: Sequence[int],

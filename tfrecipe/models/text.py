@@ -20,12 +20,14 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from tfrecipe.config.targets import config_target
 from tfrecipe.models.builders import _logits
 
 # Texts per adapt batch: large enough to keep TensorFlow busy, small enough for long reviews.
 _ADAPT_BATCH = 512
 
 
+@config_target
 def text(
     *,
     input_shape: Sequence[int],
