@@ -4,66 +4,13 @@ files through tfrecipe's loader, pipeline (seeded shuffle) and `data.distribute.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
-from conftest import REPO
 from helpers.datafiles import write_tfrecord
+from helpers.two_workers import ids_each_worker_saw
 
-WORKER = REPO / "tests" / "helpers" / "shard_worker.py"
 NUM_FILES, PER_FILE = 4, 6
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _run_cluster(pattern: str, out_dir, policies: list[str]) -> list[dict[str, list[int]]]:
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {
-            **os.environ,
-            "TF_CONFIG": json.dumps(tf_config),
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "PYTHONPATH": str(REPO),
-        }
-        out = out_dir / f"worker{index}.json"
-        processes.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, str(WORKER), pattern, str(out), *policies],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                ),
-                out,
-            )
-        )
-    results = []
-    for process, out in processes:
-        try:
-            log, _ = process.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for other, _ in processes:
-                other.kill()
-            raise
-        assert process.returncode == 0, log[-3000:]
-        results.append(json.loads(out.read_text()))
-    return results
 
 
 @pytest.mark.slow
@@ -77,7 +24,8 @@ def test_file_and_data_policies_show_every_example_once_per_epoch_across_workers
             feature_key="features",
         )
     everything = list(range(NUM_FILES * PER_FILE))
-    results = _run_cluster(str(tmp_path / "part-*.tfrecord"), tmp_path, ["file", "data", "off"])
+    pattern = str(tmp_path / "part-*.tfrecord")
+    results = ids_each_worker_saw(tmp_path, "shard_worker.py", pattern, "file", "data", "off")
 
     for policy in ("file", "data"):
         per_worker = [result[policy] for result in results]

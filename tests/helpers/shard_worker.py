@@ -2,7 +2,7 @@
 environment): reads TFRecord files through tfrecipe's loader, pipeline and distribute helper
 under each auto-shard policy, and writes the example ids it saw, per policy, as JSON.
 
-    python shard_worker.py FILE_GLOB OUT_JSON POLICY [POLICY ...]
+    python shard_worker.py FILE_GLOB POLICY [POLICY ...] OUT_JSON
 """
 
 from __future__ import annotations
@@ -43,4 +43,4 @@ def main(pattern: str, out: str, policies: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[-1], sys.argv[2:-1])  # PATTERN POLICY... OUT_JSON

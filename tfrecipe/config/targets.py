@@ -41,9 +41,17 @@ def _resolve_relative(module: str, node: ast.ImportFrom, is_package: bool) -> st
     return ".".join([*base, node.module] if node.module else base)
 
 
+def _package_dir(module: str) -> Path | None:
+    """The folder of package `module` on `sys.path` (None: not a package)."""
+    for entry in sys.path:
+        folder = Path(entry or ".").joinpath(*module.split("."))
+        if (folder / "__init__.py").is_file():
+            return folder
+    return None
+
+
 def _is_package(module: str) -> bool:
-    parts = module.split(".")
-    return any(Path(e or ".").joinpath(*parts, "__init__.py").is_file() for e in sys.path)
+    return _package_dir(module) is not None
 
 
 def find_definition(target: str, _depth: int = 0) -> ast.FunctionDef | ast.ClassDef:
@@ -140,12 +148,10 @@ def _is_mark(decorator: ast.expr) -> bool:
 
 
 def _package_modules(package: str) -> list[str]:
-    parts = package.split(".")
-    for entry in sys.path:
-        folder = Path(entry or ".").joinpath(*parts)
-        if (folder / "__init__.py").is_file():
-            return [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem[0] != "_"]
-    raise Unresolvable(f"package {package!r} not found")
+    folder = _package_dir(package)
+    if folder is None:
+        raise Unresolvable(f"package {package!r} not found")
+    return [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem[0] != "_"]
 
 
 def _reexports(package: str) -> dict[str, str]:

@@ -170,8 +170,8 @@ class _Reader:
 
     def _convert(self, table, file, batch, rows, encoded: bool):
         features = {}
+        allow_missing = self.columns.allow_missing
         for name in self.columns.numeric:  # a bad cell: ValueError, marked by chunks()
-            allow_missing = self.columns.allow_missing
             features[name] = table_stats.numbers(table, file, batch, rows, name, allow_missing)
         for name in self.columns.categorical:
             column = batch.column(name).cast("binary")  # bytes: TensorFlow takes them as they are
