@@ -229,6 +229,20 @@ def test_a_failure_while_building_the_model_leaves_a_failed_summary(cli, tmp_pat
     assert "OOM when allocating" in (run_dir / "traceback.txt").read_text()
 
 
+def test_a_run_ends_when_a_users_thread_pool_was_never_shut_down(cli, tmp_path):
+    """The process ends as the interpreter would: the pool's queued work done, its idle worker
+    stopped (the fast exit once joined that thread first and waited forever)."""
+    run_dir, epochs = tmp_path / "run", tmp_path / "epochs.jsonl"
+    result = cli(
+        *TINY, "+callbacks.extra.pool._target_=tests.helpers.pooled_callback.PooledCallback",
+        f"+callbacks.extra.pool.path={epochs}", "allowed_targets=[tests.helpers]",
+        f"hydra.run.dir={run_dir}", env=USER_ENV, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads(line)["epoch"] for line in epochs.read_text().splitlines()] == [0, 1]
+    assert _summary(run_dir)["status"] == "completed"
+
+
 def test_a_rerun_whose_only_backup_is_unreadable_ends_failed_not_running(cli, tmp_path):
     run_dir = tmp_path / "run"
     backup = run_dir / "backup"
