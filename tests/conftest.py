@@ -67,15 +67,32 @@ def train_run(tmp_path, compose_cfg):
     return _train
 
 
-@pytest.fixture
-def cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
-    """cli(*args, cwd=tmp_path, env=None): runs `python -m tfrecipe ARGS` in a real process."""
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    """The fork server that runs the `cli` fixture's commands (tests/helpers/zygote.py)."""
+    from tests.helpers.zygote import Zygote
 
-    def _cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
+    server = Zygote.start(tmp_path_factory.mktemp("zygote"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cli(tmp_path, zygote) -> Callable[..., subprocess.CompletedProcess]:
+    """cli(*args, cwd=tmp_path, env=None, fresh=False): runs `python -m tfrecipe ARGS` in its own
+    process, forked from one that imported TensorFlow already (tests/helpers/zygote.py), or in a
+    new interpreter where `env` changes what those imports read, or with `fresh=True`."""
+    from tests.helpers.zygote import import_sensitive
+
+    def _cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300,
+             fresh: bool = False):  # fmt: skip
+        full_env = {**os.environ, **(env or {})}
+        if not fresh and not import_sensitive(full_env, zygote.env):
+            return zygote.run(list(args), cwd=cwd or tmp_path, env=full_env, timeout=timeout)
         return subprocess.run(
             [sys.executable, "-m", "tfrecipe", *args],
             cwd=cwd or tmp_path,
-            env={**os.environ, **(env or {})},
+            env=full_env,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -1,6 +1,7 @@
 """Strategy equivalence, run the way users run it: with the same seed, data order and global
 batch, every synchronous strategy, with either loop, ends a 20-step run with the same training
-and test loss (within 1e-4 relative), each run a separate `python -m tfrecipe` process.
+and test loss (within 1e-4 relative), each run a separate `python -m tfrecipe` process (forked
+from one that imported TensorFlow: tests/helpers/zygote.py).
 
 default, one_device, mirrored and central_storage (2 logical CPUs) are one process each;
 multi_worker_mirrored trains on 2 real worker processes (cluster=local). All ten runs start at
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,21 +54,14 @@ RELATIVE = 1e-4
 TIMEOUT_S = 600  # ten TensorFlow processes (fourteen with the workers) on a shared CI machine
 
 
-def _start(strategy: str, loop: str, run_dir: Path, cwd: Path):
+def _start(strategy: str, loop: str, run_dir: Path, cwd: Path, zygote):
     args = [f"strategy={strategy}", *STRATEGIES[strategy], f"loop={loop}", *SAME_WORK,
             f"hydra.run.dir={run_dir}"]  # fmt: skip
     if strategy == "multi_worker_mirrored":  # records the workers, to check none is left
         scratch = cwd / "tmp"
         scratch.mkdir(exist_ok=True)
         return Launch(*args, cwd=cwd, env={"TMPDIR": str(scratch)})
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfrecipe", *args],
-        cwd=cwd,
-        env=os.environ.copy(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return zygote.spawn(args, cwd=cwd, env=dict(os.environ), timeout=TIMEOUT_S, merge_stderr=True)
 
 
 def _finish(process) -> tuple[int, str]:
@@ -78,19 +71,18 @@ def _finish(process) -> tuple[int, str]:
         assert not left, f"processes left running: {left}"
         return code, process.output
     try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-    return process.returncode, output
+        finished = process.wait()
+    except subprocess.TimeoutExpired as timeout:
+        return -9, timeout.output
+    return finished.returncode, finished.stdout
 
 
 @pytest.fixture(scope="module")
-def summaries(tmp_path_factory) -> dict[tuple[str, str], dict]:
+def summaries(tmp_path_factory, zygote) -> dict[tuple[str, str], dict]:
     """(strategy, loop) -> the run's summary.json (or its exit code and output, if it failed)."""
     root = tmp_path_factory.mktemp("equivalence")
     started = {
-        (strategy, loop): (_start(strategy, loop, root / f"{strategy}-{loop}", root))
+        (strategy, loop): _start(strategy, loop, root / f"{strategy}-{loop}", root, zygote)
         for strategy in STRATEGIES
         for loop in LOOPS
     }
