@@ -89,7 +89,6 @@ PRIVATE_NAMES = [
     ("hydra._internal.hydra", "Hydra.format_args_help", ["args_parser"]),
     # Python's, in cli/main.py `_exit_fast`: the interpreter's own first step of an exit.
     ("threading", "_shutdown", []),
-    ("atexit", "_run_exitfuncs", []),
 ]
 
 
