@@ -191,6 +191,31 @@ def test_resuming_with_another_dataset_or_model_is_refused_naming_the_keys(cli, 
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "summary.json"]
 
 
+def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_batch_is_kept(
+    cli, tmp_path
+):
+    """Two replicas at 16 examples each, preempted after step 2; one replica would read from
+    step x 16 instead of step x 32 (the config unchanged but for the allowed strategy)."""
+    run_dir = tmp_path / "run"
+    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+            "+callbacks.extra.stop.step=2", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    common = [*TINY, "batching.steps_per_execution=1", *stop, f"hydra.run.dir={run_dir}"]
+    first = cli("strategy=mirrored", "strategy.logical_cpus=2", *common, env=USER_ENV)
+    assert first.returncode == 75, first.stderr[-3000:]
+    saved = _summary(run_dir)["steps_completed"]
+
+    moved = ["strategy=default", "resume_allow_changes=[strategy]", *common]
+    line = _one_line_refusal(cli(*moved, env=USER_ENV), "num_replicas=1: ")
+    assert "trained on 2 replicas at a global batch of 32" in line, line
+    assert line.endswith("batching=global batching.global_batch_size=32"), line
+
+    kept = cli(*moved, "batching=global", "batching.global_batch_size=32",
+               "resume_allow_changes=[strategy,batching]", env=USER_ENV)  # fmt: skip
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    summary = _summary(run_dir)
+    assert (summary["resumed_from_step"], summary["global_batch_size"]) == (saved, 32)
+
+
 def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
     from tfrecipe.config.changes import check_resume_unchanged
     from tfrecipe.config.compose import compose

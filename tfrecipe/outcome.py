@@ -52,6 +52,22 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
         )
 
 
+def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -> None:
+    """Refuses to continue a run at another global batch than it trained at: another number
+    of workers or GPUs with `batching=per_replica` (the config itself unchanged) would read the
+    input from another position than the backup's step says, at another learning rate."""
+    previous = rundir.read_summary(run_dir) or {}
+    saved, replicas = previous.get("global_batch_size"), previous.get("num_replicas")
+    if not previous.get("steps_completed") or saved in (None, global_batch):
+        return  # nothing trained yet, or the same batch
+    raise ConfigError(
+        f"num_replicas={num_replicas}: hydra.run.dir={run_dir} holds a run trained on "
+        f"{replicas} replicas at a global batch of {saved}, and this start's global batch "
+        f"would be {global_batch}; resume it on {replicas} replicas, or keep its batch with "
+        f"batching=global batching.global_batch_size={saved}"
+    )
+
+
 # What a run writes into its dir besides summary.json (written first): a dir holding one of these
 # without a summary.json is not a tfrecipe run's, and its files are not tfrecipe's to replace.
 RUN_FILES = (

@@ -35,7 +35,12 @@ from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
-from tfrecipe.outcome import BACKUP_DIR, TrainingError, ensure_fresh_run_dir
+from tfrecipe.outcome import (
+    BACKUP_DIR,
+    TrainingError,
+    check_resume_batch,
+    ensure_fresh_run_dir,
+)
 from tfrecipe.precision import set_precision
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
@@ -186,6 +191,9 @@ def _train_steps(
     )
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
+    check_resume_batch(
+        dirs.shared_run_dir, global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync
+    )
     splits, steps_per_epoch = data.load_data(run, global_batch, stats_cache=dirs.stats_cache())
     model = models.build_model(run, strategy, splits, steps_per_epoch, global_batch)
     models.check_export_formats(run.export.formats, model)  # before training, not after it
