@@ -180,10 +180,11 @@ def _become_the_command(request: dict, base_path: list[str]) -> None:
     `__main__`; the interpreter exits as it would (exit code, traceback, atexit)."""
     import runpy
 
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(stdin, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        stream = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    streams = ((0, os.devnull, os.O_RDONLY),
+               (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+               (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # fmt: skip
+    for fd, path, flags in streams:
+        stream = os.open(path, flags, 0o600)
         os.dup2(stream, fd)
         os.close(stream)
     os.chdir(request["cwd"])
