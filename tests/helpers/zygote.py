@@ -63,7 +63,7 @@ class Zygote:
             process = subprocess.Popen(
                 [sys.executable, __file__, address],
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # closed when the test process ends: the server ends too
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
@@ -74,6 +74,7 @@ class Zygote:
         return cls(process, address, env)
 
     def stop(self) -> None:
+        self.process.stdin.close()
         self.process.kill()
         self.process.wait()
 
@@ -130,7 +131,7 @@ def _read(path: Path) -> str:
 # --- the server -------------------------------------------------------------------------------
 def serve(address: str) -> None:
     """Imports PRELOAD, then forks a handler per request, which forks the command and waits for
-    it: requests run side by side, the server itself only accepts."""
+    it: requests run side by side, the server itself only accepts, until its stdin closes."""
     for name in PRELOAD:
         __import__(name)
     base_path = [p for p in sys.path[1:] if p not in _pythonpath(os.environ)]
@@ -140,6 +141,9 @@ def serve(address: str) -> None:
         listener.listen()
         print("ready", flush=True)
         while True:
+            ready, _, _ = select.select([listener, sys.stdin], [], [])
+            if sys.stdin in ready:  # end of file: the test process is gone
+                return
             conn, _ = listener.accept()
             if os.fork() == 0:
                 listener.close()
