@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.distribute import cluster, launcher
 from tfrecipe.errors import ConfigError
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_cli import assert_refused
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.errors import ConfigError
 from tfrecipe.models.export import export_saved_model
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO, TINY
 
+from tests.helpers.configs import validate
 from tfrecipe.cli.main import main
-from tfrecipe.config.schema import validate
 from tfrecipe.errors import ConfigError
 
 pytest.importorskip("onnxruntime", reason="the export extra: pip install 'tfrecipe[export]'")

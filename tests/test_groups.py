@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, TINY
 from omegaconf import OmegaConf
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.train import TrainingError
 
 CONF = REPO / "conf"

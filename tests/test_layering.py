@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.errors",
         "tfrecipe.compat",
         "tfrecipe.config.command_line",
+        "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
         "tfrecipe.config.targets",
         "tfrecipe.config.__init__",

@@ -24,6 +24,7 @@ from tfrecipe import compat, factory, optim, rundir, signature, tasks
 from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.config.changes import check_resume_unchanged
+from tfrecipe.config.trust import Trust
 from tfrecipe.data import table_stream
 from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
@@ -72,14 +73,21 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
         compat.disable_op_determinism()
 
 
-def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
+def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -> dict[str, Any]:
     """Trains as `cfg` says; writes the run directory; returns the summary (summary.json).
+
+    Args:
+      cfg: the composed config (`tfrecipe.compose(overrides)`).
+      run_dir: where the run writes.
+      trust: what may grant code (`allowed_targets`): `Trust.from_command_line(overrides)` for
+        the overrides you composed with; None: what this process's command line granted (a
+        sweep's job inherits its sweep's), which in a plain Python process is nothing.
 
     Raises:
       ConfigError: the configuration is invalid (nothing has been written).
       TrainingError: training failed (summary.json says "failed").
     """
-    run = schema.validate(cfg)
+    run = schema.validate(cfg, trust=trust or Trust.of_this_process())
     task = _join_cluster(run)
     if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
         return _evaluate_checkpoints(run, Path(run_dir))

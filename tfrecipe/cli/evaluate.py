@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe import factory, rundir
 from tfrecipe.config import schema
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
 
 
@@ -42,7 +42,7 @@ def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
             f"evaluate: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
         ) from None
     # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
-    return schema.validate(cfg, command_line=CommandLine.parse(overrides))
+    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 
 
 def _first_line(error: BaseException) -> str:

@@ -64,6 +64,7 @@ def _run_config(run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from tfrecipe.config import schema
+    from tfrecipe.config.trust import Trust
 
     bad = [o for o in overrides if "=" not in o]
     if bad:
@@ -71,7 +72,8 @@ def _run_config(run_dir: Path, overrides: list[str]):
     cfg = OmegaConf.merge(
         OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(overrides)
     )
-    return schema.validate(cfg)
+    # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
+    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 
 
 def _export(options, run, run_files) -> dict:

@@ -52,7 +52,7 @@ def _precheck(argv: list[str]) -> list[str]:
     from hydra._internal.utils import get_args_parser
     from hydra.types import RunMode
 
-    from tfrecipe.config.command_line import CommandLine
+    from tfrecipe.config.trust import Trust
 
     args = get_args_parser().parse_args(argv)
     _refuse_rerun(args)
@@ -60,10 +60,13 @@ def _precheck(argv: list[str]) -> list[str]:
     custom_config = args.config_path or args.config_dir or args.config_name
     if informational:
         return argv  # Hydra answers these
-    command_line = CommandLine.parse(args.overrides)
+    trust = Trust.from_command_line(args.overrides)
+    # This process's jobs (and a sweep's, in other processes) validate with it: nothing else
+    # they read grants anything (tfrecipe/config/trust.py).
+    os.environ.update(trust.environ())
     if args.multirun or custom_config:
-        _check_hydra_configs(args, command_line)
-        return argv  # sweep jobs and a user's config dir validate themselves
+        _check_hydra_configs(args, trust)
+        return argv  # each job validates itself again, with this trust
 
     from omegaconf import OmegaConf
 
@@ -73,11 +76,11 @@ def _precheck(argv: list[str]) -> list[str]:
 
     cfg = compose(args.overrides, return_hydra_config=True)
     if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:  # a config file asks for a sweep
-        _check_hydra_configs(args, command_line)
+        _check_hydra_configs(args, trust)
         return argv
     from tfrecipe.distribute.cluster import check_environment, is_chief_process
 
-    run = validate(cfg, command_line=command_line)
+    run = validate(cfg, trust=trust)
     _Invocation.cluster = run.cluster
     check_environment(_Invocation.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     configured = OmegaConf.select(cfg, "hydra.run.dir")
@@ -122,7 +125,7 @@ def _refuse_rerun(args) -> None:
         )
 
 
-def _check_hydra_configs(args, command_line) -> None:
+def _check_hydra_configs(args, trust) -> None:
     """Checks the sweep's own config and every job's, as a single run's config is checked
     (`config_problems`), before Hydra configures logging, instantiates its sweeper, launcher or
     callbacks, or starts a job. Each job validates the rest of its config itself."""
@@ -138,9 +141,7 @@ def _check_hydra_configs(args, command_line) -> None:
             container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
         except Exception:  # the job reports its own bad interpolation; check what is written
             container = OmegaConf.to_container(job, resolve=False)
-        found = config_problems(
-            container, cfg.hydra, command_line=command_line, output_dir=output_dir
-        )
+        found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
         problems += [p for p in found if p not in problems]
     if problems:
         raise ConfigError(problems)
@@ -198,9 +199,10 @@ def _task(cfg) -> dict:
         stop_if_signalled()
         discover_devices()  # imports TensorFlow: seconds
         stop_if_signalled()
+        from tfrecipe.config.trust import Trust
         from tfrecipe.train import train
 
-        summary = train(cfg, run_dir=run_dir)
+        summary = train(cfg, run_dir=run_dir, trust=Trust.of_this_process())
     except Preempted as preempted:
         _mark_preempted(run_dir, preempted)  # when it came before train() could
         log.warning("%s\nrun dir: %s", preempted, run_dir)

@@ -28,8 +28,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
-from tfrecipe.config.command_line import CommandLine
 from tfrecipe.config.secrets import looks_secret
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 
 # Hydra's logging config goes to logging.config.dictConfig, which imports `class` and calls `()`.
@@ -83,7 +83,7 @@ def hydra_problems(
     node: DictConfig,
     *,
     allowed: Iterable[str] = (),
-    command_line: CommandLine | None = None,
+    trust: Trust,
     output_dir: Path | None = None,
 ) -> list[Problem]:
     """What Hydra would import, call, write or export from its own node (`hydra.*`).
@@ -91,7 +91,7 @@ def hydra_problems(
     Args:
       node: the composed config's `hydra` node.
       allowed: the usable `allowed_targets` entries (granted, none refused).
-      command_line: what the user typed; None: the caller vouches for the whole config.
+      trust: what this invocation's command line grants (launcher shell settings).
       output_dir: the job's directory (`hydra.runtime.output_dir`); None: `hydra.run.dir`.
     """
     from tfrecipe.config.instantiate import target_problems
@@ -110,9 +110,8 @@ def hydra_problems(
     sweeper = hydra.get("sweeper") or {}
     problems += _storage_problems(sweeper.get("storage"))
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
-    if command_line is not None:
-        launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
-        problems += _launcher_shell_problems(launcher, command_line)
+    launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
+    problems += _launcher_shell_problems(launcher, trust)
     return problems
 
 
@@ -340,16 +339,14 @@ def _search_space_problems(search_space: Any, allowed: Iterable[str]) -> list[Pr
     ]
 
 
-def _launcher_shell_problems(
-    launcher: Mapping[str, Any], command_line: CommandLine
-) -> list[Problem]:
+def _launcher_shell_problems(launcher: Mapping[str, Any], trust: Trust) -> list[Problem]:
     """A launcher's shell settings, each value as written (before interpolation), must be the
     command line's: a recipe cannot know your cluster, and must not run commands on it."""
     problems = []
     for name in LAUNCHER_SHELL_KEYS:
         key = f"hydra.launcher.{name}"
         for path, value in _leaves(launcher.get(name), key):
-            if not command_line.gave(path, value):
+            if not trust.gave(path, value):
                 problems.append(
                     Problem(
                         path,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from tfrecipe.config.checks import config_problems
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.trust import Trust
 from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.errors import ConfigError, Problem
 
@@ -479,14 +479,14 @@ class RunConfig(_Schema):
         raise PydanticCustomError("print_config", "expected auto, true or false")
 
 
-def validate(cfg: DictConfig, *, command_line: CommandLine | None = None) -> RunConfig:
+def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
     """Checks the composed config; returns it typed or raises `ConfigError` with every problem.
     A config composed with Hydra's node (`hydra.*`) has that node checked too.
 
     Args:
       cfg: the composed config.
-      command_line: what the user typed (`allowed_targets` counts only where it gives it); None:
-        the caller vouches for the config (Python code, a job its launcher checked).
+      trust: what this invocation's command line grants (`allowed_targets` counts only where
+        it gives it; `Trust.NOTHING` grants nothing: a config read from a file).
     """
     cfg_hydra = cfg.hydra if "hydra" in cfg else None
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
@@ -497,7 +497,7 @@ def validate(cfg: DictConfig, *, command_line: CommandLine | None = None) -> Run
     except Exception as error:  # an interpolation that cannot be resolved
         key = getattr(error, "full_key", "")
         raise ConfigError(Problem(key, hint=str(error)) if key else str(error)) from None
-    allow_list = config_problems(container, cfg_hydra, command_line=command_line)
+    allow_list = config_problems(container, cfg_hydra, trust=trust)
     try:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
