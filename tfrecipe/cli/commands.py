@@ -218,9 +218,12 @@ VALIDATED = (
 
 
 def validate(args: list[str]) -> None:
+    from hydra.types import RunMode
+
     from tfrecipe.config.schema import validate as validate_schema
 
-    recipe, overrides = _split(args)
+    sweeping = any(a in ("-m", "--multirun") for a in args)
+    recipe, overrides = _split([a for a in args if a not in ("-m", "--multirun")])
     # With Hydra's node: what Hydra itself would instantiate is checked too.
     cfg = configs.compose([*recipe, *overrides], return_hydra_config=True)
     problems = []
@@ -231,10 +234,23 @@ def validate(args: list[str]) -> None:
         problems += error.problems
     reported = {p.slot for p in problems}
     problems += [p for p in target_problems(cfg, trust) if p.slot not in reported]
+    if sweeping or OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:
+        problems += [p for p in _sweep_problems(recipe, overrides, trust) if p not in problems]
     if problems:
         raise ConfigError(problems)
     print(f"valid: {' '.join(args) or 'the default config'}")
     print(f"  {VALIDATED}")
+
+
+def _sweep_problems(recipe: list[str], overrides: list[str], trust: Trust) -> list[Problem]:
+    """Every job of the sweep these arguments start, checked as the run checks them."""
+    from hydra._internal.utils import get_args_parser
+
+    from tfrecipe.cli.sweeps import sweep_problems
+
+    configs.register_recipes()
+    args = get_args_parser().parse_args(["-m", *recipe, *overrides])
+    return sweep_problems(args, trust, validate)
 
 
 def evaluate(args: list[str]) -> None:

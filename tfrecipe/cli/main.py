@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tfrecipe.errors import ConfigError, DataError, Problem
+from tfrecipe.errors import ConfigError, DataError
 from tfrecipe.outcome import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
@@ -126,23 +126,11 @@ def _refuse_rerun(args) -> None:
 
 
 def _check_hydra_configs(args, trust) -> None:
-    """Checks the sweep's own config and every job's, as a single run's config is checked
-    (`config_problems`), before Hydra configures logging, instantiates its sweeper, launcher or
-    callbacks, or starts a job. Each job validates the rest of its config itself."""
-    from omegaconf import OmegaConf
+    """Checks the sweep's own config and every job's (`sweeps.sweep_problems`) before Hydra
+    configures logging, instantiates its sweeper, launcher or callbacks, or starts a job."""
+    from tfrecipe.cli.sweeps import sweep_problems
 
-    from tfrecipe.cli.sweeps import hydra_configs
-    from tfrecipe.config.checks import config_problems
-
-    problems: list[Problem] = []
-    for cfg, output_dir in hydra_configs(args, _task):
-        job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-        try:
-            container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
-        except Exception:  # the job reports its own bad interpolation; check what is written
-            container = OmegaConf.to_container(job, resolve=False)
-        found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
-        problems += [p for p in found if p not in problems]
+    problems = sweep_problems(args, trust, _task)
     if problems:
         raise ConfigError(problems)
 
@@ -469,7 +457,7 @@ def _mark_preempted(run_dir: Path, stopped: Exception) -> None:
 def _run_hydra(argv: list[str]) -> None:
     import hydra
 
-    from tfrecipe.config.compose import config_dir, recipe_file_overrides, register_recipes
+    from tfrecipe.config.compose import config_dir, register_recipes
 
     register_recipes()
     if _answered_help(argv):
@@ -477,6 +465,20 @@ def _run_hydra(argv: list[str]) -> None:
     hydra_main = hydra.main(
         config_path=str(config_dir()), config_name="config", version_base="1.3"
     )(_task)
+    from tfrecipe.config.trust import TRUST_ENV
+
+    inherited = os.environ.pop(TRUST_ENV, None)  # this process's own command line decides
+    try:
+        _run_hydra_job(argv, hydra_main)
+    finally:  # in-process callers (tests, notebooks) keep their environment as it was
+        os.environ.pop(TRUST_ENV, None)
+        if inherited is not None:
+            os.environ[TRUST_ENV] = inherited
+
+
+def _run_hydra_job(argv: list[str], hydra_main) -> None:
+    from tfrecipe.config.compose import recipe_file_overrides
+
     sys.argv = [sys.argv[0], *_precheck(recipe_file_overrides(argv))]
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
         from tfrecipe.distribute.launcher import run_local_cluster

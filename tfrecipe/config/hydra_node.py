@@ -108,6 +108,7 @@ def hydra_problems(
     job = hydra.get("job") or {}
     problems += _env_set_problems(job) + _env_copy_problems(job)
     sweeper = hydra.get("sweeper") or {}
+    problems += _sweeper_key_problems(sweeper)
     problems += _storage_problems(sweeper.get("storage"))
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
     launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
@@ -306,6 +307,49 @@ def _env_copy_problems(job: Mapping[str, Any]) -> list[Problem]:
 
 
 # --- sweeper and launcher -------------------------------------------------------------------------
+# What each sweeper tfrecipe checks passes to its jobs, by key. A job's values come from
+# `params` (and optuna's older `search_space`), which the pre-check expands job by job
+# (tfrecipe/cli/sweeps.py); another sweeper, or another key, could hand a job values nothing
+# checked, so it is refused.
+_OPTUNA_KEYS = (
+    "_target_ sampler direction storage study_name n_trials n_jobs max_failure_rate "
+    "search_space custom_search_space params"
+)
+SWEEPER_KEYS = {
+    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper": frozenset(
+        {"_target_", "max_batch_size", "params"}
+    ),
+    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": frozenset(
+        _OPTUNA_KEYS.split()
+    ),
+}
+
+
+def _sweeper_key_problems(sweeper: Mapping[str, Any]) -> list[Problem]:
+    target = sweeper.get("_target_")
+    if target is None:
+        return []
+    keys = SWEEPER_KEYS.get(target)
+    if keys is None:
+        return [
+            Problem(
+                "hydra.sweeper._target_",
+                target,
+                "tfrecipe cannot check the values this sweeper hands its jobs; use "
+                "hydra/sweeper=basic (the default) or hydra/sweeper=optuna",
+            )
+        ]
+    return [
+        Problem(
+            f"hydra.sweeper.{key}",
+            hint=f"not a key of {target.rpartition('.')[2]} that tfrecipe checks; expected one "
+            f"of {', '.join(sorted(keys - {'_target_'}))}",
+        )
+        for key in sweeper
+        if key not in keys
+    ]
+
+
 def _storage_problems(storage: Any) -> list[Problem]:
     """The optuna sweeper's `storage`: an sqlite file (created or opened where the config says,
     like `hydra.sweep.dir`) or none; a database server would receive every trial's parameters
