@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tfrecipe import rundir
+from tfrecipe import files, rundir
 from tfrecipe.errors import ConfigError
 
 EXIT_TRAINING = 1  # training failed: summary.json says "failed"
@@ -79,6 +79,14 @@ RUN_FILES = (
     "best.weights.h5",
     "traceback.txt",
     "evaluation.json",
+    "signature.json",
+    "data_stats.json",
+    "saved_model",
+    "model.onnx",
+    "model.tflite",
+    "exports",
+    "backup",
+    ".hydra",
 )
 
 
@@ -92,7 +100,7 @@ def _check_is_a_run_dir(run_dir: Path) -> None:
             "there completed is unknown (nothing is overwritten); repair or move it, or choose "
             "another hydra.run.dir"
         )
-    if summary.exists() or not run_dir.is_dir():
+    if summary.exists() or (run_dir / files.MANIFEST).is_file() or not run_dir.is_dir():
         return
     theirs = [name for name in RUN_FILES if (run_dir / name).exists()]
     if theirs:

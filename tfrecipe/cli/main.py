@@ -272,7 +272,7 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
     before training writes one) in summary.json, so a sweep's failed job is visible."""
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.distribute.cluster import is_chief_process
-    from tfrecipe.rundir import SUMMARY, in_use_by_another, write_summary
+    from tfrecipe.rundir import SUMMARY, atomic_write, in_use_by_another, write_summary
 
     if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
         log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)
@@ -290,7 +290,7 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
                 write_summary(run_dir, {"status": "failed", "error": str(error)})
         return
     with contextlib.suppress(OSError):  # a full disk: summary.json says so, in its reserve
-        (run_dir / "traceback.txt").write_text(redact_text(traceback.format_exc()))
+        atomic_write(run_dir / "traceback.txt", redact_text(traceback.format_exc()))
     from tfrecipe.fault.disk import error_text
 
     cause = error if isinstance(error, TrainingError) else error_text(error, run_dir)

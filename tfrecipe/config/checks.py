@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from tfrecipe.config.doors import command_line_only_problems
 from tfrecipe.config.hydra_node import hydra_problems
 from tfrecipe.config.instantiate import allowed_prefix_problem, target_problems
 from tfrecipe.config.trust import Trust
@@ -39,6 +40,7 @@ def config_problems(
     usable = [e for e in allowed if not allowed_prefix_problem(e, trust=trust)]
     refused = [e for e in allowed if e not in usable]
     problems += target_problems(container, allowed=usable, refused=refused)
+    problems += command_line_only_problems(container, trust=trust)
     if hydra is not None:
         problems += hydra_problems(hydra, allowed=usable, trust=trust, output_dir=output_dir)
     return problems

@@ -397,7 +397,6 @@ def load_cached(path: Path, key: str) -> TableStats | None:
 
 def save(path: Path, key: str, stats: TableStats) -> None:
     """Written whole or not at all (a temporary file renamed), so a reader never sees half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"fingerprint": key, "stats": stats.to_json()}))
-    tmp.replace(path)
+    from tfrecipe import files
+
+    files.write_atomic(path, json.dumps({"fingerprint": key, "stats": stats.to_json()}))
