@@ -39,7 +39,7 @@ def own_dir(run_dir: Path, *, adopt: bool = False) -> None:
     """Makes `run_dir` a dir this process writes; its manifest is made with the first file.
     `adopt`: the files already there become the run's (a run dir of a version that kept no
     manifest)."""
-    run_dir = Path(os.path.abspath(run_dir))
+    run_dir = _absolute(run_dir)
     _held.add(run_dir)
     manifest = run_dir / MANIFEST
     if manifest.is_symlink() or (manifest.exists() and not manifest.is_file()):
@@ -48,8 +48,12 @@ def own_dir(run_dir: Path, *, adopt: bool = False) -> None:
         _append(manifest, sorted(_entries(run_dir)))
 
 
+def is_held(run_dir: Path) -> bool:
+    return _absolute(run_dir) in _held
+
+
 def release_dir(run_dir: Path) -> None:
-    _held.discard(Path(os.path.abspath(run_dir)))
+    _held.discard(_absolute(run_dir))
 
 
 def owned(run_dir: Path) -> set[str]:
@@ -61,7 +65,7 @@ def owned(run_dir: Path) -> set[str]:
 
 
 def is_owned(path: Path, run_dir: Path) -> bool:
-    relative = Path(os.path.abspath(path)).relative_to(Path(os.path.abspath(run_dir)))
+    relative = _absolute(path).relative_to(_absolute(run_dir))
     names = owned(run_dir)
     return any(str(Path(*relative.parts[:n])) in names for n in range(1, len(relative.parts) + 1))
 
@@ -91,7 +95,7 @@ def replace_with(path: Path) -> Iterator[Path]:
     writers that insist on a suffix accept it): inside a scratch folder made exclusively (mode
     0700) beside `path`. On success it is renamed into place (an existing folder is replaced
     only once the new one is whole); on failure nothing is left."""
-    path = Path(os.path.abspath(path))
+    path = _absolute(path)
     root = check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
@@ -123,7 +127,7 @@ def put(written: Path, path: Path, *, _checked=_UNCHECKED) -> None:
 def check_writable(path: Path) -> Path | None:
     """Refuses a write to `path` that would follow a link or replace what is not the run's;
     returns the held run dir `path` is in (None: none)."""
-    path = Path(os.path.abspath(path))
+    path = _absolute(path)
     if path.is_symlink():
         raise NotOurs(f"{path}: a symbolic link; tfrecipe does not write through links")
     if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO, a device
@@ -140,7 +144,7 @@ def check_writable(path: Path) -> Path | None:
 def check_output(path: Path, *, inputs: Iterable[Path] = (), key: str = "--output") -> None:
     """An output file the user names: a new or replaceable regular file that is not one of
     `inputs` and not inside a tfrecipe run dir (another run's files are that run's)."""
-    path = Path(os.path.abspath(path))
+    path = _absolute(path)
     if path.is_symlink():
         raise NotOurs(f"{key}={path}: a symbolic link; name the file itself")
     if path.is_dir():
@@ -148,7 +152,7 @@ def check_output(path: Path, *, inputs: Iterable[Path] = (), key: str = "--outpu
     if path.exists() and not path.is_file():
         raise NotOurs(f"{key}={path}: not a regular file")
     for given in inputs:
-        given = Path(os.path.abspath(given))
+        given = _absolute(given)
         same = path.exists() and given.exists() and os.path.samefile(path, given)
         if same or path == given or (given.is_dir() and path.is_relative_to(given)):
             raise NotOurs(f"{key}={path}: is an input of this command ({given}); name a new file")
@@ -158,6 +162,12 @@ def check_output(path: Path, *, inputs: Iterable[Path] = (), key: str = "--outpu
                 f"{key}={path}: inside the run dir {folder}, whose files are that run's; write "
                 "the output elsewhere"
             )
+
+
+def _absolute(path: Path) -> Path:
+    """`path` with its folders' links resolved, its own name kept (a link there is refused)."""
+    path = Path(path)
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def _entries(run_dir: Path) -> list[str]:

@@ -86,7 +86,6 @@ RUN_FILES = (
     "model.tflite",
     "exports",
     "backup",
-    ".hydra",
 )
 
 

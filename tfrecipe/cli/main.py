@@ -99,6 +99,7 @@ def _precheck(argv: list[str]) -> list[str]:
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
+    _claim_hydra_files(run_dir)
     if is_chief_process():
         from tfrecipe.config.changes import check_resume_unchanged
         from tfrecipe.rundir import public_config
@@ -112,6 +113,22 @@ def _precheck(argv: list[str]) -> list[str]:
     stop_if_signalled()  # a signal while it started: recorded in the run dir now held
     # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
+
+
+def _claim_hydra_files(run_dir: Path) -> None:
+    """Hydra writes `.hydra/` into the run dir next: one the user put there (no run's files
+    beside it) is refused; otherwise it becomes the run's own (tfrecipe/files.py's manifest)."""
+    from tfrecipe import files
+
+    hydra_files = run_dir / ".hydra"
+    ours = any((run_dir / marker).exists() for marker in files.RUN_MARKERS)
+    if hydra_files.exists() and not ours:
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: holds .hydra/ but no summary.json, so it is not a tfrecipe "
+            "run dir and Hydra would overwrite it; choose a new or empty hydra.run.dir"
+        )
+    if files.is_held(run_dir):
+        files.claim(run_dir, [".hydra"])
 
 
 def _refuse_rerun(args) -> None:
