@@ -260,10 +260,11 @@ def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(
     be written leads nowhere."""
     new = tmp_path / "new.csv"
     _new_rows(new, 5)
+    (tmp_path / "folder.csv").mkdir()
     before = new.read_bytes()
     history = (customers_run / "history.csv").read_bytes()
     for output, named in [(new, "input"), (customers_run / "history.csv", "run"),
-                          (tmp_path, "directory")]:  # fmt: skip
+                          (tmp_path / "folder.csv", "directory")]:  # fmt: skip
         assert named in _refused(capsys, str(customers_run), str(new), "-o", str(output))
     assert new.read_bytes() == before
     assert (customers_run / "history.csv").read_bytes() == history
