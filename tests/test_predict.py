@@ -273,4 +273,4 @@ def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(
     (tmp_path / ".scores.csv.partial").symlink_to(victim)
     main(["predict", str(customers_run), str(new), "-o", str(tmp_path / "scores.csv")])
     assert victim.read_text() == "keep"
-    assert (tmp_path / "scores.csv").read_text().startswith("customer_id")
+    assert (tmp_path / "scores.csv").read_text().startswith('"prediction"')
