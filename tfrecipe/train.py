@@ -24,7 +24,7 @@ from tfrecipe import compat, factory, optim, rundir, signature, tasks
 from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.config.changes import check_resume_unchanged
-from tfrecipe.data import table_stream
+from tfrecipe.data import fingerprint, table_stream
 from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
 from tfrecipe.distribute.strategy import build_strategy, device_kinds
@@ -189,6 +189,9 @@ def _train_steps(
     check_resume_unchanged(
         dirs.run_dir, config, resume=run.resume, allowed=run.resume_allow_changes
     )
+    if dirs.chief:  # the data it trains on: a resume on other data is refused
+        fingerprint.check_and_record(dirs.run_dir, run.dataset.model_dump(by_alias=True),
+                                     allowed=run.resume_allow_changes, resume=run.resume)  # fmt: skip
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     check_resume_batch(
