@@ -251,6 +251,7 @@ def _normal_float32(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
         out[start : start + _CHUNK] = rng.normal(0.0, 1.0, size=out[start : start + _CHUNK].shape)
     return out
 
+
 # Peak memory of synthetic data over the features' size: the features, their per-split copies
 # and the tensors made from those (measured 3.46: 8,000 and 16,000 64x64x3 examples, peak RSS
 # growth / feature bytes).
@@ -317,7 +318,7 @@ def _own_cgroups(proc: Path) -> list[tuple[int, str]]:
         return [(2, "/"), (1, "/")]
     found = []
     for line in lines:
-        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
         if number == "0" and controllers == "":
             found.append((2, path or "/"))
         elif "memory" in controllers.split(","):
