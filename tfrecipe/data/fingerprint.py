@@ -168,7 +168,7 @@ def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
 
 
 def _allows(entry: str, key: str, path: str) -> bool:
-    return key == entry or key.startswith(f"{entry}.") or entry in (path, os.path.abspath(entry))
+    return key == entry or key.startswith(f"{entry}.") or path in (entry, os.path.abspath(entry))
 
 
 def check_unchanged(
@@ -215,19 +215,35 @@ def load(run_dir: Path) -> dict[str, Any] | None:
 
 
 # --- what a run calls -----------------------------------------------------------------------------
-def check_and_record(
+def check_resumed(
     run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], resume: str
-) -> None:
-    """At the start of a run (the chief): a run dir that holds a fingerprint is being resumed,
-    so its data must be the same (`check_unchanged`); then the data as it is now is recorded."""
+) -> dict[str, Any]:
+    """At the start of a run (the chief, before the data is read): a run dir that holds a
+    fingerprint is being resumed, so its data must be the same (`check_unchanged`).
+
+    Returns:
+      the fingerprint of the data as it is now, for `record` once the run dir is written.
+    """
     now = take(dataset)
     saved = load(run_dir) if resume != "never" else None
     if saved is not None:
         check_unchanged(saved, now, allowed=allowed, command=f"resume={resume}")
-    if saved != now and Path(run_dir).is_dir():
-        from tfrecipe.rundir import atomic_write
+    return now
 
-        atomic_write(Path(run_dir) / FILE, json.dumps(now, indent=1) + "\n")
+
+def record(run_dir: Path, fingerprint: Mapping[str, Any]) -> None:
+    """Keeps `fingerprint` (`check_resumed`'s) as the run's data (a change a resume allowed is
+    the run's data from now on)."""
+    from tfrecipe.rundir import atomic_write
+
+    atomic_write(Path(run_dir) / FILE, json.dumps(fingerprint, indent=1) + "\n")
+
+
+def check_and_record(
+    run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], resume: str
+) -> None:
+    """`check_resumed`, then `record` (for a run dir that exists)."""
+    record(run_dir, check_resumed(run_dir, dataset, allowed=allowed, resume=resume))
 
 
 def check_evaluated_data(run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str]):
