@@ -26,7 +26,7 @@ def _peak_bytes(fn):
     try:
         try:
             outcome = fn()
-        except Exception as error:  # noqa: BLE001 - the caller asserts on it
+        except Exception as error:  # the caller asserts on it
             outcome = error
         return outcome, tracemalloc.get_traced_memory()[1]
     finally:
@@ -132,7 +132,7 @@ def test_csv_label_ids_in_the_billions_count_no_list_and_the_head_check_refuses_
     assert splits.info.num_classes == 2_000_000_001 and peak < 64 * MB, peak
     run = schema.validate(compose_cfg("dataset=csv", f"dataset.path={path}", "dataset.label=y",
                                       "model=mlp"))  # fmt: skip
-    with pytest.raises(ConfigError, match="2000000001 classes .* of memory is available"):
+    with pytest.raises(ConfigError, match=r"2000000001 classes .* of memory is available"):
         factory.check_targets(run.dataset, splits.info, task=run.task, global_batch=32)
 
 
@@ -168,7 +168,7 @@ def test_an_integer_target_only_in_the_test_file_is_fine_for_regression(tmp_path
     tasks.check_targets(run.task, splits.info, dataset="csv")  # a number, not a class
     classify = schema.validate(compose_cfg("dataset=csv", f"dataset.path={train}",
                                            "dataset.label=y"))  # fmt: skip
-    with pytest.raises(ConfigError, match="'7' .* no training rows"):
+    with pytest.raises(ConfigError, match=r"'7' .* no training rows"):
         tasks.check_targets(classify.task, splits.info, dataset="csv")
 
 
