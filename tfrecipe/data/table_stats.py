@@ -153,9 +153,9 @@ class TableStats:
             data["label_moments"] = [Moments(**m) for m in data["label_moments"]]
             data["class_names"] = tuple(data["class_names"])
             stats = cls(**data)
+            stats.check()
         except (TypeError, KeyError, AttributeError) as error:
             raise ValueError(f"not a table's statistics ({error})") from None
-        stats.check()
         return stats
 
     def check(self) -> None:
