@@ -130,3 +130,24 @@ def test_a_run_dir_named_by_a_secret_is_refused_before_anything_is_written(cli, 
     assert len(lines) == 1 and "hydra.run.dir=" in lines[0], result.stderr[-3000:]
     assert TOKEN not in result.stderr + result.stdout
     assert not (tmp_path / "out").exists() and not list(tmp_path.rglob("hydra.yaml"))
+
+
+def test_config_yaml_and_the_trackers_config_hold_no_url_or_pwd_secret(monkeypatch, compose_cfg):
+    """The probe: DATABASE_URL's password and *_PWD, *_DSN, *PRIVATE_KEY* values reached
+    config.yaml and the W&B run file (both are `public_config`)."""
+    from tfrecipe.rundir import public_config
+
+    values = {"DATABASE_URL": "mysql://etl:Zq9-pass-77@warehouse/prod", "DB_PWD": NASTY,
+              "SENTRY_DSN": "https://abc123def456@o1.ingest/42",
+              "DEPLOY_PRIVATE_KEY": "-----BEGIN KEY-----MIIEv"}  # fmt: skip
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    cfg = compose_cfg(
+        "logger=[wandb]", "logger.wandb.notes=db ${oc.env:DATABASE_URL}",
+        "logger.wandb.name=${oc.env:DB_PWD}", "logger.wandb.group=${oc.env:SENTRY_DSN}",
+        "logger.wandb.job_type=${oc.env:DEPLOY_PRIVATE_KEY}",
+    )  # fmt: skip
+    written = json.dumps(public_config(cfg)) + OmegaConf.to_yaml(public_config(cfg))
+    for value in (*values.values(), "Zq9-pass-77", json.dumps(NASTY)[1:-1]):
+        assert value not in written, value
+    assert public_config(cfg)["logger"]["wandb"]["project"] == "tfrecipe", "other values stay"
