@@ -25,7 +25,7 @@ from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.config.changes import check_resume_unchanged
 from tfrecipe.config.trust import Trust
-from tfrecipe.data import table_stream
+from tfrecipe.data import fingerprint, table_stream
 from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
 from tfrecipe.distribute.strategy import build_strategy, device_kinds
@@ -197,6 +197,11 @@ def _train_steps(
     check_resume_unchanged(
         dirs.run_dir, config, resume=run.resume, allowed=run.resume_allow_changes
     )
+    data_files = (  # what it trains on, taken first: a resume on other data is refused
+        fingerprint.check_resumed(dirs.run_dir, run.dataset.model_dump(by_alias=True),
+                                  allowed=run.resume_allow_changes, resume=run.resume)
+        if dirs.chief else None
+    )  # fmt: skip
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     check_resume_batch(
@@ -239,6 +244,7 @@ def _train_steps(
     summary.start(config, chief=dirs.chief)
     if dirs.chief:  # what predictions need: class names, target encoding, input columns
         signature.write(dirs.run_dir, models.describe(run, splits, model))
+        fingerprint.record(dirs.run_dir, data_files)
     attempt["summary"] = summary
 
     monitors = monitoring.build_monitors(

@@ -87,7 +87,11 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
     run = _load_config(run_dir, list(overrides))
+    from tfrecipe.data.fingerprint import check_evaluated_data
     from tfrecipe.data.tabular import StatsCache
+
+    dataset = run.dataset.model_dump(by_alias=True)  # the data the run was trained on, or allowed
+    check_evaluated_data(run_dir, dataset, allowed=run.resume_allow_changes)
 
     splits = factory.load_splits(
         run.dataset,

@@ -13,7 +13,8 @@ these into code that runs, a file written outside the run dir or a secret sent e
 - `hydra.job.env_set`: the variables of `SAFE_ENV` (and those `env_copy` repeats from your own
   environment); `env_copy`: no secret's name;
 - the optuna sweeper's `storage`: an sqlite file or none; `custom_search_space`: your function;
-- a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line.
+- a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line;
+- the run and sweep dirs and the job's name: no secret (`secrets.hydra_value_problems`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
-from tfrecipe.config.secrets import looks_secret
+from tfrecipe.config.secrets import hydra_value_problems, looks_secret
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 
@@ -111,6 +112,7 @@ def hydra_problems(
     problems += _sweeper_key_problems(sweeper)
     problems += _storage_problems(sweeper.get("storage"))
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
+    problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
     launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
     problems += _launcher_shell_problems(launcher, trust)
     return problems
