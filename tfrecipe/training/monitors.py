@@ -41,10 +41,12 @@ def build_monitors(
     global_batch: int,
     start_step: int = 0,
     resuming: bool = False,
+    watchdog: keras.callbacks.Callback | None = None,
 ) -> Monitors:
     """Args:
     config: the run's public config (secrets redacted), for W&B.
     chief: this process records the run (W&B); the others train into a scratch dir.
+    watchdog: the progress watchdog (tfrecipe.fault.watchdog), when it is on.
     """
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
@@ -65,6 +67,8 @@ def build_monitors(
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
         ),
     ]
+    if watchdog is not None:
+        callbacks.append(watchdog)
     if run.optimizer.ema:  # validation scores the averaged weights, training goes on raw
         callbacks.insert(0, keras.callbacks.SwapEMAWeights())
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
