@@ -23,6 +23,7 @@ from tfrecipe.config.schema import validate
 from tfrecipe.distribute import cluster
 from tfrecipe.distribute.launcher import free_ports
 from tfrecipe.errors import ConfigError
+from tfrecipe.outcome import EXIT_STALLED, EXIT_TRAINING
 
 MANIFESTS = ["k8s_multi_worker.yaml", "k8s_parameter_server.yaml"]
 
@@ -112,21 +113,23 @@ def test_a_chief_and_an_evaluator_follow_tf_configs_rules():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({cluster.K8S_INDEX: None}, "JOB_COMPLETION_INDEX=None: expected 0..1"),
+        ({cluster.K8S_INDEX: None}, "cluster=k8s: JOB_COMPLETION_INDEX=None: expected 0..1"),
         ({cluster.K8S_INDEX: "2"}, "JOB_COMPLETION_INDEX=2 is past the Job's 2 pods"),
         ({cluster.K8S_REPLICAS: "workers=2"}, "TFRECIPE_K8S_REPLICAS='workers=2': expected"),
         ({cluster.K8S_REPLICAS: "ps=1"}, "has no worker"),
         ({cluster.K8S_SERVICE: "My_Service"}, "TFRECIPE_K8S_SERVICE='My_Service': expected a"),
         ({cluster.K8S_PORT: "80"}, "TFRECIPE_K8S_PORT=80: expected a TCP port 1024..65535"),
         ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'},
-         "TF_CONFIG is already set to another cluster"),
+         "cluster=k8s: TF_CONFIG is already set to another cluster"),
+        ({cluster.K8S_REPLICAS: "worker=2,evaluator=1"},
+         "cluster.evaluator=false: TFRECIPE_K8S_REPLICAS=worker=2,evaluator=1 has 1 evaluator"),
     ],
 )  # fmt: skip
 def test_a_bad_job_environment_is_one_line_naming_the_variable(change, message):
     env = {cluster.K8S_INDEX: "1", cluster.K8S_JOB: "j", cluster.K8S_SERVICE: "s",
            cluster.K8S_REPLICAS: "worker=2", **change}  # fmt: skip
     env = {name: value for name, value in env.items() if value is not None}
-    with pytest.raises(ConfigError, match="cluster=k8s") as caught:
+    with pytest.raises(ConfigError) as caught:
         cluster.export_k8s_tf_config(validate_k8s(), env)
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
@@ -206,7 +209,7 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path):
     # Worker 0 notices by itself (a collective error, else its watchdog): Kubernetes would
     # restart its pod as well. Bounded: the watchdog's 6 s, the collective's own timeout.
     code, out = pods[0].finish(timeout=90)
-    assert code not in (0, None), out[-3000:]
+    assert code in (EXIT_TRAINING, EXIT_STALLED), out[-3000:]
     killed_at = cluster.latest_backup_step(run_dir / "backup")
     assert 2 <= killed_at < STEPS
     pods = [Pod(job, i, base, run_dir, tmp) for i in range(2)]  # the restarted pods
@@ -235,3 +238,11 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def test_the_command_line_refuses_a_pod_without_the_jobs_variables(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli("strategy=multi_worker_mirrored", "cluster=k8s", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "cluster=k8s: TFRECIPE_K8S_REPLICAS is not set" in result.stderr
+    assert "Traceback" not in result.stderr and not run_dir.exists()

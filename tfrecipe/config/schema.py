@@ -446,6 +446,8 @@ class SlurmCluster(_ClusterBase):
 
 class K8sCluster(_ClusterBase):
     name: Literal["k8s"]
+    # TFRECIPE_K8S_REPLICAS has an evaluator pod: workers save per-epoch weights for it.
+    evaluator: bool = False
     # Every task at 127.0.0.1:(port + Job index) instead of JOB-INDEX.SERVICE:port: the same
     # Job environment tried on one machine.
     loopback: bool = False

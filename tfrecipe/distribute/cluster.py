@@ -229,6 +229,14 @@ def export_k8s_tf_config(spec: schema.K8sCluster, environ: MutableMapping[str, s
     joins from then on exactly as with cluster=tf_config. A TF_CONFIG already set must be the
     same one (never silently replaced)."""
     task = k8s_task(environ, loopback=spec.loopback)
+    evaluators = _k8s_replicas(environ[K8S_REPLICAS]).get("evaluator", 0)
+    if bool(evaluators) != spec.evaluator:
+        raise ConfigError(
+            f"cluster.evaluator={str(spec.evaluator).lower()}: {K8S_REPLICAS}="
+            f"{environ[K8S_REPLICAS]} has {evaluators} evaluator pod(s); set "
+            f"cluster.evaluator={str(bool(evaluators)).lower()} on every pod (workers save "
+            "each epoch's weights for the evaluator)"
+        )
     built = json.dumps(
         {"cluster": dict(task.cluster), "task": {"type": task.type, "index": task.index}}
     )

@@ -67,10 +67,10 @@ def build_monitors(
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
         ),
     ]
-    if watchdog is not None:
-        callbacks.append(watchdog)
     if run.optimizer.ema:  # validation scores the averaged weights, training goes on raw
         callbacks.insert(0, keras.callbacks.SwapEMAWeights())
+    if watchdog is not None:  # first: a step counts as done before any other callback runs
+        callbacks.insert(0, watchdog)
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
         callbacks += evaluator.checkpoint_callbacks(run_dir)
     # One W&B run per training run: the chief's (other workers train into a scratch dir).
