@@ -392,7 +392,10 @@ def _watch_workers(group: _Cluster, finishing: _Finishing) -> int | None:
             return code
     if all(code == 0 for code in codes.values()):
         return 0
-    return finishing.overdue(codes) if 0 in codes.values() else None
+    # A training task done starts the grace (the evaluator ends when it reads a final summary:
+    # an earlier attempt's, maybe, before this attempt's chief has written its own).
+    trained = [code for name, code in codes.items() if not name.startswith("evaluator")]
+    return finishing.overdue(codes) if 0 in trained else None
 
 
 def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:

@@ -41,6 +41,7 @@ AUTO_FLOOR_S = 300.0  # below this, a slow epoch end or a loaded machine reads a
 AUTO_FACTOR = 20.0
 _HEADER = "# tfrecipe stall record: "
 _CHECK_EVERY_S = 0.5
+_READ_STEP_EVERY_S = 1.0  # reading the step costs ~0.3 ms: not on every batch
 
 
 AUTO = -1.0  # the timeout comes from the step time seen so far
@@ -86,14 +87,15 @@ class StallWatchdog(keras.callbacks.Callback):
         self._exit = exit
         self._last = 0.0  # monotonic time of the last progress; 0: not armed yet
         self._longest = 0.0  # longest gap between two progress points seen
-        self._step = 0
+        self._step, self._step_read = 0, 0.0
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- progress, from the training thread --------------------------------------------------
     def on_train_batch_end(self, batch, logs=None):
-        self._step = backup.current_step(self.model)
         self._progress()
+        if self._last - self._step_read >= _READ_STEP_EVERY_S:
+            self._step, self._step_read = backup.current_step(self.model), self._last
 
     def on_test_batch_end(self, batch, logs=None):
         self._progress()
@@ -102,7 +104,10 @@ class StallWatchdog(keras.callbacks.Callback):
         self._progress()
 
     def on_train_begin(self, logs=None):
+        if self._thread is not None and self._thread.is_alive():
+            return  # another fit() of the same training run: the watch goes on
         self._done.clear()
+        self._last, self._longest = 0.0, 0.0  # armed again by the first step
         self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
         self._thread.start()
 
@@ -129,8 +134,20 @@ class StallWatchdog(keras.callbacks.Callback):
                 self._stalled(time.monotonic() - last)
                 return
 
+    def _current_step(self) -> int:
+        """The step now, read from this thread (the training thread is stuck); the last one the
+        training thread read should the read itself hang."""
+        read: list[int] = []
+        reader = threading.Thread(
+            target=lambda: read.append(backup.current_step(self.model)), daemon=True
+        )
+        reader.start()
+        reader.join(timeout=5)
+        return read[0] if read else self._step
+
     def _stalled(self, idle_s: float) -> None:
         path = stall_file(self.run_dir, self.task)
+        self._step = self._current_step() if self.model is not None else self._step
         record = {
             "worker": self.task,
             "step": self._step,
