@@ -50,15 +50,15 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
 
 
 def test_progress_keeps_it_quiet_and_the_end_of_training_stops_it(tmp_path):
-    dog = watchdog.StallWatchdog(timeout=0.6, task="worker-0", run_dir=tmp_path, chief=False,
+    dog = watchdog.StallWatchdog(timeout=0.4, task="worker-0", run_dir=tmp_path, chief=False,
                                  exit=lambda code: pytest.fail("stalled"))  # fmt: skip
     dog.on_train_begin()
-    for _ in range(8):  # evaluation and epoch ends are progress too
+    for _ in range(6):  # evaluation and epoch ends are progress too
         dog.on_test_batch_end(0)
-        time.sleep(0.2)
+        time.sleep(0.15)
     dog.on_epoch_end(0)
     dog.on_train_end()
-    time.sleep(1.2)  # after training (export, test scores) the watch is over
+    time.sleep(0.8)  # after training (export, test scores) the watch is over
     assert not list(tmp_path.iterdir())
 
 
@@ -89,25 +89,31 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_a_worker_that_outlives_its_peer_is_stopped_and_named(capfd):
+def test_a_worker_that_outlives_its_peer_is_stopped_and_named(capfd, tmp_path):
     """Worker 1 saved and exited; worker 0 hangs, deaf to SIGTERM (the 2-worker SIGTERM test's
     hang): the launcher stops it after exit_grace_s + grace_period_s, and says so."""
-    group = launcher._Cluster(grace_period_s=1.0)
-    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    group = launcher._Cluster(grace_period_s=0.5)
+    ready = tmp_path / "deaf"
+    deaf = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).touch(); time.sleep(600)"
+    )
     started = time.monotonic()
     try:
-        group.start("worker 0", _python(deaf), env={})
+        group.start("worker 0", [*_python(deaf), str(ready)], env={})
         group.start("worker 1", _python("pass"), env={})
-        options = launcher.LaunchOptions(num_workers=2, exit_grace_s=1.5)
+        while not ready.exists() and time.monotonic() - started < 60:
+            time.sleep(0.05)
+        options = launcher.LaunchOptions(num_workers=2, exit_grace_s=0.5)
         code = launcher._watch(group, options, launcher._Restarts(0))
     finally:
         group.stop()
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 60
     assert code == launcher.EXIT_FAILED  # the chief did not finish: a restartable failure
     assert group.exit_code("worker 0") is not None  # killed: nothing left running
     err = capfd.readouterr().err
-    assert "worker 0 still running 1.5 s after worker 1 exited: stopping it" in err
-    assert "worker 0 did not stop 1 s after SIGTERM: killed" in err
+    assert "worker 0 still running 0.5 s after worker 1 exited: stopping it" in err
+    assert "worker 0 did not stop 0.5 s after SIGTERM: killed" in err
 
 
 # --- a real 2-worker cluster=local run with a stalled worker ---------------------------------
