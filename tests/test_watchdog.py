@@ -47,6 +47,10 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     assert stall["worker"] == "worker-1" and stall["step"] == 1
     assert stall["stack_file"] == "stall-worker-1.txt"
     assert watchdog.recorded_stalls(tmp_path, summary["stalls"]) == [stall]  # no repeat
+    # A stack file is data: one whose record is not a stall record's is left out.
+    (tmp_path / "stall-worker-9.txt").write_text('# tfrecipe stall record: {"worker": []}\n')
+    (tmp_path / "stall-worker-8.txt").write_text("\xff\n")
+    assert watchdog.recorded_stalls(tmp_path) == [stall]
 
 
 def test_progress_keeps_it_quiet_and_the_end_of_training_stops_it(tmp_path):

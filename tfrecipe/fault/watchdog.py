@@ -206,17 +206,37 @@ def recorded_stalls(run_dir: Path, earlier: object = None) -> list[dict[str, Any
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
             first = path.open(encoding="utf-8").readline()
             if first.startswith(_HEADER):
-                record = json.loads(first[len(_HEADER) :])
-                if isinstance(record, dict) and record.get("stack_file") == path.name:
+                record = _checked(json.loads(first[len(_HEADER) :]))
+                if record is not None and record["stack_file"] == path.name:
                     found.append(record)
     return merge_stalls(earlier, found)
+
+
+_RECORD = {
+    "worker": str,
+    "step": int,
+    "idle_s": (int, float),
+    "timeout_s": (int, float),
+    "attempt": int,
+    "time": str,
+    "stack_file": str,
+}
+
+
+def _checked(record: object) -> dict[str, Any] | None:
+    """The record with exactly its fields and their types; None for anything else."""
+    if not isinstance(record, dict) or set(record) != set(_RECORD):
+        return None
+    if not all(isinstance(record[key], kind) for key, kind in _RECORD.items()):
+        return None
+    return {key: record[key] for key in _RECORD}
 
 
 def merge_stalls(earlier: object, more: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`earlier` + `more` without repeats, oldest first."""
     merged: dict[tuple, dict[str, Any]] = {}
-    for record in [*(earlier if isinstance(earlier, list) else []), *more]:
-        if isinstance(record, dict):
+    for record in map(_checked, [*(earlier if isinstance(earlier, list) else []), *more]):
+        if record is not None:
             key = (record.get("worker"), record.get("step"), record.get("time"))
             merged.setdefault(key, record)
     return sorted(merged.values(), key=lambda r: str(r.get("time")))
