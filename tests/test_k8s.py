@@ -192,13 +192,28 @@ class Pod:
         return self.process.returncode, out
 
 
-@pytest.mark.slow
-def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path):
+@pytest.fixture
+def start_pod(tmp_path):
+    """start_pod(index) -> Pod of the multi-worker Job; none outlives the test."""
     _, job = _manifest("k8s_multi_worker.yaml")
-    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
-    tmp.mkdir()
-    base = _two_free_ports_in_a_row()
-    pods = [Pod(job, i, base, run_dir, tmp) for i in range(2)]
+    base, started = _two_free_ports_in_a_row(), []
+    (tmp_path / "tmp").mkdir()
+
+    def _start(index: int) -> Pod:
+        started.append(Pod(job, index, base, tmp_path / "run", tmp_path / "tmp"))
+        return started[-1]
+
+    yield _start
+    for pod in started:
+        if pod.process.poll() is None:
+            os.killpg(pod.process.pid, signal.SIGKILL)
+            pod.process.communicate()
+
+
+@pytest.mark.slow
+def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
+    run_dir = tmp_path / "run"
+    pods = [start_pod(i) for i in range(2)]
     state = run_dir / "backup" / "checkpoint"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not ('ckpt-4"' in _read(state) or any(p.process.poll() is not None for p in pods)):  # fmt: skip
@@ -206,13 +221,14 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path):
     assert pods[1].process.poll() is None, pods[1].finish(5)[1][-3000:]
     os.killpg(pods[1].process.pid, signal.SIGKILL)  # worker 1's pod is killed mid-training
     pods[1].finish(10)
-    # Worker 0 notices by itself (a collective error, else its watchdog): Kubernetes would
-    # restart its pod as well. Bounded: the watchdog's 6 s, the collective's own timeout.
+    killed_at = cluster.latest_backup_step(run_dir / "backup")
+    assert 4 <= killed_at < STEPS
+    pods[1] = start_pod(1)  # the Job restarts index 1 at once
+    # Worker 0, left in a collective, stops by itself (a collective error, at the latest its
+    # watchdog's 6 s) and is restarted in turn; the two meet again and resume.
     code, out = pods[0].finish(timeout=90)
     assert code in (EXIT_TRAINING, EXIT_STALLED), out[-3000:]
-    killed_at = cluster.latest_backup_step(run_dir / "backup")
-    assert 2 <= killed_at < STEPS
-    pods = [Pod(job, i, base, run_dir, tmp) for i in range(2)]  # the restarted pods
+    pods[0] = start_pod(0)
     results = [pod.finish(timeout=240) for pod in pods]
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
