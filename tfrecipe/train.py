@@ -286,6 +286,8 @@ def _recording_end(
     try:
         yield
     except BaseException as error:
+        if monitors.watchdog is not None:  # what follows is the failure's handling, not a stall
+            monitors.watchdog.stop()
         bad_cell = table_stream.data_error(error)
         if bad_cell is not None:  # a streamed table's bad cell: the data's fault, exit 2
             error = DataError(f"dataset: {bad_cell}")

@@ -119,6 +119,10 @@ class StallWatchdog(keras.callbacks.Callback):
         self._thread.start()
 
     def on_train_end(self, logs=None):
+        self.stop()
+
+    def stop(self) -> None:
+        """Ends the watch (training ended, or failed and is being recorded)."""
         self._done.set()
 
     def _progress(self) -> None:
@@ -137,7 +141,7 @@ class StallWatchdog(keras.callbacks.Callback):
     def _watch(self) -> None:
         while not self._done.wait(_CHECK_EVERY_S):
             last = self._last
-            if last and time.monotonic() - last > self.limit():
+            if last and time.monotonic() - last > self.limit() and not self._done.is_set():
                 self._stalled(time.monotonic() - last)
                 return
 

@@ -17,6 +17,7 @@ from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
+from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.tracking import WandbTracker
 from tfrecipe.training.inputs import Inputs
 
@@ -29,6 +30,7 @@ class Monitors:
     history: EpochHistory
     throughput: Throughput
     tracker: WandbTracker | None
+    watchdog: StallWatchdog | None = None
 
 
 def build_monitors(
@@ -41,7 +43,7 @@ def build_monitors(
     global_batch: int,
     start_step: int = 0,
     resuming: bool = False,
-    watchdog: keras.callbacks.Callback | None = None,
+    watchdog: StallWatchdog | None = None,
 ) -> Monitors:
     """Args:
     config: the run's public config (secrets redacted), for W&B.
@@ -77,7 +79,7 @@ def build_monitors(
     tracker = _start_tracking(run.logger, config, run_dir, resume=resuming) if chief else None
     if tracker is not None:
         callbacks += tracker.callbacks()
-    return Monitors(callbacks, history, throughput, tracker)
+    return Monitors(callbacks, history, throughput, tracker, watchdog)
 
 
 def _start_tracking(
