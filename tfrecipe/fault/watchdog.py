@@ -41,8 +41,6 @@ AUTO_FLOOR_S = 300.0  # below this, a slow epoch end or a loaded machine reads a
 AUTO_FACTOR = 20.0
 _HEADER = "# tfrecipe stall record: "
 _CHECK_EVERY_S = 0.5
-
-
 AUTO = -1.0  # the timeout comes from the step time seen so far
 
 
@@ -146,13 +144,26 @@ class StallWatchdog(keras.callbacks.Callback):
                 return
 
     def _stalled(self, idle_s: float) -> None:
+        """Leaves the stall's record and stacks, then ends the process, whatever happens."""
+        try:
+            self._record(idle_s)
+        finally:
+            for handler in logging.getLogger().handlers + log.handlers:
+                with contextlib.suppress(Exception):
+                    handler.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._exit(EXIT_STALLED)
+
+    def _record(self, idle_s: float) -> None:
         path = stall_file(self.run_dir, self.task)
+        attempt = os.environ.get(ATTEMPT_ENV, "0")
         record = {
             "worker": self.task,
             "step": self._step,
             "idle_s": round(idle_s, 1),
             "timeout_s": round(self.limit(), 1),
-            "attempt": int(os.environ.get(ATTEMPT_ENV, "0") or 0),
+            "attempt": int(attempt) if attempt.isdigit() else 0,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "stack_file": path.name,
         }
@@ -161,18 +172,10 @@ class StallWatchdog(keras.callbacks.Callback):
             f"(cluster.stall_timeout: {record['timeout_s']} s); every thread's stack: {path}; "
             f"exiting with code {EXIT_STALLED} (restartable: a rerun resumes from the last backup)"
         )
-        try:
-            rundir.atomic_write(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
-            if self.chief:
-                _record_in_summary(self.run_dir, record, message)
-        finally:
-            log.error("stalled: %s", message)
-            for handler in logging.getLogger().handlers + log.handlers:
-                with contextlib.suppress(Exception):
-                    handler.flush()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            self._exit(EXIT_STALLED)
+        log.error("stalled: %s", message)
+        rundir.atomic_write(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
+        if self.chief:
+            _record_in_summary(self.run_dir, record, message)
 
 
 def thread_stacks() -> str:
@@ -203,7 +206,8 @@ def recorded_stalls(run_dir: Path, earlier: object = None) -> list[dict[str, Any
     found = []
     for path in sorted(run_dir.glob("stall-*.txt")):
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-            first = path.open(encoding="utf-8").readline()
+            with path.open(encoding="utf-8") as file:
+                first = file.readline()
             if first.startswith(_HEADER):
                 record = _checked(json.loads(first[len(_HEADER) :]))
                 if record is not None and record["stack_file"] == path.name:
