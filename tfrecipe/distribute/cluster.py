@@ -164,8 +164,11 @@ def k8s_task(environ: Mapping[str, str], *, loopback: bool = False) -> Task:
             f"({K8S_REPLICAS}={environ[K8S_REPLICAS]}); make the Job's completions {total}"
         )
     port = _k8s_int(environ, K8S_PORT, K8S_DEFAULT_PORT, "a TCP port 1024..65535")
-    if not 1024 <= port <= 65535:
-        raise ConfigError(f"cluster=k8s: {K8S_PORT}={port}: expected a TCP port 1024..65535")
+    last = port + total - 1 if loopback else port  # loopback: pod i at port + i
+    if not 1024 <= port <= last <= 65535:
+        raise ConfigError(
+            f"cluster=k8s: {K8S_PORT}={port}: expected a TCP port 1024..{65536 - total if loopback else 65535}"
+        )
     if loopback:
         addresses = [f"127.0.0.1:{port + i}" for i in range(total)]
     else:
