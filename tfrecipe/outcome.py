@@ -17,6 +17,9 @@ EXIT_TRAINING = 1  # training failed: summary.json says "failed"
 EXIT_CONFIG = 2  # invalid configuration or usage: one line per problem, nothing written
 # EX_TEMPFAIL (sysexits.h): "temporary failure, try again" — rerun the same command to resume.
 EXIT_PREEMPTED = 75
+# A worker made no training step for cluster.stall_timeout seconds: it wrote its threads' stacks
+# to RUN_DIR/stall-TASK.txt and stopped. Restartable: a rerun resumes from the last backup.
+EXIT_STALLED = 76
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
 
 BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from

@@ -30,7 +30,7 @@ from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
 from tfrecipe.distribute.strategy import build_strategy, device_kinds
 from tfrecipe.errors import ConfigError, DataError
-from tfrecipe.fault import backup, preemption, recovery
+from tfrecipe.fault import backup, preemption, recovery, watchdog
 from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
@@ -241,6 +241,9 @@ def _train_steps(
             resumed_from_step=resumed.step,
             rollbacks=policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step),
         )
+    if dirs.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
+        earlier = (rundir.read_summary(dirs.run_dir) or {}).get("stalls")
+        summary.update(stalls=watchdog.recorded_stalls(dirs.run_dir, earlier))
     summary.start(config, chief=dirs.chief)
     if dirs.chief:  # what predictions need: class names, target encoding, input columns
         signature.write(dirs.run_dir, models.describe(run, splits, model))
@@ -256,6 +259,12 @@ def _train_steps(
         global_batch=global_batch,
         start_step=start_step,
         resuming=resumed is not None,
+        watchdog=watchdog.build_watchdog(
+            run.cluster.stall_timeout,
+            task=f"{task.type}-{task.index}" if task.type is not None else None,
+            run_dir=dirs.shared_run_dir,
+            chief=dirs.chief,
+        ),
     )
     # A fresh run keeps its first step's state: a rollback before the first periodic backup.
     protected = protection.fault_tolerance(
@@ -291,6 +300,8 @@ def _recording_end(
     try:
         yield
     except BaseException as error:
+        if monitors.watchdog is not None:  # what follows is the failure's handling, not a stall
+            monitors.watchdog.stop()
         bad_cell = table_stream.data_error(error)
         if bad_cell is not None:  # a streamed table's bad cell: the data's fault, exit 2
             error = DataError(f"dataset: {bad_cell}")

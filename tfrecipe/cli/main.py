@@ -93,7 +93,7 @@ def _precheck(argv: list[str]) -> list[str]:
     _check_writable(run_dir)
     _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
     if run.cluster.name in ("none", "local") or (
-        run.cluster.name == "tf_config" and is_chief_process()
+        run.cluster.name in ("tf_config", "k8s") and is_chief_process()
     ):  # the one process of the run (the launcher for local); a SLURM chief locks in train()
         lock_run_dir(run_dir)  # before judging it: the run there may end meanwhile
     # Only the chief judges the shared run dir: another worker may look after the chief has
