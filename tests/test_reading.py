@@ -1,0 +1,150 @@
+"""One reader for every file tfrecipe reads (tfrecipe/reading.py, issue 30): regular files only,
+size caps counted before anything is read or inflated, and the same finite-number check for
+training and `tfrecipe predict` (tfrecipe/data/values.py). In-process and fast: no TensorFlow."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tfrecipe import reading
+from tfrecipe.data.values import check_finite_array
+from tfrecipe.reading import UnreadableFile
+
+
+def _link_to_dev_zero(path: Path) -> Path:
+    path.symlink_to("/dev/zero")
+    return path
+
+
+def test_a_link_to_dev_zero_is_refused_naming_the_file_and_its_target(tmp_path):
+    link = _link_to_dev_zero(tmp_path / "signature.json")
+    for read in (
+        lambda: reading.read_json(link),
+        lambda: reading.read_bytes(link, limit=10),
+        lambda: reading.check_file(link),
+    ):
+        with pytest.raises(UnreadableFile) as refused:
+            read()
+        assert str(refused.value) == (
+            f"{link}: a link to /dev/zero, a character device, not a regular file; tfrecipe "
+            "reads regular files only"
+        )
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(UnreadableFile, match=r"config.yaml: a FIFO \(named pipe\), not a regular"):
+        reading.read_yaml(fifo)  # would block forever if the open waited for a writer
+
+
+def test_a_directory_and_a_missing_file_are_refused(tmp_path):
+    with pytest.raises(UnreadableFile, match="a directory, not a regular file"):
+        reading.read_text(tmp_path)
+    with pytest.raises(UnreadableFile, match=r"nope.txt: cannot be read \(No such file"):
+        reading.read_text(tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError):  # "not written yet" stays a case of its own
+        reading.read_json(tmp_path / "summary.json")
+
+
+def test_sizes_are_capped_before_reading(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(UnreadableFile, match=r"big.txt: 2.0 KB, more than a text example can be"):
+        reading.read_bytes(big, limit=1024, what="a text example")
+    assert reading.read_bytes(big, limit=2048) == b"x" * 2048
+
+
+def test_damaged_json_and_yaml_are_one_line_naming_the_file(tmp_path):
+    damaged = tmp_path / "signature.json"
+    damaged.write_text('{"task": "binary", "outputs": [')
+    with pytest.raises(UnreadableFile, match=r"signature.json: damaged JSON \(Expecting value at"):
+        reading.read_json(damaged)
+    config = tmp_path / "config.yaml"
+    config.write_text("dataset: {_target_: [unclosed\n")
+    with pytest.raises(UnreadableFile, match=r"config.yaml: damaged YAML \(") as refused:
+        reading.read_yaml(config)
+    assert "\n" not in str(refused.value)
+    binary = tmp_path / "summary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UnreadableFile, match=r"summary.json: not UTF-8 text"):
+        reading.read_json(binary)
+
+
+def _declare_inflated_size(archive: Path, size: int) -> None:
+    """Rewrites the central directory's uncompressed sizes (as a zip bomb's directory would say)."""
+    data = bytearray(archive.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        struct.pack_into("<I", data, at + 24, size)  # uncompressed size
+        at = data.find(b"PK\x01\x02", at + 4)
+    archive.write_bytes(bytes(data))
+
+
+def test_an_archive_that_would_inflate_to_gigabytes_is_refused_before_inflating(tmp_path):
+    model = tmp_path / "model.keras"
+    with zipfile.ZipFile(model, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("config.json", "{}")
+        archive.writestr("model.weights.h5", b"\0" * 4096)
+    assert reading.check_archive(model) == 4098
+    _declare_inflated_size(model, 0xF000_0000)  # 3.75 GiB each from a file of a few hundred bytes
+    with pytest.raises(UnreadableFile) as refused:
+        reading.check_archive(model, what="model.keras")
+    message = str(refused.value)
+    assert message.startswith(f"{model}: a ") and "archive whose members inflate to 7.5 GB" in message
+    assert message.endswith("100x its own size); refused before inflating anything")
+    (tmp_path / "not.keras").write_bytes(b"not a zip")
+    with pytest.raises(UnreadableFile, match=r"not.keras: not a readable zip archive"):
+        reading.check_archive(tmp_path / "not.keras", what="model.keras")
+
+
+def test_an_npz_header_declaring_more_than_its_member_holds_is_refused(tmp_path):
+    path = tmp_path / "x.npz"
+    np.savez(path, x=np.zeros((4, 3), "float32"), y=np.zeros(4, "int64"))
+    reading.check_npz(path)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 3)}
+    )
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", buffer.getvalue())
+    with pytest.raises(UnreadableFile, match=r"x.npy declares an array of shape \[1000000000000, 3\]"):
+        reading.check_npz(path)
+
+
+@pytest.mark.parametrize(
+    ("values", "shown"),
+    [
+        ([[1.0, np.nan]], "x[0, 1]=nan"),
+        ([[1.0, 2.0], [np.inf, 0.0]], "x[1, 0]=inf"),
+        ([[-np.inf, 0.0]], "x[0, 0]=-inf"),
+        ([[1e39, 0.0]], "x[0, 0]=1e+39"),  # finite in float64, Inf once the model reads it
+    ],
+    ids=["nan", "inf", "-inf", "1e39"],
+)
+def test_the_finite_check_names_file_place_and_value(values, shown):
+    with pytest.raises(ValueError) as refused:
+        check_finite_array("data.npy", "x", np.asarray(values, "float64"))
+    assert str(refused.value).startswith(f"data.npy: x holds 1 non-finite value (NaN, Inf or")
+    assert shown in str(refused.value)
+    check_finite_array("data.npy", "x", np.asarray([[3e38, -1.0]], "float64"))
+    check_finite_array("data.npy", "x", np.asarray([[2**62]], "int64"))
+
+
+def test_a_chunk_checked_later_names_the_row_in_the_file():
+    with pytest.raises(ValueError, match=r"x\[257, 0\]=nan"):
+        check_finite_array("data.npy", "x", np.full((3, 2), np.nan), first_row=257)
+
+
+def test_json_round_trips(tmp_path):
+    path = tmp_path / "data_stats.json"
+    path.write_text(json.dumps({"a": [1, 2]}))
+    assert reading.read_json(path) == {"a": [1, 2]}
