@@ -34,20 +34,24 @@ def test_a_link_to_dev_zero_is_refused_naming_the_file_and_its_target(tmp_path):
         with pytest.raises(UnreadableFile) as refused:
             read()
         assert str(refused.value) == (
-            f"{link}: a link to /dev/zero, a character device, not a regular file; tfrecipe "
-            "reads regular files only"
+            f"{link}: a link to /dev/zero, a character device; a file tfrecipe reads must be a "
+            "regular file"
         )
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)
-    with pytest.raises(UnreadableFile, match=r"config.yaml: a FIFO \(named pipe\), not a regular"):
+    with pytest.raises(
+        UnreadableFile, match=r"config.yaml: a FIFO \(named pipe\); a file tfrecipe reads must be"
+    ):
         reading.read_yaml(fifo)  # would block forever if the open waited for a writer
 
 
 def test_a_directory_and_a_missing_file_are_refused(tmp_path):
-    with pytest.raises(UnreadableFile, match="a directory, not a regular file"):
+    with pytest.raises(
+        UnreadableFile, match="a directory; a file tfrecipe reads must be a regular file"
+    ):
         reading.read_text(tmp_path)
     with pytest.raises(UnreadableFile, match=r"nope.txt: cannot be read \(No such file"):
         reading.read_text(tmp_path / "nope.txt")
@@ -99,7 +103,9 @@ def test_an_archive_that_would_inflate_to_gigabytes_is_refused_before_inflating(
     with pytest.raises(UnreadableFile) as refused:
         reading.check_archive(model, what="model.keras")
     message = str(refused.value)
-    assert message.startswith(f"{model}: a ") and "archive whose members inflate to 7.5 GB" in message
+    assert (
+        message.startswith(f"{model}: a ") and "archive whose members inflate to 7.5 GB" in message
+    )
     assert message.endswith("100x its own size); refused before inflating anything")
     (tmp_path / "not.keras").write_bytes(b"not a zip")
     with pytest.raises(UnreadableFile, match=r"not.keras: not a readable zip archive"):
@@ -116,7 +122,9 @@ def test_an_npz_header_declaring_more_than_its_member_holds_is_refused(tmp_path)
     )
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("x.npy", buffer.getvalue())
-    with pytest.raises(UnreadableFile, match=r"x.npy declares an array of shape \[1000000000000, 3\]"):
+    with pytest.raises(
+        UnreadableFile, match=r"x.npy declares an array of shape \[1000000000000, 3\]"
+    ):
         reading.check_npz(path)
 
 
@@ -133,7 +141,7 @@ def test_an_npz_header_declaring_more_than_its_member_holds_is_refused(tmp_path)
 def test_the_finite_check_names_file_place_and_value(values, shown):
     with pytest.raises(ValueError) as refused:
         check_finite_array("data.npy", "x", np.asarray(values, "float64"))
-    assert str(refused.value).startswith(f"data.npy: x holds 1 non-finite value (NaN, Inf or")
+    assert str(refused.value).startswith("data.npy: x holds 1 non-finite value (NaN, Inf or")
     assert shown in str(refused.value)
     check_finite_array("data.npy", "x", np.asarray([[3e38, -1.0]], "float64"))
     check_finite_array("data.npy", "x", np.asarray([[2**62]], "int64"))

@@ -76,8 +76,7 @@ def _describe(path: Path, mode: int) -> str:
 
 def _refuse_kind(path: Path, mode: int, what: str) -> UnreadableFile:
     return UnreadableFile(
-        f"{path}: {_describe(path, mode)}, not a regular file; {what or 'tfrecipe'} reads "
-        "regular files only"
+        f"{path}: {_describe(path, mode)}; {what or 'a file tfrecipe reads'} must be a regular file"
     )
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecipe.config.targets import config_target
-from tfrecipe.data.values import check_finite_array
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
+from tfrecipe.data.values import check_finite_array
 from tfrecipe.reading import check_npz, open_file
 
 
@@ -104,9 +104,10 @@ def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
     check_npz(path)  # a regular file whose arrays are measured before anything is inflated
     try:
         # No pickles: a data file must not be able to run code.
-        with open_file(path, what="an .npz file") as handle, np.load(
-            handle, allow_pickle=False
-        ) as arrays:
+        with (
+            open_file(path, what="an .npz file") as handle,
+            np.load(handle, allow_pickle=False) as arrays,
+        ):
             missing = [k for k in (x_key, y_key) if k not in arrays.files]
             if missing:
                 raise ValueError(
