@@ -156,3 +156,93 @@ def test_json_round_trips(tmp_path):
     path = tmp_path / "data_stats.json"
     path.write_text(json.dumps({"a": [1, 2]}))
     assert reading.read_json(path) == {"a": [1, 2]}
+
+
+# --- predict's run dir: every file read through the reader, each mistake one line, exit 2 -------
+SIGNATURE = {
+    "task": "binary",
+    "threshold": 0.5,
+    "outputs": ["no", "yes"],
+    "inputs": {"kind": "columns", "columns": {"age": "float32"}},
+    "normalize": "scale",
+}
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    """A run dir as predict reads it, up to the model (which nothing here loads)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "signature.json").write_text(json.dumps(SIGNATURE))
+    (run / "config.yaml").write_text("dataset:\n  _target_: tfrecipe.data.tabular.csv\n")
+    with zipfile.ZipFile(run / "model.keras", "w") as archive:
+        archive.writestr("config.json", "{}")
+    (tmp_path / "new.csv").write_text("age\n30\n")
+    return run
+
+
+def _predict_refuses(capsys, *args: str) -> str:
+    from tfrecipe.cli.main import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", *args])
+    assert stop.value.code == 2
+    report = capsys.readouterr().err.strip()
+    assert len(report.splitlines()) == 1 and "Traceback" not in report, report
+    return report.removeprefix("tfrecipe: invalid configuration: predict: ")
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "expected"),
+    [
+        (
+            "signature.json",
+            '{"task": "binary", "outp',
+            "signature.json: damaged JSON (Unterminated",
+        ),
+        ("signature.json", "[1, 2]", "signature.json: holds a JSON list, not an object; not a"),
+        ("signature.json", json.dumps({**SIGNATURE, "task": "x"}), "signature.json: task='x', "),
+        ("config.yaml", "dataset: {_target_: [unclosed\n", "config.yaml: damaged YAML ("),
+        ("config.yaml", "- a list\n", "config.yaml: holds no mapping of keys with a `dataset`"),
+        ("config.yaml", None, "config.yaml: no such file; a tfrecipe run dir holds the config"),
+    ],
+    ids=["json", "not-an-object", "task", "yaml", "yaml-list", "no-config"],
+)
+def test_a_damaged_signature_or_config_is_one_line(tmp_path, capsys, file, content, expected):
+    run = _run_dir(tmp_path)
+    if content is None:
+        (run / file).unlink()
+    else:
+        (run / file).write_text(content)
+    report = _predict_refuses(capsys, str(run), str(tmp_path / "new.csv"))
+    assert report.startswith(f"{run / file}"), report
+    assert expected in report, report
+
+
+@pytest.mark.parametrize("file", ["signature.json", "config.yaml", "model.keras"])
+def test_run_dir_files_linked_to_dev_zero_are_refused_not_read(tmp_path, capsys, file):
+    run = _run_dir(tmp_path)
+    (run / file).unlink()
+    _link_to_dev_zero(run / file)
+    report = _predict_refuses(capsys, str(run), str(tmp_path / "new.csv"))
+    assert report.startswith(f"{run / file}: a link to /dev/zero, a character device; "), report
+
+
+def test_a_model_that_would_inflate_to_gigabytes_is_refused_before_keras_opens_it(tmp_path, capsys):
+    run = _run_dir(tmp_path)
+    with zipfile.ZipFile(run / "model.keras", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("model.weights.h5", b"\0" * 4096)
+    _declare_inflated_size(run / "model.keras", 0xF000_0000)
+    report = _predict_refuses(capsys, str(run), str(tmp_path / "new.csv"))
+    assert "archive whose members inflate to 3.8 GB" in report, report
+
+
+def test_an_output_that_is_a_directory_is_one_line(tmp_path, capsys):
+    run = _run_dir(tmp_path)
+    (tmp_path / "out.csv").mkdir()
+    report = _predict_refuses(
+        capsys, str(run), str(tmp_path / "new.csv"), "-o", str(tmp_path / "out.csv")
+    )
+    assert report == (
+        f"--output={tmp_path / 'out.csv'}: is a directory; name the file to write (e.g. "
+        f"{tmp_path / 'out.csv' / 'predictions.csv'})"
+    )
