@@ -246,3 +246,88 @@ def test_an_output_that_is_a_directory_is_one_line(tmp_path, capsys):
         f"--output={tmp_path / 'out.csv'}: is a directory; name the file to write (e.g. "
         f"{tmp_path / 'out.csv' / 'predictions.csv'})"
     )
+
+
+# --- training's files: the same reader, the same one-line refusals ------------------------------
+def test_a_table_file_linked_to_dev_zero_is_refused_for_training_and_predict(tmp_path):
+    from tfrecipe.data import table_files
+
+    folder = tmp_path / "table"
+    folder.mkdir()
+    (folder / "a.csv").write_text("x,y\n1,0\n")
+    _link_to_dev_zero(folder / "b.csv")
+    with pytest.raises(ValueError) as refused:
+        table_files.open_table(str(folder), format="csv")
+    assert str(refused.value) == (
+        f"{folder / 'b.csv'}: a link to /dev/zero, a character device; a csv file of path must "
+        "be a regular file"
+    )
+
+
+def test_a_corrupt_parquet_page_names_the_file_row_group_and_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tfrecipe.data import table_files
+
+    path = tmp_path / "t.parquet"
+    rng = np.random.default_rng(0)
+    pq.write_table(
+        pa.table({"x": rng.random(1000), "y": rng.random(1000)}), path, row_group_size=500
+    )
+    column = pq.ParquetFile(path).metadata.row_group(1).column(1)
+    data = bytearray(path.read_bytes())
+    for at in range(column.data_page_offset + 40, column.data_page_offset + 240):
+        data[at] ^= 0x5A  # a damaged page header in the second row group
+    path.write_bytes(bytes(data))
+    table = table_files.open_table(str(path), format="parquet")
+    units = table.units()
+    assert len(list(table_files.read(table, units[0], numeric=["x", "y"], strings=[]))) == 1
+    with pytest.raises(ValueError) as refused:
+        list(table_files.read(table, units[1], numeric=["x", "y"], strings=[]))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: row group 1 (rows 501-1000) cannot be read ("), (
+        message
+    )
+    assert (
+        message.endswith("the file is damaged: rewrite it, or leave it out") and "\n" not in message
+    )
+
+
+def test_training_refuses_a_number_beyond_float32_with_its_line(tmp_path):
+    from tfrecipe.data import table_files
+
+    assert table_files.number_problem("1e39", "x", frozenset()) == (
+        "column 'x': '1e39' is beyond float32's range (at most 3.403e+38 in size); rescale the "
+        "column"
+    )
+    assert table_files.number_problem("-3e38", "x", frozenset()) is None
+
+
+def test_an_npz_for_training_with_values_beyond_float32_is_refused(tmp_path):
+    from tfrecipe.data import npz
+
+    x = np.zeros((20, 3), "float64")
+    x[7, 2] = -1e39
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 2)
+    with pytest.raises(ValueError, match=r"d.npz: x holds 1 non-finite value .*x\[7, 2\]=-1e\+39"):
+        npz.load(path=str(tmp_path / "d.npz"))
+    _link_to_dev_zero(tmp_path / "z.npz")
+    with pytest.raises(ValueError, match=r"z.npz: a link to /dev/zero, a character device; an"):
+        npz.load(path=str(tmp_path / "z.npz"))
+
+
+def test_a_dev_zero_link_in_a_text_folder_is_refused_not_skipped(tmp_path):
+    from tfrecipe.data import text_folder
+
+    for name in ("neg", "pos"):
+        (tmp_path / name).mkdir()
+        for i in range(5):
+            (tmp_path / name / f"{i}.txt").write_text(f"{name} {i}")
+    _link_to_dev_zero(tmp_path / "pos" / "zero.txt")
+    with pytest.raises(ValueError) as refused:
+        text_folder.load(path=str(tmp_path))
+    assert str(refused.value) == (
+        f"{tmp_path / 'pos' / 'zero.txt'}: a link to /dev/zero, a character device; a text "
+        "example must be a regular file"
+    )
