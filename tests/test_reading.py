@@ -331,3 +331,33 @@ def test_a_dev_zero_link_in_a_text_folder_is_refused_not_skipped(tmp_path):
         f"{tmp_path / 'pos' / 'zero.txt'}: a link to /dev/zero, a character device; a text "
         "example must be a regular file"
     )
+
+
+def test_a_class_only_in_the_test_file_is_refused_naming_file_line_and_value(tmp_path):
+    """It used to become a class with no training rows (a head unit trained only to say no)."""
+    from tfrecipe.data import table_files, table_stats
+
+    (tmp_path / "train.csv").write_text("x,y\n1,cat\n2,dog\n3,cat\n")
+    (tmp_path / "test.csv").write_text("x,y\n1,dog\n2,cow\n3,cow\n")
+
+    def stats(test_file: str):
+        layout = table_stats.Layout(
+            train=table_files.open_table(str(tmp_path / "train.csv"), format="csv"),
+            validation=None,
+            test=table_files.open_table(str(tmp_path / test_file), format="csv", key="test_path"),
+            validation_fraction=0.0,
+            test_fraction=0.0,
+            seed=0,
+        )
+        columns = table_stats.Columns(("x",), (), ("y",), frozenset(), False, 100)
+        return table_stats.compute(layout, columns)
+
+    with pytest.raises(ValueError) as refused:
+        stats("test.csv")
+    assert str(refused.value) == (
+        f"{tmp_path / 'test.csv'}:3 (test_path): column 'y': class 'cow' is in no training row; "
+        "a class the model never trains on cannot be predicted (add training rows of it, or "
+        "remove these rows)"
+    )
+    (tmp_path / "fine.csv").write_text("x,y\n1,dog\n2,cat\n")
+    assert stats("fine.csv").class_names == ("cat", "dog")

@@ -197,7 +197,7 @@ class _Pass:
             for s, n in enumerate(np.bincount(splits, minlength=3)):
                 self.rows[SPLITS[s]] += int(n)
             train = splits == TRAIN
-            self.labels.add(table, unit.file, batch, indices, train)
+            self.labels.add(table, unit.file, batch, indices, train, own_split=split is not None)
             if sampling and train.any():
                 self._add_features(table, unit.file, batch.filter(train), indices[train])
 
@@ -280,6 +280,9 @@ class _Labels:
         self.integral = True
         self.minimum = math.inf
         self.moments = [Moments() for _ in names]
+        # label values met in a validation or test file that no training row had so far:
+        # value -> where it was first met (checked once the label's kind is known)
+        self.unseen: dict[str, str] = {}
 
     @property
     def string_columns(self) -> tuple[str, ...]:
@@ -289,7 +292,18 @@ class _Labels:
     def numeric_columns(self) -> tuple[str, ...]:
         return self.names if self.multi else ()
 
-    def add(self, table: Table, file: str, batch, indices: np.ndarray, train: np.ndarray) -> None:
+    def add(
+        self,
+        table: Table,
+        file: str,
+        batch,
+        indices: np.ndarray,
+        train: np.ndarray,
+        *,
+        own_split: bool = False,
+    ) -> None:
+        """Folds a batch's labels in; `own_split`: the batch is from a validation or test file
+        (read after every training file)."""
         if self.multi:
             return self._add_multi_hot(table, file, batch, indices, train)
         import pyarrow as pa
@@ -325,6 +339,21 @@ class _Labels:
             self.too_many = len(self.distinct) > MAX_CLASSES
             if self.too_many:
                 self.distinct.clear()
+                self.unseen.clear()
+            elif own_split:
+                self._note_unseen(table, file, cells, indices)
+
+    def _note_unseen(self, table: Table, file: str, cells, indices: np.ndarray) -> None:
+        """Where each value no training row holds is first met (the training files are read
+        first, so their counts are complete by now)."""
+        import pyarrow.compute as pc
+
+        for value in pc.unique(cells).to_pylist():
+            if self.distinct.get(value, 0) == 0 and value not in self.unseen:
+                row = int(indices[pc.index(cells, value).as_py()])
+                self.unseen[value] = f"{table_files.where(table, file, row)} ({table.key})"
+                if len(self.unseen) >= 100:  # the first is reported; a few suffice
+                    return
 
     def _add_multi_hot(self, table, file, batch, indices, train) -> None:
         for column, moments in zip(self.names, self.moments, strict=True):
@@ -343,6 +372,14 @@ class _Labels:
         if self.multi:
             return "multi_hot", len(self.names), (), [], self.moments
         name = self.names[0]
+        # names are classes whatever the task (numbers may be a regression's targets)
+        if not self.numbers and self.unseen:
+            value, where = next(iter(self.unseen.items()))
+            raise ValueError(
+                f"{where}: column {name!r}: class {value!r} is in no training row; a class the "
+                "model never trains on cannot be predicted (add training rows of it, or remove "
+                "these rows)"
+            )
         if not self.numbers:
             if self.too_many:
                 raise ValueError(
