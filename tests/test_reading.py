@@ -286,9 +286,7 @@ def test_a_corrupt_parquet_page_names_the_file_row_group_and_rows(tmp_path):
     with pytest.raises(ValueError) as refused:
         list(table_files.read(table, units[1], numeric=["x", "y"], strings=[]))
     message = str(refused.value)
-    assert message.startswith(f"{path}: row group 1 (rows 501-1000) cannot be read ("), (
-        message
-    )
+    assert message.startswith(f"{path}: row group 1 (rows 501-1000) cannot be read ("), message
     assert (
         message.endswith("the file is damaged: rewrite it, or leave it out") and "\n" not in message
     )
@@ -361,3 +359,15 @@ def test_a_class_only_in_the_test_file_is_refused_naming_file_line_and_value(tmp
     )
     (tmp_path / "fine.csv").write_text("x,y\n1,dog\n2,cat\n")
     assert stats("fine.csv").class_names == ("cat", "dog")
+
+
+def test_a_recipe_file_that_is_a_fifo_or_damaged_is_one_line(tmp_path):
+    from tfrecipe.config.compose import recipe_file_overrides
+    from tfrecipe.errors import ConfigError
+
+    os.mkfifo(tmp_path / "piped.yaml")
+    with pytest.raises(ConfigError, match=r"piped.yaml: a FIFO \(named pipe\); a recipe must be a"):
+        recipe_file_overrides([f"recipe={tmp_path / 'piped.yaml'}"])
+    (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: damaged YAML \(ParserError: "):
+        recipe_file_overrides([f"recipe={tmp_path / 'bad.yaml'}"])
