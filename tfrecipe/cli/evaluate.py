@@ -62,7 +62,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
                 "when it completes; --model=best uses best.weights.h5)"
             )
         try:  # regular, and measured from its directory before Keras inflates it
-            reading.check_archive(path, what=f"--model={which}")
+            reading.check_archive(path, what="the model file")
         except reading.UnreadableFile as error:
             raise ConfigError(f"evaluate: --model={which}: {error}") from None
         factory.register_custom_objects()  # the task's own metrics, named in the saved model
