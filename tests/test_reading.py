@@ -371,3 +371,13 @@ def test_a_recipe_file_that_is_a_fifo_or_damaged_is_one_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: damaged YAML \(ParserError: "):
         recipe_file_overrides([f"recipe={tmp_path / 'bad.yaml'}"])
+
+
+def test_a_backup_state_file_linked_to_dev_zero_reads_as_no_state(tmp_path):
+    from tfrecipe.distribute.cluster import latest_backup_step
+
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-12"\n')
+    assert latest_backup_step(tmp_path) == 12
+    (tmp_path / "checkpoint").unlink()
+    _link_to_dev_zero(tmp_path / "checkpoint")  # read whole, it never ended
+    assert latest_backup_step(tmp_path) is None
