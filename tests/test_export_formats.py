@@ -132,6 +132,31 @@ def test_a_format_that_cannot_carry_the_model_is_refused_at_config_check(
     assert any(expected in str(p) for p in error.value.messages), error.value.messages
 
 
+@pytest.mark.parametrize("dataset", ["csv", "parquet"])
+def test_int8_litert_of_a_table_model_is_refused_before_training(compose_cfg, dataset):
+    """It used to fail after training (LiteRT's calibration cannot feed a dict of columns)."""
+    table = [f"dataset={dataset}", "dataset.path=x", "dataset.label=y"]
+    with pytest.raises(ConfigError) as error:
+        validate(compose_cfg(*table, "export.formats=[litert]", "export.litert.quantize=int8"))
+    assert error.value.messages == [
+        "export.litert.quantize=int8: a table's model takes a dict of named columns, which "
+        "LiteRT's int8 calibration cannot feed (it fails after training); use dynamic or "
+        "float16, or none"
+    ]
+    validate(compose_cfg(*table, "export.formats=[litert]", "export.litert.quantize=float16"))
+    validate(compose_cfg("export.formats=[litert]", "export.litert.quantize=int8"))  # digits
+
+
+def test_int8_calibration_of_named_columns_is_one_export_error():
+    """`tfrecipe export --quantize int8` of a table's run: a line, not LiteRT's AttributeError."""
+    from tfrecipe.models import export
+
+    table = [{"age": np.zeros(4, "float32"), "city": np.array(["a"] * 4, dtype=object)}]
+    with pytest.raises(export.ExportError, match=r"cannot calibrate a model of named columns"):
+        export.quantization_options("int8", table)
+    assert "representative_dataset" in export.quantization_options("int8", [np.zeros((4, 2))])
+
+
 def test_a_mixed_precision_model_exports_through_a_float32_rebuild(train_run):
     summary, _ = train_run(
         "model=cnn", "model.filters=[4]", "model.dense_units=8", "precision=mixed_bfloat16",

@@ -15,10 +15,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tfrecipe"
 
 # Bottom first. An entry is a module, or a package standing for its modules not listed on their own.
 LAYERS: list[tuple[str, ...]] = [
-    # what every floor uses: errors, the private APIs, command-line grants, secrets
+    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader
     (
         "tfrecipe.errors",
         "tfrecipe.files",
+        "tfrecipe.reading",
         "tfrecipe.compat",
         "tfrecipe.config.command_line",
         "tfrecipe.config.trust",

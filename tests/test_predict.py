@@ -274,3 +274,47 @@ def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(
     main(["predict", str(customers_run), str(new), "-o", str(tmp_path / "scores.csv")])
     assert victim.read_text() == "keep"
     assert (tmp_path / "scores.csv").read_text().startswith('"prediction"')
+
+
+# --- what training refuses, predict refuses (issue 30: one reader, one finite-number check) ------
+@pytest.mark.parametrize("cell", ["nan", "inf", "-inf", "1e39"])
+def test_cells_training_refuses_are_refused_naming_file_line_and_value(
+    customers_run, tmp_path, capsys, cell
+):
+    table = tmp_path / "new.csv"
+    table.write_text(f"age,income,visits,city,plan\n30,1000,2,Paris,basic\n31,{cell},2,Nice,pro\n")
+    out = tmp_path / "out.csv"
+    report = _refused(capsys, str(customers_run), str(table), "-o", str(out))
+    assert report.startswith(f"tfrecipe: invalid configuration: predict: {table}:3: column "), (
+        report
+    )
+    assert f"'income': '{cell}' is not a finite number" in report or (
+        cell == "1e39" and "'income': '1e39' is beyond float32's range" in report
+    ), report
+    assert not out.exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_all_nan_arrays_are_refused_before_tensorflow_loads(digits_run, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.full((3, 8, 8, 1), np.nan, "float32"))
+    report = _refused(capsys, str(digits_run), str(tmp_path / "x.npy"))
+    assert report == (
+        f"tfrecipe: invalid configuration: predict: {tmp_path / 'x.npy'}: x holds 192 non-finite "
+        "values (NaN, Inf or beyond float32's range; the first at x[0, 0, 0, 0]=nan); inputs must "
+        "be finite numbers"
+    )
+    x = np.zeros((4, 8, 8, 1), "float64")
+    x[2, 1, 3, 0] = 1e39  # finite in float64, Inf in the model's float32
+    np.savez(tmp_path / "x.npz", x=x)
+    report = _refused(capsys, str(digits_run), str(tmp_path / "x.npz"))
+    assert "x.npz: x holds 1 non-finite value" in report and "x[2, 1, 3, 0]=1e+39" in report
+
+
+def test_dev_zero_links_in_input_folders_are_refused_not_read(digits_run, tmp_path, capsys):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.png").symlink_to("/dev/zero")
+    report = _refused(capsys, str(digits_run), str(folder))
+    assert report == (
+        f"tfrecipe: invalid configuration: predict: {folder / 'a.png'}: a link to /dev/zero, a "
+        "character device; an input of predict must be a regular file"
+    )

@@ -4,6 +4,7 @@ and a console that says only what matters (issue 11, section 4)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -171,3 +172,29 @@ def test_a_local_cluster_console_has_the_chiefs_lines_only(cli, tmp_path):
     assert "[launcher]" not in console
     for noise in NOISE:
         assert noise not in console, f"{noise!r} in the console:\n{console[-3000:]}"
+
+
+@pytest.mark.heavy  # a fresh interpreter imports TensorFlow
+def test_evaluate_export_and_predict_load_tensorflow_off_the_console():
+    """`evaluate`, `export` and `predict` import TensorFlow at whichever step needs it, inside
+    `quiet_start_up` (tfrecipe/cli/commands.py): its start-up INFO lines stay off the console as
+    training's do, and the module loads whole (its loader's other methods still answer)."""
+    script = (
+        "import os, sys\n"
+        "from tfrecipe.cli.console import quiet_start_up\n"
+        "with quiet_start_up():\n"
+        "    assert 'tensorflow' not in sys.modules\n"
+        "    from tfrecipe import factory  # imports TensorFlow, as evaluate's module does\n"
+        "import tensorflow as tf\n"
+        "print(tf.constant(2).numpy() * 21, tf.__spec__.loader.is_package('tensorflow'))\n"
+        "os.write(2, b'after\\n')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},  # as tfrecipe's main sets it
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["42", "True"]
+    for noise in NOISE:
+        assert noise not in result.stderr, f"{noise!r} in the console:\n{result.stderr[-3000:]}"
+    assert result.stderr.splitlines()[-1] == "after"

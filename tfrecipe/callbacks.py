@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import io
+import os
 import sys
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import keras
 
+from tfrecipe import reading
 from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.distribute.cluster import is_chief_process
@@ -160,10 +163,12 @@ class StepCSVLogger(keras.callbacks.Callback):
 
 
 def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
-    if not path.exists():
+    """The rows a resumed run keeps of its own log (a regular file: never a link to a device)."""
+    if not os.path.lexists(path):
         return []
-    with path.open(newline="") as file:
-        return [row for row in csv.DictReader(file) if int(row["step"]) <= step]
+    with reading.open_file(path, what=f"a run's {path.name}") as raw:
+        rows = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+        return [row for row in rows if int(row["step"]) <= step]
 
 
 def progress_verbosity(verbose: int | str, *, enabled: bool) -> int:

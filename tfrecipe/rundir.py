@@ -187,9 +187,11 @@ def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     """summary.json's fields; None where there is none or it cannot be read as one."""
+    from tfrecipe import reading
+
     try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        summary = reading.read_json(run_dir / SUMMARY)
+    except (OSError, UnicodeDecodeError, ValueError):  # reading.UnreadableFile is a ValueError
         return None
     return summary if isinstance(summary, dict) else None
 

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 SIGNATURE = "signature.json"
+TASKS = ("classification", "binary", "multilabel", "regression")
+NORMALIZE = ("scale", "per_example", "none")  # pipeline.normalize's values
+# A signature is a few KB (class names; a table's columns): one of many MB is not one.
+MAX_SIGNATURE_BYTES = 16 * 1024**2
 
 
 def describe(
@@ -99,7 +103,63 @@ def write(run_dir: Path, record: Mapping[str, Any]) -> None:
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
+    """The run's signature; None when it has none.
+
+    Raises:
+      reading.UnreadableFile: not a regular file, too large, not JSON, or not a signature (one
+        line naming the file).
+    """
+    from tfrecipe import reading
+
+    path = run_dir / SIGNATURE
     try:
-        return json.loads((run_dir / SIGNATURE).read_text())
+        record = reading.read_json(path, limit=MAX_SIGNATURE_BYTES, what="a signature.json")
     except FileNotFoundError:
         return None
+    problem = _problem(record)
+    if problem:
+        raise reading.UnreadableFile(
+            f"{path}: {problem}; not a signature tfrecipe wrote (retrain, or restore the file)"
+        )
+    return record
+
+
+def _problem(record: Any) -> str | None:
+    """What makes `record` no signature `predict` can use (None: nothing)."""
+    if not isinstance(record, dict):
+        return f"holds a JSON {type(record).__name__}, not an object"
+    if record.get("task") not in TASKS:
+        return f"task={record.get('task')!r}, expected one of {', '.join(TASKS)}"
+    outputs = record.get("outputs")
+    if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) for o in outputs):
+        return "outputs must be a non-empty list of names"
+    if record["task"] in ("binary", "multilabel") and not isinstance(
+        record.get("threshold"), int | float
+    ):
+        return f"threshold={record.get('threshold')!r}, expected a number"
+    if record["task"] == "binary" and len(outputs) != 2:
+        return f"a binary task names 2 outputs, received {len(outputs)}"
+    if record.get("normalize", "scale") not in NORMALIZE:
+        return f"normalize={record.get('normalize')!r}, expected one of {', '.join(NORMALIZE)}"
+    inputs = record.get("inputs")
+    kind = inputs.get("kind") if isinstance(inputs, dict) else None
+    if kind not in ("columns", "array", "text"):
+        return f"inputs.kind={kind!r}, expected columns, array or text"
+    if kind == "columns" and not (
+        isinstance(inputs.get("columns"), dict)
+        and inputs["columns"]
+        and all(isinstance(t, str) for t in inputs["columns"].values())
+    ):
+        return "inputs.columns must map column names to their types"
+    if kind == "array":
+        shape = inputs.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape
+        ):
+            return f"inputs.shape={shape!r}, expected a list of positive sizes"
+        names = inputs.get("feature_names")
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        ):
+            return "inputs.feature_names must be a list of names"
+    return None

@@ -9,12 +9,13 @@ id; `wandb sync --append` uploads the later ones into the same run.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from tfrecipe import rundir
+from tfrecipe import reading, rundir
 from tfrecipe.callbacks import step_row
 from tfrecipe.config import schema
 
@@ -46,7 +47,11 @@ class WandbTracker:
         # secret interpolated into e.g. notes reaches neither W&B's files nor its debug.log.
         public = (config.get("logger") or {}).get("wandb") or {}
         id_file = run_dir / "wandb" / RUN_ID_FILE
-        previous = id_file.read_text().strip() if resume and id_file.is_file() else None
+        previous = (
+            reading.read_text(id_file, limit=4096, what="a W&B run id file").strip()
+            if resume and os.path.lexists(id_file)
+            else None
+        )
         self.run = wandb.init(
             id=previous,
             resume="allow" if previous else None,

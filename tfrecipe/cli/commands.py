@@ -260,23 +260,28 @@ def evaluate(args: list[str]) -> None:
             "received nothing; usage: tfrecipe evaluate RUN_DIR [--model model.keras|best|"
             "model-NNN.keras] [key=value ...]"
         )
-    from tfrecipe.cli.console import discover_devices
-    from tfrecipe.cli.evaluate import main as evaluate_main  # imports TensorFlow
+    from tfrecipe.cli.console import quiet_start_up
 
-    discover_devices()
-    evaluate_main(args)
+    with quiet_start_up():  # TensorFlow's start-up lines off the console, as training's
+        from tfrecipe.cli.evaluate import main as evaluate_main  # imports TensorFlow
+
+        evaluate_main(args)
 
 
 def predict(args: list[str]) -> None:
+    from tfrecipe.cli.console import quiet_start_up
     from tfrecipe.cli.predict import main as predict_main  # TensorFlow once the input is checked
 
-    predict_main(args)
+    with quiet_start_up():
+        predict_main(args)
 
 
 def export(args: list[str]) -> None:
+    from tfrecipe.cli.console import quiet_start_up
     from tfrecipe.cli.export import main as export_main  # TensorFlow once the input is checked
 
-    export_main(args)
+    with quiet_start_up():
+        export_main(args)
 
 
 def compare(args: list[str]) -> None:

@@ -11,13 +11,14 @@ import argparse
 import csv
 import io
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import files
+from tfrecipe import files, reading
 from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
@@ -85,7 +86,7 @@ def find_runs(directories: list[Path]) -> list[Run]:
             if summary is None:
                 continue
             overrides_file = run_dir / ".hydra" / "overrides.yaml"
-            overrides = OmegaConf.load(overrides_file) if overrides_file.exists() else []
+            overrides = _overrides(overrides_file)
             pairs = dict(str(o).split("=", 1) for o in overrides if "=" in str(o))
             runs.append(Run(run_dir, summary, pairs))
     if not runs:
@@ -208,12 +209,26 @@ def curves_figure(runs: list[Run], keys: list[str]):
     return fig
 
 
+def _overrides(path: Path) -> list:
+    """A run's `.hydra/overrides.yaml` (none: []); another's run dir is data, read as such."""
+    if not os.path.lexists(path):
+        return []
+    try:
+        overrides = OmegaConf.to_container(reading.read_yaml(path, what="Hydra's overrides.yaml"))
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"compare: {error}") from None
+    return overrides if isinstance(overrides, list) else []
+
+
 def _history(run: Run) -> list[dict[str, str]]:
     history = run.path / "history.csv"
-    if not history.exists():
+    if not os.path.lexists(history):
         return []
-    with history.open(newline="") as rows:
-        return list(csv.DictReader(rows))
+    try:
+        text = reading.read_text(history, limit=reading.MAX_JSON_BYTES, what="a history.csv")
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"compare: {error}") from None
+    return list(csv.DictReader(io.StringIO(text, newline="")))
 
 
 def _first_val_metric(run: Run) -> str | None:

@@ -21,13 +21,68 @@ def discover_devices() -> None:
     TF_CPP_MIN_LOG_LEVEL=0 asks for them) and, where no CUDA driver is installed, the cuInit
     error off the console. Every other line shows, a failed cuInit on a machine with a driver
     too: there it is a real error."""
-    hidden = [] if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" else [_START_UP_INFO]
-    if not _cuda_driver_installed():
-        hidden.append(_NO_DRIVER_LINE)
-    with _stderr_without(*hidden):
+    with _stderr_without(*_hidden_lines()):
         import tensorflow as tf
 
         tf.config.list_physical_devices()
+
+
+@contextlib.contextmanager
+def quiet_start_up():
+    """Meanwhile, whenever TensorFlow is first imported (by whichever module, at whichever
+    step of a subcommand), it loads as `discover_devices` loads it: its start-up lines off the
+    console. A subcommand checks its arguments first and imports TensorFlow only when it needs
+    it; this keeps that order and the console clean."""
+    if "tensorflow" in sys.modules:
+        yield
+        return
+    finder = _QuietTensorFlow()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
+
+
+class _QuietTensorFlow:
+    """A meta path finder for `tensorflow` alone: the real spec, its loader wrapped so that the
+    module executes inside `discover_devices`' filter (then it steps aside)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        import importlib.util
+
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once: the real finders from here on
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _QuietLoader:
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with _stderr_without(*_hidden_lines()):
+            self._loader.exec_module(module)
+            module.config.list_physical_devices()
+
+    def __getattr__(self, name: str):  # get_resource_reader, is_package, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+def _hidden_lines() -> list[re.Pattern[bytes]]:
+    hidden = [] if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" else [_START_UP_INFO]
+    if not _cuda_driver_installed():
+        hidden.append(_NO_DRIVER_LINE)
+    return hidden
 
 
 def _cuda_driver_installed() -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe import factory, rundir
+from tfrecipe import factory, reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
@@ -24,15 +25,15 @@ from tfrecipe.errors import ConfigError
 
 def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
     path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ConfigError(f"evaluate: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"evaluate: expected key=value overrides, received {' '.join(bad)}")
-    try:
-        saved = OmegaConf.load(path)
-    except Exception as error:  # YAML's, OmegaConf's, an unreadable file's: all say the same
-        raise ConfigError(f"evaluate: {path} cannot be read ({_first_line(error)})") from None
+    try:  # a regular file of a config's size, then YAML: one line for either
+        saved = reading.read_yaml(path, what="a run's config.yaml")
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"evaluate: {error}") from None
     if not isinstance(saved, DictConfig):
         raise ConfigError(f"evaluate: {path} holds no mapping of keys (a tfrecipe run's config)")
     try:
@@ -55,11 +56,15 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
 
     if which != "best":
         path = run_dir / which
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ConfigError(
                 f"evaluate: --model={which}: no such file in {run_dir} (a run exports model.keras "
                 "when it completes; --model=best uses best.weights.h5)"
             )
+        try:  # regular, and measured from its directory before Keras inflates it
+            reading.check_archive(path, what="the model file")
+        except reading.UnreadableFile as error:
+            raise ConfigError(f"evaluate: --model={which}: {error}") from None
         factory.register_custom_objects()  # the task's own metrics, named in the saved model
         try:
             return keras.saving.load_model(path)
@@ -68,8 +73,12 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
                 f"evaluate: --model={which}: {path} cannot be loaded ({_first_line(error)})"
             ) from None
     weights = run_dir / "best.weights.h5"
-    if not weights.is_file():
+    if not os.path.lexists(weights):
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
+    try:
+        reading.check_file(weights, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"evaluate: --model=best: {error}") from None
     model = factory.build_model(
         run.model, splits, task=run.task, allowed_targets=run.allowed_targets
     )

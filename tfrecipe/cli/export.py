@@ -74,9 +74,13 @@ def _run_config(run_dir: Path, overrides: list[str]):
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"export: expected key=value overrides, received {' '.join(bad)}")
-    cfg = OmegaConf.merge(
-        OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(overrides)
-    )
+    from tfrecipe import reading
+
+    try:
+        saved = reading.read_yaml(run_dir / "config.yaml", what="the run's config")
+    except (OSError, ValueError) as error:  # missing, a link to a device, damaged YAML
+        raise ConfigError(f"export: {run_dir / 'config.yaml'} cannot be read ({error})") from None
+    cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
     # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
     return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 

@@ -428,6 +428,26 @@ def _main(argv: list[str]) -> None:
     except BrokenPipeError:  # `tfrecipe ls | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0) from None
+    except OSError as error:
+        _stop_on_a_full_disk(error)  # else not ours to explain
+        raise
+
+
+def _stop_on_a_full_disk(error: OSError) -> None:
+    """A disk full before the run could start (Hydra writes `.hydra/` before tfrecipe's code
+    runs): one line and summary.json status "failed" instead of Hydra's traceback, exit code 1.
+    Returns (the caller re-raises) for any other OSError, or where no run dir was pinned."""
+    from tfrecipe.fault.disk import is_disk_full, record_failed_start
+
+    run_dir = _Invocation.job_dir or _Invocation.run_dir
+    if run_dir is None or not is_disk_full(error) or not run_dir.is_dir():
+        return
+    try:
+        line = record_failed_start(run_dir, error)
+    except OSError:  # not even summary.json fits: the line alone
+        line = f"tfrecipe: training failed: disk full: no space left in {run_dir}"
+    print(line, file=sys.stderr)
+    raise SystemExit(EXIT_TRAINING) from None
 
 
 def _version() -> str:

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tfrecipe import files
+from tfrecipe import files, reading
 from tfrecipe import signature as signatures
 from tfrecipe.data.readers import Batch, Source, open_sources
 from tfrecipe.errors import ConfigError
@@ -101,9 +102,19 @@ class Run:
 
 
 def read_run(run_dir: Path, which: str) -> Run:
+    """What `run_dir` holds for predictions, every file read through `tfrecipe.reading` (a run
+    dir may be someone else's: its files are data, checked before anything loads them).
+
+    Raises:
+      ConfigError: one line: no run dir, no or a damaged signature.json or config.yaml, a model
+        file missing, not a regular file or an archive that would inflate too far.
+    """
     if not run_dir.is_dir():
         raise ConfigError(f"predict: RUN_DIR={run_dir}: not a directory")
-    record = signatures.read(run_dir)
+    try:
+        record = signatures.read(run_dir)
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"predict: {error}") from None
     if record is None:
         raise ConfigError(
             f"predict: RUN_DIR={run_dir}: holds no {signatures.SIGNATURE} (a run trained by this "
@@ -113,15 +124,38 @@ def read_run(run_dir: Path, which: str) -> Run:
     if which == "best":
         files.append(run_dir / MODELS["best"])
     for path in files:
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ConfigError(
                 f"predict: --model={which}: {path} does not exist (model.keras is written when a "
                 "run completes; best.weights.h5 by callbacks.model_checkpoint)"
             )
+    try:
+        reading.check_archive(files[0], what="model.keras")  # sizes before Keras inflates it
+        for path in files[1:]:
+            reading.check_file(path, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
+        config = _run_config(run_dir / "config.yaml")
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"predict: {error}") from None
+    return Run(signature=record, dataset=config.get("dataset", {}), model_files=tuple(files))
+
+
+def _run_config(path: Path) -> dict[str, Any]:
+    """The run's resolved config as plain data (only its `dataset` says how files were read)."""
     from omegaconf import OmegaConf
 
-    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
-    return Run(signature=record, dataset=config.get("dataset", {}), model_files=tuple(files))
+    try:
+        config = reading.read_yaml(path, what="a run's config.yaml")
+    except FileNotFoundError:
+        raise reading.UnreadableFile(
+            f"{path}: no such file; a tfrecipe run dir holds the config it ran"
+        ) from None
+    container = OmegaConf.to_container(config) if config is not None else None
+    dataset = container.get("dataset", {}) if isinstance(container, dict) else None
+    if not isinstance(dataset, dict):
+        raise reading.UnreadableFile(
+            f"{path}: holds no mapping of keys with a `dataset` mapping (a tfrecipe run's config)"
+        )
+    return container
 
 
 # --- what is written --------------------------------------------------------------------------
@@ -239,14 +273,28 @@ def _arrow(values: np.ndarray):
 
 # --- the model --------------------------------------------------------------------------------
 def load_model(run: Run):
+    """The run's model (`read_run` checked its files: regular, sizes known before inflating).
+
+    Raises:
+      ConfigError: one line naming the file Keras cannot load (a damaged archive, layers this
+        version does not know, weights of another model).
+    """
     import keras
 
     from tfrecipe import factory
 
     factory.register_custom_objects()
-    model = keras.saving.load_model(run.model_files[0], compile=False)
-    if len(run.model_files) > 1:  # the best epoch's weights in the final model's architecture
-        model.load_weights(run.model_files[1])
+    path = run.model_files[0]
+    try:
+        model = keras.saving.load_model(path, compile=False)
+        if len(run.model_files) > 1:  # the best epoch's weights in the final model's architecture
+            path = run.model_files[1]
+            model.load_weights(path)
+    except Exception as error:  # zipfile's, h5py's, Keras' own: all say "cannot be loaded"
+        raise ConfigError(
+            f"predict: {path} cannot be loaded ({reading.first_line(error)}); is it this run's "
+            "model, written by this version of tfrecipe?"
+        ) from None
     return model
 
 
@@ -302,11 +350,16 @@ def _progress(total: int | None) -> Iterator[Any]:
 def main(args: list[str]) -> None:
     request = parse(args)
     if request.output is not None:  # not an input, a folder, a link or a run's file
-        files.check_output(request.output, inputs=[*request.inputs, request.run_dir])
+        files.check_output(
+            request.output, inputs=[*request.inputs, request.run_dir], key="predict: --output"
+        )
     run = read_run(request.run_dir, request.model)
-    source: Source = open_sources(
-        request.inputs, run.signature, dataset=run.dataset, keep=request.keep
-    )
+    try:
+        source: Source = open_sources(
+            request.inputs, run.signature, dataset=run.dataset, keep=request.keep
+        )
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"predict: {error}") from None
     from tfrecipe.cli.console import discover_devices
 
     discover_devices()  # TensorFlow only now, with everything checked

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from tfrecipe import reading
 from tfrecipe.errors import ConfigError
 
 # Keys a resumed run may change without saying so: none changes what the saved state means.
@@ -85,7 +86,10 @@ def check_resume_unchanged(
     path = run_dir / "config.yaml"
     if resume == "never" or not (run_dir / "summary.json").is_file() or not path.is_file():
         return
-    saved = OmegaConf.to_container(OmegaConf.load(path))
+    try:  # the run dir's file: data, read through the reader (a regular file, YAML)
+        saved = OmegaConf.to_container(reading.read_yaml(path, what="a run's config.yaml"))
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"resume: {error}") from None
     changed = changed_keys(saved, config, allowed=allowed)
     if not changed:
         return

@@ -7,10 +7,11 @@ package; an installed wheel carries them inside it (pyproject's force-include).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from tfrecipe.errors import ConfigError
 
@@ -47,9 +48,10 @@ def register_recipe_file(path: Path) -> None:
     """Makes `recipe=STEM` select a recipe file outside `recipes/` (validate/cat a user's copy)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(
-        group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_"
-    )
+    from tfrecipe import reading
+
+    node = reading.read_yaml(path, what="a recipe")  # a regular file of a config's size
+    ConfigStore.instance().store(group="recipe", name=path.stem, node=node, package="_global_")
 
 
 def recipe_file_overrides(overrides: Sequence[str]) -> list[str]:
@@ -61,9 +63,12 @@ def recipe_file_overrides(overrides: Sequence[str]) -> list[str]:
         key, _, value = override.partition("=")
         if key == "recipe" and value.endswith((".yaml", ".yml")):
             path = Path(value).expanduser()
-            if not path.is_file():
+            if not os.path.lexists(path):
                 raise ConfigError(f"recipe={value}: no such file")
-            register_recipe_file(path)
+            try:
+                register_recipe_file(path)
+            except ValueError as error:  # reading.UnreadableFile: a FIFO, a device, damaged YAML
+                raise ConfigError(f"recipe={value}: {error}") from None
             override = f"recipe={path.stem}"
         result.append(override)
     return result

@@ -176,6 +176,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/fault/backup.py": {"*.save": "tf.train.CheckpointManager in RUN_DIR/backup"},
     "tfrecipe/fault/disk.py": {
         "path.unlink": "its own .reserve file",
+        "log_file.unlink": "an empty log Hydra made for a start the full disk stopped",
         "run_dir / RESERVE.unlink": "its own .reserve file",
         "shutil.rmtree": "a worker's scratch dir",
     },

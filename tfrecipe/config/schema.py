@@ -582,7 +582,8 @@ _TABLE_DATASETS = "tfrecipe.data.tabular."  # csv, parquet: categorical columns 
 
 def _export_problems(run: RunConfig) -> list[Problem]:
     """A format that cannot carry the configured model is refused before training: string
-    preprocessing (TextVectorization, StringLookup) in ONNX, TextVectorization in LiteRT."""
+    preprocessing (TextVectorization, StringLookup) in ONNX, TextVectorization in LiteRT, a
+    table's dict of columns in LiteRT's int8 calibration."""
     formats, problems = list(run.export.formats), []
     if run.model.target == _TEXT_MODEL:
         problems += [
@@ -604,6 +605,20 @@ def _export_problems(run: RunConfig) -> list[Problem]:
                 f"dataset.categorical={list(categorical)} are encoded by StringLookup layers "
                 "inside the model, which Keras exports to an invalid ONNX file; remove onnx "
                 "(litert, saved_model and keras carry it)",
+            )
+        )
+    quantize = run.export.litert.quantize
+    if (
+        run.dataset.target.startswith(_TABLE_DATASETS)
+        and "litert" in formats
+        and quantize == "int8"
+    ):
+        problems.append(
+            Problem(
+                "export.litert.quantize",
+                quantize,
+                "a table's model takes a dict of named columns, which LiteRT's int8 calibration "
+                "cannot feed (it fails after training); use dynamic or float16, or none",
             )
         )
     return problems

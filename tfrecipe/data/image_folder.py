@@ -10,13 +10,13 @@ at start-up, so a corrupt file stops the run with its name instead of crashing t
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe import reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
@@ -104,28 +104,13 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return np.array(files), np.array(labels, dtype="int32"), classes
 
 
-# No single image of a training set is this large (a 100-megapixel RGB bitmap is 300 MB): a file
-# beyond it is a mistake (a disk image, a video renamed .jpg), read whole into memory per step.
-MAX_IMAGE_BYTES = 512 * 1024**2
+MAX_IMAGE_BYTES = reading.MAX_IMAGE_BYTES
 
 
 def _check_file(path: Path) -> None:
-    """Refuses what is not a plain file of a sensible size, before anything reads it: a symlink
+    """Refuses what is not a regular file of a sensible size, before anything reads it: a link
     to /dev/zero or a FIFO would be read forever (until the OOM killer ends the run)."""
-    try:
-        info = path.stat()  # follows symlinks: what would be read
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(
-            f"{path}: not a regular file (a device, FIFO or socket, or a link to one); "
-            "image_folder reads image files only"
-        )
-    if info.st_size > MAX_IMAGE_BYTES:
-        raise ValueError(
-            f"{path}: {info.st_size / 1024**2:.0f} MB, more than an image of a training set can "
-            f"be (at most {MAX_IMAGE_BYTES // 1024**2} MB); remove it from the folder"
-        )
+    reading.check_file(path, limit=MAX_IMAGE_BYTES, what="an image of a training set")
 
 
 def _verify(file: str, channels: int) -> None:

@@ -11,6 +11,8 @@ import tensorflow as tf
 
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
+from tfrecipe.data.values import check_finite_array
+from tfrecipe.reading import check_npz, open_file
 
 
 @config_target
@@ -97,11 +99,15 @@ def _splits(
 
 
 def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise ValueError(f"{path}: no such file (path={path!r})")
+    check_npz(path)  # a regular file whose arrays are measured before anything is inflated
     try:
         # No pickles: a data file must not be able to run code.
-        with np.load(path, allow_pickle=False) as arrays:
+        with (
+            open_file(path, what="an .npz file") as handle,
+            np.load(handle, allow_pickle=False) as arrays,
+        ):
             missing = [k for k in (x_key, y_key) if k not in arrays.files]
             if missing:
                 raise ValueError(
@@ -124,23 +130,10 @@ def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: {x_key} must hold real numbers, received dtype {x.dtype}")
     if not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{path}: {y_key} must hold integer class labels, received {y.dtype}")
+    # NaN, Inf or beyond float32 (Inf once converted): refused, as `tfrecipe predict` refuses them
+    check_finite_array(path, x_key, x)
     x = x if x.dtype == np.uint8 else x.astype("float32")
-    _check_finite(path, x_key, x)
     return x, y.astype("int32")
-
-
-def _check_finite(path: str, key: str, x: np.ndarray) -> None:
-    """NaN or Inf inputs would train into a NaN loss, which reads as a diverged learning rate:
-    refused when the data are loaded (also values beyond float32's range, Inf once converted)."""
-    if x.dtype.kind != "f":
-        return
-    bad = x.size - np.count_nonzero(np.isfinite(x))
-    if bad:
-        first = np.unravel_index(int(np.argmin(np.isfinite(x))), x.shape)
-        raise ValueError(
-            f"{path}: {key} holds {bad} non-finite values (NaN or Inf; the first at "
-            f"{key}[{', '.join(map(str, first))}]={x[first]}); inputs must be finite numbers"
-        )
 
 
 def _check_labels(path: str, key: str, labels: np.ndarray, num_classes: int) -> None:

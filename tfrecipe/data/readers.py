@@ -16,12 +16,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tfrecipe import reading
+from tfrecipe.data.values import check_finite_array
 from tfrecipe.errors import ConfigError
 
 # tfrecipe.data.image_folder's, repeated: that module imports TensorFlow.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+# Rows of an array file checked at a time (a mapped .npy larger than memory is checked in pieces).
+CHECK_ROWS = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,8 @@ def open_sources(
     for path in paths:
         if not path.exists():
             raise ConfigError(f"predict: INPUT={path}: no such file or folder")
+        if not path.is_dir():
+            _check_file(path, limit=None)  # a regular file (each kind caps its size as it reads)
     inputs = record["inputs"]
     kinds = {path: _kind(path, inputs) for path in paths}
     if len(set(kinds.values())) > 1:
@@ -69,8 +75,10 @@ def open_sources(
         return Arrays(list(paths), inputs["shape"], key=dataset.get("x_key", "x"))
     if kind == "tfrecord":
         return Records(list(paths), inputs["shape"], dataset=dataset)
-    files = _list_files(paths, IMAGE_SUFFIXES if kind == "images" else (".txt",), kind)
-    return Images(files, inputs["shape"]) if kind == "images" else Texts(files)
+    if kind == "images":
+        images = _list_files(paths, IMAGE_SUFFIXES, kind, limit=reading.MAX_IMAGE_BYTES)
+        return Images(images, inputs["shape"])
+    return Texts(_list_files(paths, (".txt",), kind, limit=reading.MAX_TEXT_BYTES))
 
 
 def _kind(path: Path, inputs: Mapping[str, Any]) -> str:
@@ -111,12 +119,17 @@ def _kind(path: Path, inputs: Mapping[str, Any]) -> str:
     return kind
 
 
-def _list_files(paths: Sequence[Path], suffixes: Sequence[str], kind: str) -> list[Path]:
-    """Files, and the files under folders (sorted, recursively) with one of `suffixes`."""
+def _list_files(
+    paths: Sequence[Path], suffixes: Sequence[str], kind: str, *, limit: int
+) -> list[Path]:
+    """Files, and the files under folders (sorted, recursively) with one of `suffixes`, each a
+    regular file of at most `limit` bytes (a link to /dev/zero among them is refused, not read)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes)
+            found = sorted(
+                p for p in path.rglob("*") if p.suffix.lower() in suffixes and not p.is_dir()
+            )
             if not found:
                 raise ConfigError(
                     f"predict: INPUT={path}: a folder without {kind} ({', '.join(suffixes)})"
@@ -124,7 +137,16 @@ def _list_files(paths: Sequence[Path], suffixes: Sequence[str], kind: str) -> li
             files += found
         else:
             files.append(path)
+    for file in files:
+        _check_file(file, limit=limit)
     return files
+
+
+def _check_file(path: Path, *, limit: int | None) -> None:
+    try:
+        reading.check_file(path, limit=limit, what="an input of predict")
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"predict: {error}") from None
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -153,6 +175,9 @@ class Table:
         from tfrecipe.data import table_files
 
         self.columns, self.keep, self.stacked = columns, tuple(keep), stacked
+        # what training took as missing (the training mean); any other NaN, Inf or number beyond
+        # float32 is refused with its file, line and column, as training refuses it
+        self.allow_missing = bool(dataset.get("na_values")) or bool(dataset.get("allow_missing"))
         self.numeric = [name for name, kind in columns.items() if kind != "string"]
         self.strings = [name for name, kind in columns.items() if kind == "string"]
         self.strings += [name for name in self.keep if name not in columns]
@@ -191,13 +216,16 @@ class Table:
             yield from _rebatch(self._record_batches(table), batch_size, self._batch)
 
     def _record_batches(self, table):
-        from tfrecipe.data import table_files
+        from tfrecipe.data import table_files, table_stats
 
         try:
             for unit in table.units():
-                for _, batch in table_files.read(
+                for first, batch in table_files.read(
                     table, unit, numeric=self.numeric, strings=self.strings
                 ):
+                    rows = np.arange(first, first + batch.num_rows)
+                    for name in self.numeric:  # training's own check (the statistics pass)
+                        table_stats.numbers(table, unit.file, batch, rows, name, self.allow_missing)
                     yield batch
         except ValueError as error:  # a bad cell: `file:line: column 'c': ...`
             raise ConfigError(f"predict: {error}") from None
@@ -248,12 +276,20 @@ class Arrays:
         self.sizes = [self._check(file) for file in files]
 
     def _array(self, file: Path) -> np.ndarray:
-        if file.suffix.lower() == ".npy":
-            return np.load(file, mmap_mode="r")  # read as it is sliced
-        return self._load(file)
+        try:
+            if file.suffix.lower() == ".npy":
+                return np.load(file, mmap_mode="r", allow_pickle=False)  # read as it is sliced
+            reading.check_npz(file)  # sizes from its directory and headers, before inflating
+            return self._load(file)
+        except reading.UnreadableFile as error:
+            raise ConfigError(f"predict: {error}") from None
+        except (OSError, ValueError, EOFError) as error:  # NumPy's word for a damaged file
+            raise ConfigError(
+                f"predict: {file}: not a readable array file ({reading.first_line(error)})"
+            ) from None
 
     def _load(self, file: Path) -> np.ndarray:
-        with np.load(file, allow_pickle=False) as loaded:
+        with reading.open_file(file) as handle, np.load(handle, allow_pickle=False) as loaded:
             if isinstance(loaded, np.ndarray):
                 return loaded
             names = list(loaded.keys())
@@ -265,8 +301,19 @@ class Arrays:
             return loaded[key]
 
     def _check(self, file: Path) -> int:
+        """The file's example count, its shape and every value checked (before TensorFlow)."""
         array = self._array(file)
         _check_shape(str(file), array.shape[1:], self.shape)
+        if not np.issubdtype(array.dtype, np.number) or array.dtype.kind == "c":
+            raise ConfigError(f"predict: {file}: holds {array.dtype}, not real numbers")
+        name = self.key if file.suffix.lower() == ".npz" else "x"
+        for start in range(0, len(array), CHECK_ROWS):  # a mapped .npy in pieces
+            try:
+                check_finite_array(
+                    str(file), name, np.asarray(array[start : start + CHECK_ROWS]), first_row=start
+                )
+            except ValueError as error:  # training's own line (tfrecipe.data.npz)
+                raise ConfigError(f"predict: {error}") from None
         return len(array)
 
     def num_rows(self) -> int:
@@ -300,9 +347,10 @@ class Images:
             images = []
             for file in chunk:
                 try:
-                    image = tf.io.decode_image(
-                        tf.io.read_file(str(file)), channels=channels, expand_animations=False
-                    )
+                    data = reading.read_bytes(file, limit=reading.MAX_IMAGE_BYTES, what="an image")
+                    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+                except reading.UnreadableFile as error:
+                    raise ConfigError(f"predict: {error}") from None
                 except tf.errors.OpError as error:
                     reason = error.message.splitlines()[0]
                     raise ConfigError(f"predict: {file}: not a readable image ({reason})") from None
@@ -324,7 +372,11 @@ class Texts:
     def batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, len(self.files), batch_size):
             chunk = self.files[start : start + batch_size]
-            texts = np.array([f.read_bytes() for f in chunk], dtype=object)
+            try:
+                texts = [reading.read_bytes(f, limit=reading.MAX_TEXT_BYTES) for f in chunk]
+            except reading.UnreadableFile as error:
+                raise ConfigError(f"predict: {error}") from None
+            texts = np.array(texts, dtype=object)
             yield Batch(texts, {"path": np.array([str(f) for f in chunk], dtype=object)})
 
 
@@ -369,6 +421,8 @@ class Records:
             start = 0
             try:
                 for chunk in records.batch(batch_size).as_numpy_iterator():
+                    if self.kind == "float":  # as training's statistics would refuse them
+                        _check_finite(file, self.key, chunk, start)
                     index = np.arange(start, start + len(chunk))
                     start += len(chunk)
                     paths = np.full(len(chunk), str(file), object)
@@ -376,3 +430,10 @@ class Records:
             except tf.errors.OpError as error:
                 reason = error.message.splitlines()[0]
                 raise ConfigError(f"predict: {file}: record {start}: {reason}") from None
+
+
+def _check_finite(file: Path, name: str, values: np.ndarray, first_row: int) -> None:
+    try:
+        check_finite_array(str(file), name, values, first_row=first_row)
+    except ValueError as error:
+        raise ConfigError(f"predict: {error}") from None

@@ -22,6 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from tfrecipe import reading
+from tfrecipe.data.values import FLOAT32_MAX
+
 Format = Literal["csv", "parquet"]
 
 # Arrow parses CSV files in blocks of this many bytes; a row must fit in one. Larger blocks
@@ -79,7 +82,12 @@ class Table:
 
         units = []
         for file in self.files:
-            metadata = pq.ParquetFile(file).metadata
+            try:
+                metadata = pq.ParquetFile(file).metadata
+            except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ...
+                raise ValueError(
+                    f"{file}: not a readable Parquet file ({_first_line(error)})"
+                ) from None
             first = 0
             for group in range(metadata.num_row_groups):
                 rows = metadata.row_group(group).num_rows
@@ -95,10 +103,13 @@ def open_table(
     partitions for Parquet) or a glob.
 
     Raises:
-      ValueError: one line: nothing matches, a file of the wrong kind, an unreadable header, a
-        column named twice, files whose columns differ.
+      ValueError: one line: nothing matches, a file of the wrong kind or not a regular file (a
+        link to /dev/zero, a FIFO), an unreadable header, a column named twice, files whose
+        columns differ.
     """
     files, root = _files(path, format=format, key=key)
+    for file in files:  # streamed: no size cap, but a link to /dev/zero or a FIFO is refused
+        reading.check_file(file, what=f"a {format} file of {key}")
     partitions = _partitions(files, root) if format == "parquet" else ()
     columns = [_columns(file, format=format, csv=csv) for file in files]
     for file, names in zip(files, columns, strict=True):
@@ -354,6 +365,11 @@ def number_problem(cell: str, column: str, na_values: set[str] | frozenset[str])
             f"column {column!r}: {cell!r} is not a finite number; list it in dataset.na_values "
             "to treat it as missing"
         )
+    if abs(value) > FLOAT32_MAX:  # Inf once read as the models' float32
+        return (
+            f"column {column!r}: {cell!r} is beyond float32's range (at most {FLOAT32_MAX:.4g} "
+            "in size); rescale the column"
+        )
     if text != cell:
         return f"column {column!r}: {cell!r} has spaces around the number; remove them"
     return None
@@ -416,9 +432,7 @@ def _read_parquet(table: Table, unit: Unit, numeric, strings, batch_rows: int):
                 "dataset.categorical if it holds categories"
             )
     first_row = unit.first_row
-    for batch in parquet.iter_batches(
-        batch_size=batch_rows, row_groups=[unit.row_group], columns=stored
-    ):
+    for batch in _parquet_batches(parquet, unit, batch_rows, stored):
         columns = {}
         for name in numeric:
             if name in partitions:
@@ -435,6 +449,29 @@ def _read_parquet(table: Table, unit: Unit, numeric, strings, batch_rows: int):
             columns[name] = pc.utf8_trim_whitespace(values)
         yield first_row, pa.RecordBatch.from_pydict(columns)
         first_row += batch.num_rows
+
+
+def _parquet_batches(parquet, unit: Unit, batch_rows: int, columns: list[str]):
+    """The record batches of a row group; a page that cannot be read (corrupt, truncated) is one
+    line naming the file, the row group and its rows, not pyarrow's traceback."""
+    import pyarrow as pa
+
+    batches = parquet.iter_batches(
+        batch_size=batch_rows, row_groups=[unit.row_group], columns=columns
+    )
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as error:
+            last = unit.first_row + (unit.num_rows or 0)
+            raise ValueError(
+                f"{unit.file}: row group {unit.row_group} (rows {unit.first_row + 1}-{last}) "
+                f"cannot be read ({_first_line(error)}); the file is damaged: rewrite it, or "
+                "leave it out"
+            ) from None
+        yield batch
 
 
 def _is_number(arrow_type) -> bool:

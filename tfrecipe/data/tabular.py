@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from tfrecipe import reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data import table_files, table_stats
 from tfrecipe.data.splits import DatasetInfo, Splits, from_arrays
@@ -113,10 +114,16 @@ def _verified(data: dict) -> TableStats:
 
 
 def _read_json(path: Path) -> dict | None:
+    """The cached statistics, or None where there are none yet (the chief has not written them,
+    or is writing them). A file that is there but is not one tfrecipe wrote (a link to a device,
+    a file too large, damaged JSON) is refused, not silently recomputed over."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = reading.read_json(path, what=f"a run's {table_stats.STATS_FILE}")
+    except FileNotFoundError:
         return None
+    if not isinstance(data, dict):
+        raise reading.UnreadableFile(f"{path}: holds no statistics tfrecipe wrote (a JSON object)")
+    return data
 
 
 @config_target

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe import reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
@@ -40,8 +41,9 @@ def load(
       validation_fraction, test_fraction, split_seed: the held-out fractions per class.
 
     Raises:
-      ValueError: the folder is missing, has fewer than two classes, a class without texts, or
-        too few texts to hold the fractions out.
+      ValueError: the folder is missing, has fewer than two classes, a class without texts, a
+        `.txt` entry that is not a regular file (or too large), or too few texts to hold the
+        fractions out.
     """
     files, labels, classes = _list(Path(path))
     try:
@@ -87,7 +89,11 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         )
     files, labels = [], []
     for label, name in enumerate(classes):
-        texts = sorted(str(p) for p in (root / name).rglob(f"*{TEXT_SUFFIX}") if p.is_file())
+        # every .txt entry but folders: a link to /dev/zero, a FIFO or a device is refused (read
+        # lazily by the pipeline, it would never end), not skipped
+        texts = sorted(str(p) for p in (root / name).rglob(f"*{TEXT_SUFFIX}") if not p.is_dir())
+        for text in texts:
+            reading.check_file(text, limit=reading.MAX_TEXT_BYTES, what="a text example")
         if not texts:
             raise ValueError(f"{root / name}: class folder holds no {TEXT_SUFFIX} files")
         files += texts

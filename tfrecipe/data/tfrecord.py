@@ -19,8 +19,10 @@ from typing import Literal
 
 import tensorflow as tf
 
+from tfrecipe import reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits
+from tfrecipe.data.values import check_finite_array
 
 FeatureKind = Literal["image", "float", "int"]
 
@@ -131,6 +133,9 @@ def _glob(key: str, pattern: str | Sequence[str]) -> list[str]:
     files = sorted({path for p in patterns for path in tf.io.gfile.glob(p)})
     if not files:
         raise ValueError(f"{key}={pattern!r}: matches no files; check the path and the glob")
+    for file in files:
+        if "://" not in file:  # a local file (gs://, hdfs:// are the filesystem's to check)
+            reading.check_file(file, what=f"a TFRecord file of {key}")
     return files
 
 
@@ -140,6 +145,8 @@ def _check_file(path: str, spec: _Spec, images_to_decode: int) -> int:
     count = 0
     try:
         for batch in records.batch(4096):
+            if spec.kind == "float":  # refused as a CSV's or an .npz's (and predict's) are
+                check_finite_array(path, spec.key, batch[0].numpy(), first_row=count)
             count += int(tf.shape(batch[1])[0])
         for feature, _ in records.take(images_to_decode if spec.kind == "image" else 0):
             spec.decode(feature)

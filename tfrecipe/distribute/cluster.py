@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from tfrecipe import rundir
+from tfrecipe import reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
@@ -355,9 +355,9 @@ def settle_summary(run_dir: str | Path) -> None:
 
 def latest_backup_step(backup_dir: Path) -> int | None:
     """The step of the newest backup (CheckpointManager's state file names it `ckpt-STEP`)."""
-    try:
-        state = (backup_dir / "checkpoint").read_text()
-    except OSError:
+    try:  # a regular file of a state file's size: a link to /dev/zero would be read forever
+        state = reading.read_text(backup_dir / "checkpoint", limit=1024**2, what="a backup state")
+    except (OSError, reading.UnreadableFile):
         return None
     match = re.search(r'^model_checkpoint_path: ".*?ckpt-(\d+)"', state, re.MULTILINE)
     return int(match[1]) if match else None

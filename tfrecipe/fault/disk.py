@@ -11,7 +11,9 @@ the summary itself, which stayed `running`. So:
   less free space than the weights take (`callbacks.RoomForWeights`, `models.export.export_model`);
 - `is_disk_full` recognizes the error wherever it was raised (Python's `OSError`, TensorFlow's
   and h5py's messages), and `remove_partial_files` deletes the temporary files the failed writes
-  left (`.NAME.tmp`, `.partial-*`, a backup's `*_temp` files).
+  left (`.NAME.tmp`, `.partial-*`, a backup's `*_temp` files);
+- a disk full before training starts (Hydra's own `.hydra/` files fail to write) ends the same
+  way: one line, and summary.json says "failed", disk full (`record_failed_start`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,28 @@ def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines() or [""]
     full = [line for line in lines if any(m in line for m in _FULL_MESSAGES)]
     return (full or lines)[0].strip()[:300]
+
+
+def record_failed_start(run_dir: Path, error: BaseException) -> str:
+    """A disk that filled before training could start (Hydra writing `.hydra/` or the log):
+    Hydra's half-written files removed, then summary.json says the run failed, disk full (it
+    fits where those files were). Returns the console's one line.
+
+    Raises:
+      OSError: summary.json cannot be written either (the disk is full to the last byte).
+    """
+    from tfrecipe.rundir import SUMMARY, write_summary
+
+    text = error_text(error, run_dir)
+    if (run_dir / SUMMARY).exists():  # a run that got further says how it ended itself
+        return f"tfrecipe: training failed: {text}"
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)  # Hydra's, cut short: not a record
+    for log_file in run_dir.glob("*.log"):
+        if log_file.stat().st_size == 0:
+            log_file.unlink()
+    remove_partial_files(run_dir)
+    write_summary(run_dir, {"status": "failed", "error": text})
+    return f"tfrecipe: training failed: {text}"
 
 
 def remove_partial_files(run_dir: Path) -> None:

@@ -288,6 +288,11 @@ def quantization_options(quantize: str, representative: list[Features] | None) -
     elif quantize == "int8":
         if not representative:
             raise ExportError("litert int8 quantization needs representative training examples")
+        if isinstance(representative[0], Mapping):  # its AttributeError came after training
+            raise ExportError(
+                "litert int8 quantization cannot calibrate a model of named columns (a table's): "
+                "LiteRT's calibration feeds one array per example; use dynamic or float16"
+            )
 
         def examples():
             for batch in representative:
