@@ -433,7 +433,9 @@ def test_a_full_disk_ends_failed_disk_full_in_one_line_without_partial_files(
     assert summary["status"] == "failed" and summary["error"].startswith("disk full"), summary
     files = set(json.loads(result.stdout.split("left: ", 1)[1].splitlines()[0]))
     # no .reserve, .NAME.tmp, .partial-*, *_temp: only complete files (and what failed says)
-    assert files == {*left, "summary.json", "traceback.txt"}, files
+    # (and the run's own manifest and data fingerprint, written whole at its start)
+    assert files == {*left, "summary.json", "traceback.txt", ".tfrecipe-files",
+                     "data_fingerprint.json"}, files  # fmt: skip
 
 
 # Fills the tmpfs to 8 KB free before the command runs: Hydra's own .hydra/ files do not fit.
@@ -467,7 +469,8 @@ def test_a_disk_full_before_training_starts_is_one_line_and_a_failed_summary(tmp
         "rerun the same command to resume from the last backup); OSError: [Errno 28] No space "
         "left on device"
     )
-    assert "left: ./summary.json \n" in result.stdout, result.stdout  # Hydra's half files gone
+    # Hydra's half files gone; the run's manifest (which names .hydra/) is whole
+    assert "left: ./.tfrecipe-files ./summary.json \n" in result.stdout, result.stdout
     summary = json.loads(result.stdout.split("summary: ", 1)[1])
     assert summary["status"] == "failed" and summary["error"].startswith("disk full"), summary
 

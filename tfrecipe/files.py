@@ -29,6 +29,7 @@ MANIFEST = ".tfrecipe-files"
 RUN_MARKERS = (MANIFEST, "summary.json", "signature.json")
 
 _held: set[Path] = set()  # run dirs this process writes
+_adopting: set[Path] = set()  # held dirs of an earlier version: their files are the run's
 
 
 class NotOurs(ConfigError):
@@ -45,7 +46,7 @@ def own_dir(run_dir: Path, *, adopt: bool = False) -> None:
     if manifest.is_symlink() or (manifest.exists() and not manifest.is_file()):
         raise NotOurs(f"{manifest}: not a regular file; tfrecipe will not write through it")
     if adopt and not manifest.exists():
-        _append(manifest, sorted(_entries(run_dir)))
+        _adopting.add(run_dir)  # listed with the first file written: nothing is added before
 
 
 def is_held(run_dir: Path) -> bool:
@@ -54,13 +55,14 @@ def is_held(run_dir: Path) -> bool:
 
 def release_dir(run_dir: Path) -> None:
     _held.discard(_absolute(run_dir))
+    _adopting.discard(_absolute(run_dir))
 
 
 def owned(run_dir: Path) -> set[str]:
     """The paths (relative to `run_dir`) its manifest lists; a folder listed owns its contents."""
     manifest = Path(run_dir) / MANIFEST
     if manifest.is_symlink() or not manifest.is_file():
-        return set()
+        return set(_entries(Path(run_dir))) if _absolute(run_dir) in _adopting else set()
     return {line for line in manifest.read_text().splitlines() if line}
 
 
@@ -74,6 +76,8 @@ def claim(run_dir: Path, names: Iterable[str]) -> None:
     """Adds paths written by others on the run's behalf (Hydra's `.hydra/`, its log) to the
     run's manifest."""
     manifest = Path(run_dir) / MANIFEST
+    if not manifest.exists() and _absolute(run_dir) in _adopting:
+        _append(manifest, sorted(_entries(Path(run_dir))))
     new = [n for n in names if n not in owned(run_dir)]
     if new:
         _append(manifest, new)
