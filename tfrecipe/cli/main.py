@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -41,6 +42,7 @@ class _Invocation:
     run_dir_existed: bool = True
     job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
     cluster = None  # the validated `cluster` config of a single run (schema.Cluster)
+    sweep = None  # a sweep's plan (sweep_report.SweepPlan): where it writes, what picks its best
 
 
 def _quote(value: str) -> str:
@@ -62,8 +64,8 @@ def _precheck(argv: list[str]) -> list[str]:
         return argv  # Hydra answers these
     command_line = CommandLine.parse(args.overrides)
     if args.multirun or custom_config:
-        _check_hydra_configs(args, command_line)
-        return argv  # sweep jobs and a user's config dir validate themselves
+        # sweep jobs and a user's config dir validate themselves
+        return _pin_sweep_dir(args, argv, _check_hydra_configs(args, command_line))
 
     from omegaconf import OmegaConf
 
@@ -73,8 +75,7 @@ def _precheck(argv: list[str]) -> list[str]:
 
     cfg = compose(args.overrides, return_hydra_config=True)
     if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:  # a config file asks for a sweep
-        _check_hydra_configs(args, command_line)
-        return argv
+        return _pin_sweep_dir(args, argv, _check_hydra_configs(args, command_line))
     from tfrecipe.distribute.cluster import check_environment, is_chief_process
 
     run = validate(cfg, command_line=command_line)
@@ -122,17 +123,42 @@ def _refuse_rerun(args) -> None:
         )
 
 
-def _check_hydra_configs(args, command_line) -> None:
+def _pin_sweep_dir(args, argv: list[str], composed: list) -> list[str]:
+    """A sweep's argv with its `hydra.sweep.dir` resolved once (`${now:...}` would otherwise be
+    evaluated again by Hydra), and its plan kept for the report that ends it (sweep.json)."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from tfrecipe.cli.sweep_report import plan_from
+
+    sweep_cfg, sweep_dir = composed[0]
+    multirun = args.multirun or OmegaConf.select(sweep_cfg, "hydra.mode") == RunMode.MULTIRUN
+    if not multirun or sweep_dir is None:
+        return argv  # a single run from a user's config dir, or a dir only a job resolves
+    command = ["python", "-m", "tfrecipe"]
+    for flag, value in (("--config-path", args.config_path), ("--config-dir", args.config_dir),
+                        ("--config-name", args.config_name)):  # fmt: skip
+        command += [flag, value] if value else []
+    first_job = composed[1][0] if len(composed) > 1 else sweep_cfg
+    _Invocation.sweep = plan_from(first_job, sweep_dir, command=command,
+                                  run_mode=not args.multirun)  # fmt: skip
+    return [*argv, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _check_hydra_configs(args, command_line) -> list:
     """Checks the sweep's own config and every job's, as a single run's config is checked
     (`config_problems`), before Hydra configures logging, instantiates its sweeper, launcher or
-    callbacks, or starts a job. Each job validates the rest of its config itself."""
+    callbacks, or starts a job. Each job validates the rest of its config itself. Returns
+    the (config, directory) pairs checked: the sweep's first, then its jobs'."""
     from omegaconf import OmegaConf
 
     from tfrecipe.cli.sweeps import hydra_configs
     from tfrecipe.config.checks import config_problems
 
     problems: list[Problem] = []
+    composed = []
     for cfg, output_dir in hydra_configs(args, _task):
+        composed.append((cfg, output_dir))
         job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
         try:
             container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
@@ -144,6 +170,7 @@ def _check_hydra_configs(args, command_line) -> None:
         problems += [p for p in found if p not in problems]
     if problems:
         raise ConfigError(problems)
+    return composed
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -482,17 +509,25 @@ def _run_hydra(argv: list[str]) -> None:
         # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
         # the pinned run dir.
         raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], _Invocation.cluster))
+    started = time.time()
     with _sweep_jobs_file() as sweep_jobs, _logging_config_errors():
         hydra_main()
         jobs = sweep_jobs()
-    if jobs:  # a sweep: one row per job, so the outcome reads at a glance
-        from tfrecipe.cli.display import sweep_table
-
-        print(f"sweep: {len(jobs)} jobs\n{sweep_table(jobs)}")
+    if _Invocation.sweep is not None and _Invocation.sweep.sweep_dir.is_dir():
+        _report_sweep(_Invocation.sweep, argv, started)
     failed = [job["run_dir"] for job in jobs if job["status"] == "failed"]
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
+
+
+def _report_sweep(plan, argv: list[str], started: float) -> None:
+    """sweep.json, sweep.png and the table naming the best job (tfrecipe.cli.sweep_report),
+    then the sweep's MLflow parent run closed with the winner, where jobs opened one."""
+    from tfrecipe.cli.sweep_report import console_text, invocation, write_report
+
+    report = write_report(plan, invocation=invocation(argv, started))
+    print(console_text(report))
 
 
 def _answered_help(argv: list[str]) -> bool:

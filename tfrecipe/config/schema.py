@@ -441,6 +441,7 @@ Cluster = Annotated[
 
 class Sweep(_Schema):
     objective: str = "val_loss"
+    metric: str | None = None  # what picks the best job (tfrecipe.cli.sweep_report)
     fail_fast: bool = False
 
 
@@ -742,14 +743,11 @@ def _sweep_problems(run: RunConfig) -> list[Problem]:
     from tfrecipe.tasks import summary_names
 
     allowed = summary_names(run.task)
-    if run.sweep.objective in allowed:
-        return []
+    named = {"sweep.objective": run.sweep.objective, "sweep.metric": run.sweep.metric}
     return [
-        Problem(
-            "sweep.objective",
-            run.sweep.objective,
-            f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}",
-        )
+        Problem(key, value, f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}")
+        for key, value in named.items()
+        if value is not None and value not in allowed
     ]
 
 
