@@ -187,8 +187,9 @@ def test_sweep_2x2_then_compare(cli, tmp_path):
     assert [s["status"] for s in summaries] == ["completed"] * 4
     # No config tree per job; one table at the end, a row per job with what differs.
     assert "├── strategy" not in result.stdout
-    table = result.stdout.split("sweep: 4 jobs\n", 1)[1].splitlines()[:5]
-    assert table[0].split() == ["job", "model", "seed", "status", "val_loss", "test_accuracy"]
+    table = result.stdout.split("sweep: 4 jobs (4 completed)\n", 1)[1].splitlines()[:5]
+    assert table[0].split() == ["job", "model", "seed", "status", "val_accuracy",
+                                "test_accuracy", "wall_s"]  # fmt: skip
     assert [row.split()[:4] for row in table[1:]] == [
         [str(i), model, seed, "completed"]
         for i, (model, seed) in enumerate([("mlp", "1"), ("mlp", "2"), ("cnn", "1"), ("cnn", "2")])

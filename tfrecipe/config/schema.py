@@ -745,7 +745,9 @@ def _sweep_problems(run: RunConfig) -> list[Problem]:
     allowed = summary_names(run.task)
     named = {"sweep.objective": run.sweep.objective, "sweep.metric": run.sweep.metric}
     return [
-        Problem(key, value, f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}")
+        Problem(
+            key, value, f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}"
+        )
         for key, value in named.items()
         if value is not None and value not in allowed
     ]
