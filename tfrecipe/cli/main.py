@@ -528,6 +528,10 @@ def _report_sweep(plan, argv: list[str], started: float) -> None:
 
     report = write_report(plan, invocation=invocation(argv, started))
     print(console_text(report))
+    from tfrecipe.tracking.mlflow_store import PARENT_FILE, RECORD_DIR, close_sweep
+
+    if (plan.sweep_dir / RECORD_DIR / PARENT_FILE).is_file():
+        close_sweep(plan.sweep_dir, report)
 
 
 def _answered_help(argv: list[str]) -> bool:

@@ -8,6 +8,7 @@ problem as `key: what is wrong (received value)`.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Annotated, Literal, get_args
 
@@ -400,10 +401,51 @@ class WandbLogger(_Schema):
     log_model: bool = False
 
 
+class MlflowLogger(_Schema):
+    # null: MLFLOW_TRACKING_URI, else sqlite:///SWEEP_OR_RUN_DIR/mlflow.db
+    tracking_uri: str | None = None
+    experiment: str = "tfrecipe"
+    run_name: str | None = None
+    tags: dict[str, str] = {}
+    log_artifacts: bool = True
+    timeout_s: PositiveFloat = 10.0
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_store_mlflow_opens(cls, uri):
+        """A scheme MLflow has a store for; its file store only where the user allowed it."""
+        if uri is None:
+            return uri
+        scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+        if scheme not in _MLFLOW_SCHEMES:
+            raise PydanticCustomError(
+                "mlflow_uri",
+                "expected a tracking URI: sqlite:///PATH, http(s)://HOST:PORT, "
+                "postgresql://..., mysql://..., databricks, or file:PATH with "
+                "MLFLOW_ALLOW_FILE_STORE=true; null: MLFLOW_TRACKING_URI, else a sqlite file in "
+                "the sweep or run dir",
+            )
+        allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+        if scheme == "file" and not allowed:
+            raise PydanticCustomError(
+                "mlflow_file_store",
+                "MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true is set; use "
+                "sqlite:///PATH (a local file that needs no server) or set that variable",
+            )
+        return uri
+
+
+# What MLflow 3 opens a tracking store for (sqlalchemy's dialects may add +driver).
+_MLFLOW_SCHEMES = frozenset(
+    {"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks"}
+)
+
+
 class Logger(_Schema):
     csv: CsvLogger | None = None
     tensorboard: TensorBoardLogger | None = None
     wandb: WandbLogger | None = None
+    mlflow: MlflowLogger | None = None
 
 
 class NoCluster(_Schema):
