@@ -8,6 +8,7 @@ code 2 and one line per problem, and leaves no half-written run directory behind
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -140,9 +141,27 @@ def _pin_sweep_dir(args, argv: list[str], composed: list) -> list[str]:
                         ("--config-name", args.config_name)):  # fmt: skip
         command += [flag, value] if value else []
     first_job = composed[1][0] if len(composed) > 1 else sweep_cfg
+    from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
+
+    # What TensorBoard's HParams view shows of each job (jobs inherit the environment).
+    os.environ[SWEEP_KEYS_ENV] = json.dumps(_swept_keys(args, sweep_cfg, composed[1:]))
     _Invocation.sweep = plan_from(first_job, sweep_dir, command=command,
                                   run_mode=not args.multirun)  # fmt: skip
     return [*argv, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _swept_keys(args, sweep_cfg, jobs: list) -> list[str]:
+    """The keys a sweep varies: those whose value differs between the jobs composed before it
+    starts, and those an optimizing sweeper samples (`interval(...)`, `hydra.sweeper.params`)."""
+    from omegaconf import OmegaConf
+
+    overrides = [OmegaConf.select(cfg, "hydra.overrides.task", default=[]) for cfg, _ in jobs]
+    pairs = [dict(str(o).split("=", 1) for o in job if "=" in str(o)) for job in overrides]
+    keys = dict.fromkeys(key for job in pairs for key in job)
+    varied = [key for key in keys if len({job.get(key) for job in pairs}) > 1]
+    params = OmegaConf.select(sweep_cfg, "hydra.sweeper.params", default=None) or {}
+    sampled = [o.split("=", 1)[0] for o in args.overrides if "interval(" in o.split("=", 1)[-1]]
+    return list(dict.fromkeys([*varied, *map(str, params), *sampled]))
 
 
 def _check_hydra_configs(args, command_line) -> list:

@@ -1034,5 +1034,10 @@ def _describe(error: ValidationError, container: dict) -> list[Problem]:
                 Problem(f"{key}.name", item["ctx"]["tag"], f"unknown option; allowed: {allowed}")
             )
         else:
-            problems.append(Problem(key, received, item["msg"].lower()))
+            message = item["msg"] if kind in _CASE_KEPT else item["msg"].lower()
+            problems.append(Problem(key, received, message))
     return problems
+
+
+# Messages that name an environment variable or a URI scheme: their case is kept.
+_CASE_KEPT = frozenset({"mlflow_uri", "mlflow_file_store"})
