@@ -549,8 +549,8 @@ def _report_sweep(plan, argv: list[str], started: float) -> None:
     print(console_text(report))
     from tfrecipe.tracking.mlflow_store import PARENT_FILE, RECORD_DIR, close_sweep
 
-    if (plan.sweep_dir / RECORD_DIR / PARENT_FILE).is_file():
-        close_sweep(plan.sweep_dir, report)
+    if plan.mlflow_uri and (plan.sweep_dir / RECORD_DIR / PARENT_FILE).is_file():
+        close_sweep(plan.sweep_dir, report, plan.mlflow_uri)
 
 
 def _answered_help(argv: list[str]) -> bool:

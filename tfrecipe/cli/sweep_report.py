@@ -44,6 +44,7 @@ class SweepPlan:
       command: how the command line starts before the overrides (`python -m tfrecipe` plus
         --config-dir/--config-name when given).
       run_mode: the rerun needs `hydra.mode=RUN` (a config file asked for the multirun).
+      mlflow_uri: the MLflow store the jobs log to (`logger=mlflow`), else None.
     """
 
     sweep_dir: Path
@@ -52,28 +53,48 @@ class SweepPlan:
     chosen_by: str
     command: tuple[str, ...] = ("python", "-m", "tfrecipe")
     run_mode: bool = False
+    mlflow_uri: str | None = None
 
 
 def plan_from(cfg, sweep_dir: Path, *, command: Sequence[str], run_mode: bool) -> SweepPlan:
     """The plan of a sweep whose first job composes to `cfg` (a config with Hydra's node)."""
+    metric, direction, chosen_by = _metric(cfg)
+    return SweepPlan(sweep_dir, metric, direction, chosen_by, tuple(command), run_mode,
+                     _mlflow_uri(cfg, sweep_dir))  # fmt: skip
+
+
+def _mlflow_uri(cfg, sweep_dir: Path) -> str | None:
+    """Where the jobs' MLflow runs go (`tfrecipe.tracking.mlflow_run.tracking_uri`)."""
+    if OmegaConf.select(cfg, "logger.mlflow", default=None) is None:
+        return None
+    import os
+
+    from tfrecipe.tracking.mlflow_store import DEFAULT_STORE
+
+    return (
+        OmegaConf.select(cfg, "logger.mlflow.tracking_uri", default=None)
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{(sweep_dir / DEFAULT_STORE).resolve()}"
+    )
+
+
+def _metric(cfg) -> tuple[str, str, str]:
+    """(metric, direction, where it came from): sweep.metric, the Optuna objective, the task's."""
     from tfrecipe.tasks import SPECS, monitor_mode
 
     metric = OmegaConf.select(cfg, "sweep.metric", default=None)
     if metric:
-        return SweepPlan(sweep_dir, metric, monitor_mode(metric.removeprefix("test_")),
-                         "sweep.metric", tuple(command), run_mode)  # fmt: skip
+        return metric, monitor_mode(metric.removeprefix("test_")), "sweep.metric"
     sweeper = str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="") or "")
     direction = OmegaConf.select(cfg, "hydra.sweeper.direction", default=None)
     if "optuna" in sweeper.lower() and isinstance(direction, str):
         objective = str(OmegaConf.select(cfg, "sweep.objective", default="val_loss"))
         mode = "max" if direction.lower().startswith("max") else "min"
-        return SweepPlan(sweep_dir, objective, mode, f"sweep.objective ({direction}, as the "
-                         "sweeper optimized it)", tuple(command), run_mode)  # fmt: skip
+        return objective, mode, f"sweep.objective ({direction}, as the sweeper optimized it)"
     task = str(OmegaConf.select(cfg, "task.name", default="classification"))
     spec = SPECS.get(task, SPECS["classification"])
     metric = f"val_{spec.main_metric}"
-    return SweepPlan(sweep_dir, metric, monitor_mode(metric), f"task={task}'s main metric",
-                     tuple(command), run_mode)  # fmt: skip
+    return metric, monitor_mode(metric), f"task={task}'s main metric"
 
 
 @dataclasses.dataclass

@@ -38,14 +38,20 @@ def shown(uri: str) -> str:
     return redact_text(uri)
 
 
-def close_sweep(sweep_dir: Path, report: Mapping[str, Any]) -> None:
+def close_sweep(sweep_dir: Path, report: Mapping[str, Any], uri: str) -> None:
     """Ends the sweep's parent run (where its jobs opened one) with the winner: tags naming the
-    best job, its metric and its MLflow run, sweep.json and sweep.png as artifacts."""
+    best job, its metric and its MLflow run, sweep.json and sweep.png as artifacts.
+
+    Args:
+      uri: the store the sweep's config names (never one read from the sweep dir's files: they
+        are data); a parent record of another store is left alone.
+    """
     parent = read_record(sweep_dir / RECORD_DIR / PARENT_FILE)
+    if parent.get("tracking_uri") != shown(uri):
+        return
     if not parent.get("run_id"):
         return
     best = report.get("best") or {}
-    uri = _uri_of_record(parent, sweep_dir)
     try:
         quiet_logs()
         from mlflow.entities import RunTag
@@ -116,16 +122,6 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
                   synced_from_local_run=run.info.run_id)  # fmt: skip
     rundir.atomic_write(run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
     return new
-
-
-def _uri_of_record(record: Mapping[str, Any], home: Path) -> str:
-    """The store a record was written to: its URI, unless credentials were taken out of it
-    (then the configured one, from the environment)."""
-    return (
-        os.environ.get("MLFLOW_TRACKING_URI")
-        or record.get("tracking_uri")
-        or (f"sqlite:///{(home / DEFAULT_STORE).resolve()}")
-    )
 
 
 def experiment_of(client, name: str, uri: str) -> str:
