@@ -534,6 +534,9 @@ def _run_hydra(argv: list[str]) -> None:
         jobs = sweep_jobs()
     if _Invocation.sweep is not None and _Invocation.sweep.sweep_dir.is_dir():
         _report_sweep(_Invocation.sweep, argv, started)
+    from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
+
+    os.environ.pop(SWEEP_KEYS_ENV, None)  # this sweep's, set by _pin_sweep_dir
     failed = [job["run_dir"] for job in jobs if job["status"] == "failed"]
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)

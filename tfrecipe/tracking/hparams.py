@@ -13,9 +13,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import keras
+if TYPE_CHECKING:
+    import keras
 
 # The keys a sweep varies, as a JSON list, set by the process that launches the jobs.
 SWEEP_KEYS_ENV = "TFRECIPE_SWEEP_KEYS"
