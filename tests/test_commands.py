@@ -217,6 +217,9 @@ def test_a_failing_sweep_job_does_not_stop_the_others(cli, tmp_path):
     failed = json.loads((sweep / "0" / "summary.json").read_text())
     assert failed["status"] == "failed" and "per_replica_batch_size" in failed["error"]
     assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "completed"
+    report = json.loads((sweep / "sweep.json").read_text())  # the failed job is listed, never wins
+    assert [job["status"] for job in report["jobs"]] == ["failed", "completed"]
+    assert report["best"]["job"] == 1
 
 
 def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
@@ -257,6 +260,10 @@ def test_optuna_sweeper_optimizes_the_objective(cli, tmp_path):
         for i in range(2)
     ]
     assert best.best_value == pytest.approx(min(val_losses))  # main returned the objective
+    report = json.loads((sweep / "sweep.json").read_text())  # the winner is Optuna's best trial
+    assert (report["metric"], report["direction"]) == ("val_loss", "min")
+    assert report["best"]["val_loss"] == pytest.approx(best.best_value)
+    assert set(report["varied"]) == {"optimizer.learning_rate"}
 
 
 @pytest.mark.slow
@@ -275,6 +282,10 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
     assert [s["model"] for s in summaries] == ["tfrecipe.models.mlp", "tfrecipe.models.cnn"]
     assert all(s["status"] == "completed" for s in summaries)
+    # The jobs ran in other processes: the report reads them from the sweep dir.
+    report = json.loads((sweep / "sweep.json").read_text())
+    assert report["counts"] == {"completed": 2} and report["varied"] == ["model"]
+    assert "best: job" in result.stdout and "rerun: python -m tfrecipe" in result.stdout
 
 
 @pytest.mark.slow
