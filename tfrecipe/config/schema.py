@@ -570,6 +570,7 @@ def _cross_checks(run: RunConfig) -> list[Problem]:
         *_finetune_problems(run),
         *_task_metric_problems(run),
         *_sweep_problems(run),
+        *_tracker_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
     ]
@@ -777,6 +778,17 @@ def _task_metric_problems(run: RunConfig) -> list[Problem]:
             )
         taken.append(name)
     return problems
+
+
+def _tracker_problems(run: RunConfig) -> list[Problem]:
+    """logger=mlflow needs the `tracking` extra: said before training, not as an ImportError
+    once the model is built."""
+    import importlib.util
+
+    if run.logger.mlflow is None or importlib.util.find_spec("mlflow") is not None:
+        return []
+    hint = 'MLflow is not installed; pip install "tfrecipe[tracking]" (mlflow-skinny)'
+    return [Problem("logger", "mlflow", hint)]
 
 
 def _sweep_problems(run: RunConfig) -> list[Problem]:

@@ -112,7 +112,7 @@ class MlflowTracker:
             self._switch_to_local()  # the earlier start logged locally: continue that record
         client = self.client()
         experiment_id = experiment_of(client, self.experiment, self.uri)
-        tags = {**self.tags, "strategy": str(_get(self.params, "strategy.name")),
+        tags = {**self.tags, "strategy": str(self.params.get("strategy.name")),
                 **_git_commit(), "status": "running"}  # fmt: skip
         parent = self._parent(client, experiment_id) if not self.local else None
         if parent:
@@ -295,10 +295,6 @@ def _default_name(run_dir: Path, sweep_dir: Path | None) -> str:
     if sweep_dir is not None and run_dir.resolve().is_relative_to(sweep_dir.resolve()):
         return f"job {run_dir.resolve().relative_to(sweep_dir.resolve())}"
     return "/".join(run_dir.parts[-2:])
-
-
-def _get(flat: Mapping[str, str], key: str) -> str | None:
-    return flat.get(key)
 
 
 def _git_commit() -> dict[str, str]:
