@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -277,6 +278,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         "model=mlp,cnn",
+        *(["logger=[csv,mlflow]"] if importlib.util.find_spec("mlflow") else []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
@@ -286,6 +288,11 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
     report = json.loads((sweep / "sweep.json").read_text())
     assert report["counts"] == {"completed": 2} and report["varied"] == ["model"]
     assert "best: job" in result.stdout and "rerun: python -m tfrecipe" in result.stdout
+    if importlib.util.find_spec("mlflow"):  # two workers opened the sweep's one store at once
+        assert "MLflow" not in result.stdout + result.stderr
+        records = [json.loads((sweep / str(i) / "mlflow" / "run.json").read_text()) for i in (0, 1)]
+        assert [r["local"] for r in records] == [False, False]
+        assert records[0]["parent_run_id"] == records[1]["parent_run_id"] is not None
 
 
 @pytest.mark.slow

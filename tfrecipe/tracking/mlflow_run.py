@@ -110,11 +110,15 @@ class MlflowTracker:
 
         if previous.get("local"):
             self._switch_to_local()  # the earlier start logged locally: continue that record
-        client = self.client()
-        experiment_id = experiment_of(client, self.experiment, self.uri)
+        # A sweep's jobs may start at once (joblib workers, SLURM jobs): one of them at a time
+        # creates the store (two racing through MLflow's table migrations fail), the experiment
+        # and the parent run.
+        with self._sweep_lock():
+            client = self.client()
+            experiment_id = experiment_of(client, self.experiment, self.uri)
+            parent = self._parent(client, experiment_id) if not self.local else None
         tags = {**self.tags, "strategy": str(self.params.get("strategy.name")),
                 **_git_commit(), "status": "running"}  # fmt: skip
-        parent = self._parent(client, experiment_id) if not self.local else None
         if parent:
             tags["mlflow.parentRunId"] = parent
         run_id = previous.get("run_id")
@@ -141,24 +145,29 @@ class MlflowTracker:
         changed = [RunTag(f"resumed.{k}", v) for k, v in self.params.items() if had.get(k, v) != v]
         client.log_batch(run_id, params=params, tags=changed)
 
+    def _sweep_lock(self) -> contextlib.AbstractContextManager:
+        """SWEEP_DIR/mlflow/parent.lock held (a sweep job's), else nothing to hold."""
+        if self.sweep_dir is None or self.local:
+            return contextlib.nullcontext()
+        (self.sweep_dir / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+        return _locked(self.sweep_dir / RECORD_DIR / "parent.lock")
+
     def _parent(self, client, experiment_id: str) -> str | None:
-        """The sweep's parent run: opened by the first job, under a lock (jobs may start at once
-        in joblib workers or SLURM jobs), in SWEEP_DIR/mlflow/parent.json."""
+        """The sweep's parent run, opened by the first job (under `_sweep_lock`), in
+        SWEEP_DIR/mlflow/parent.json."""
         if self.sweep_dir is None:
             return None
         record_dir = self.sweep_dir / RECORD_DIR
-        record_dir.mkdir(parents=True, exist_ok=True)
-        with _locked(record_dir / "parent.lock"):
-            parent = read_record(record_dir / PARENT_FILE)
-            if parent.get("run_id") and parent.get("tracking_uri") == shown(self.uri):
-                return parent["run_id"]
-            name = "/".join(self.sweep_dir.parts[-2:])
-            run_id = client.create_run(experiment_id, run_name=name,
-                                       tags={"sweep_dir": str(self.sweep_dir)}).info.run_id  # fmt: skip
-            record = {"run_id": run_id, "experiment_id": experiment_id,
-                      "tracking_uri": shown(self.uri)}  # fmt: skip
-            rundir.atomic_write(record_dir / PARENT_FILE, json.dumps(record, indent=2))
-            return run_id
+        parent = read_record(record_dir / PARENT_FILE)
+        if parent.get("run_id") and parent.get("tracking_uri") == shown(self.uri):
+            return parent["run_id"]
+        name = "/".join(self.sweep_dir.parts[-2:])
+        run_id = client.create_run(experiment_id, run_name=name,
+                                   tags={"sweep_dir": str(self.sweep_dir)}).info.run_id  # fmt: skip
+        record = {"run_id": run_id, "experiment_id": experiment_id,
+                  "tracking_uri": shown(self.uri)}  # fmt: skip
+        rundir.atomic_write(record_dir / PARENT_FILE, json.dumps(record, indent=2))
+        return run_id
 
     def client(self):
         if self._client is None:
@@ -188,7 +197,7 @@ class MlflowTracker:
                 return
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             log.warning(
-                "MLflow: %s cannot be reached (%s); training goes on, logging to the local "
+                "MLflow: %s cannot be reached or written (%s); training goes on, logging to the local "
                 "record %s (upload it later: tfrecipe mlflow-sync %s)",
                 shown(self.uri),
                 redact_text(reason),
