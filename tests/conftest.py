@@ -118,6 +118,7 @@ LONGEST_FILES = (
     "test_commands.py",
     "test_groups.py",
     "test_cli.py",
+    "test_mlflow.py",
     "test_multi_worker.py",
     "test_preemption.py",
     "test_backup.py",

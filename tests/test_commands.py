@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -187,8 +188,9 @@ def test_sweep_2x2_then_compare(cli, tmp_path):
     assert [s["status"] for s in summaries] == ["completed"] * 4
     # No config tree per job; one table at the end, a row per job with what differs.
     assert "├── strategy" not in result.stdout
-    table = result.stdout.split("sweep: 4 jobs\n", 1)[1].splitlines()[:5]
-    assert table[0].split() == ["job", "model", "seed", "status", "val_loss", "test_accuracy"]
+    table = result.stdout.split("sweep: 4 jobs (4 completed)\n", 1)[1].splitlines()[:5]
+    assert table[0].split() == ["job", "model", "seed", "status", "val_accuracy",
+                                "test_accuracy", "wall_s"]  # fmt: skip
     assert [row.split()[:4] for row in table[1:]] == [
         [str(i), model, seed, "completed"]
         for i, (model, seed) in enumerate([("mlp", "1"), ("mlp", "2"), ("cnn", "1"), ("cnn", "2")])
@@ -216,6 +218,9 @@ def test_a_failing_sweep_job_does_not_stop_the_others(cli, tmp_path):
     failed = json.loads((sweep / "0" / "summary.json").read_text())
     assert failed["status"] == "failed" and "per_replica_batch_size" in failed["error"]
     assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "completed"
+    report = json.loads((sweep / "sweep.json").read_text())  # the failed job is listed, never wins
+    assert [job["status"] for job in report["jobs"]] == ["failed", "completed"]
+    assert report["best"]["job"] == 1
 
 
 def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
@@ -256,6 +261,10 @@ def test_optuna_sweeper_optimizes_the_objective(cli, tmp_path):
         for i in range(2)
     ]
     assert best.best_value == pytest.approx(min(val_losses))  # main returned the objective
+    report = json.loads((sweep / "sweep.json").read_text())  # the winner is Optuna's best trial
+    assert (report["metric"], report["direction"]) == ("val_loss", "min")
+    assert report["best"]["val_loss"] == pytest.approx(best.best_value)
+    assert set(report["varied"]) == {"optimizer.learning_rate"}
 
 
 @pytest.mark.slow
@@ -269,11 +278,21 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         "model=mlp,cnn",
+        *(["logger=[csv,mlflow]"] if importlib.util.find_spec("mlflow") else []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
     assert [s["model"] for s in summaries] == ["tfrecipe.models.mlp", "tfrecipe.models.cnn"]
     assert all(s["status"] == "completed" for s in summaries)
+    # The jobs ran in other processes: the report reads them from the sweep dir.
+    report = json.loads((sweep / "sweep.json").read_text())
+    assert report["counts"] == {"completed": 2} and report["varied"] == ["model"]
+    assert "best: job" in result.stdout and "rerun: python -m tfrecipe" in result.stdout
+    if importlib.util.find_spec("mlflow"):  # two workers opened the sweep's one store at once
+        assert "MLflow" not in result.stdout + result.stderr
+        records = [json.loads((sweep / str(i) / "mlflow" / "run.json").read_text()) for i in (0, 1)]
+        assert [r["local"] for r in records] == [False, False]
+        assert records[0]["parent_run_id"] == records[1]["parent_run_id"] is not None
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """What a run prints: the config tree only where someone watches a single run (`print_config`),
-final metrics at 4 significant digits, and a table at the end of a sweep."""
+final metrics at 4 significant digits (the table at the end of a sweep:
+test_sweep_report.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import pytest
 from conftest import TINY
 
-from tfrecipe.cli.display import metrics_line, shows_config, sweep_table
+from tfrecipe.cli.display import metrics_line, shows_config
 
 TREE = re.compile(r"^[├└]── (strategy|model|loop)$", re.MULTILINE)  # a branch of the tree
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -38,19 +39,6 @@ def test_metrics_show_4_significant_digits():
     metrics = {"accuracy": 0.9888888597488403, "loss": 0.043128, "mae": 2970.385498046875}
     assert metrics_line(metrics) == "accuracy=0.9889 loss=0.04313 mae=2970"
     assert metrics_line({}) == "-"
-
-
-def test_the_sweep_table_has_a_row_per_job_with_what_differs():
-    jobs = [
-        {"job": 1, "overrides": {"model": "cnn", "seed": "1"}, "status": "completed",
-         "metrics": {"val_loss": 0.0712345, "test_accuracy": 0.98333}},
-        {"job": 0, "overrides": {"model": "mlp", "seed": "1"}, "status": "failed", "metrics": {}},
-    ]  # fmt: skip
-    assert sweep_table(jobs).splitlines() == [
-        "job  model  status     val_loss  test_accuracy",
-        "0    mlp    failed",
-        "1    cnn    completed  0.07123   0.9833",
-    ]
 
 
 def _on_a_terminal(args: list[str], cwd) -> str:

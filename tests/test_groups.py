@@ -350,6 +350,8 @@ def assert_logger_files(loggers: set[str], run_dir: Path) -> None:
             assert list((board / split).glob("events.out.tfevents.*")), f"no {split} events"
     if "wandb" in loggers:
         assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run files"
+    if "mlflow" in loggers:  # the default store: a sqlite file in the run dir (test_mlflow.py)
+        assert (run_dir / "mlflow" / "run.json").is_file() and (run_dir / "mlflow.db").is_file()
 
 
 @pytest.mark.slow

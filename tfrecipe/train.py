@@ -325,7 +325,8 @@ def _finish(
     status: str,
     error: BaseException | None = None,
 ) -> None:
-    """Writes the final summary.json (also after a failure) and finishes the W&B run."""
+    """Writes the final summary.json (also after a failure) and finishes the tracked runs (W&B,
+    MLflow, HParams)."""
     summary.finish(
         status,
         rows=monitors.history.rows,
@@ -333,8 +334,8 @@ def _finish(
         examples_per_sec=monitors.throughput.examples_per_sec() if error is None else None,
         error=error,
     )
-    if monitors.tracker is not None:
-        monitors.tracker.finish(summary.fields)
+    for tracker in monitors.trackers:
+        tracker.finish(summary.fields)
 
 
 def _setup_strategy(run: schema.RunConfig, task: cluster.Task) -> tf.distribute.Strategy:

@@ -250,7 +250,7 @@ def _sweep_problems(recipe: list[str], overrides: list[str], trust: Trust) -> li
 
     configs.register_recipes()
     args = get_args_parser().parse_args(["-m", *recipe, *overrides])
-    return sweep_problems(args, trust, validate)
+    return sweep_problems(args, trust, validate)[0]
 
 
 def evaluate(args: list[str]) -> None:
@@ -290,6 +290,32 @@ def compare(args: list[str]) -> None:
     compare_main(args)
 
 
+def mlflow_sync(args: list[str]) -> None:
+    """`tfrecipe mlflow-sync RUN_DIR... [--tracking-uri URI]`: uploads the local MLflow record
+    a run kept while its tracking server could not be reached."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog="tfrecipe mlflow-sync", description=mlflow_sync.__doc__)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="run dirs with a local record")
+    parser.add_argument("--tracking-uri", help="where to (default: MLFLOW_TRACKING_URI)")
+    options = parser.parse_args(args)
+    uri = options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ConfigError(
+            "mlflow-sync: no tracking URI; pass --tracking-uri http://HOST:PORT (or set "
+            "MLFLOW_TRACKING_URI)"
+        )
+    from tfrecipe.tracking.mlflow_store import shown, sync_local_record
+
+    for run_dir in options.run_dirs:
+        try:
+            run_id = sync_local_record(run_dir, uri)
+        except ValueError as error:
+            raise ConfigError(f"mlflow-sync: {error}") from None
+        print(f"{run_dir}: uploaded to {shown(uri)} as run {run_id}")
+
+
 COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "ls": ls,
     "cat": cat,
@@ -299,4 +325,5 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "evaluate": evaluate,
     "predict": predict,
     "export": export,
+    "mlflow-sync": mlflow_sync,
 }

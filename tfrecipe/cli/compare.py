@@ -3,6 +3,8 @@
 Reads every run directory under the given directories (a multirun dir or run dirs), prints one
 row per run (the overrides that differ between runs, status, final metrics, examples/sec, wall
 time) sorted by a metric, and writes `compare.csv` plus `compare.png` (learning curves overlaid).
+A sweep dir's sweep.json (tfrecipe.cli.sweep_report) gives the default sort, the best job (marked
+* in the table) and the command that reruns it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import csv
 import io
 import math
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tfrecipe import files, reading
+from tfrecipe.cli.sweep_report import read_report
 from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
@@ -130,22 +134,46 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
     return sorted(runs, key=key)
 
 
-def table(runs: list[Run], keys: list[str]) -> tuple[list[str], list[list[str]]]:
+def table(
+    runs: list[Run], keys: list[str], *, best: frozenset[Path] = frozenset()
+) -> tuple[list[str], list[list[str]]]:
+    """The header and a row per run; a sweep's best job (`best`: run dirs) is marked *."""
     shown = columns(runs)
     header = ["run", *keys, "status", *shown]
     rows = []
     common = _common_parent([run.path for run in runs])
     for run in runs:
         values = [run.value(m) for m in shown]
+        name = str(run.path.relative_to(common)) if common else str(run.path)
         rows.append(
             [
-                str(run.path.relative_to(common)) if common else str(run.path),
+                f"{name} *" if run.path in best else name,
                 *(run.overrides.get(k, "") for k in keys),
                 run.summary.get("status", "?"),
                 *("" if v is None else f"{v:.4g}" for v in values),
             ]
         )
     return header, rows
+
+
+def _best_dirs(reports: list[dict[str, Any]]) -> frozenset[Path]:
+    return frozenset(
+        Path(report["best"]["run_dir"]).resolve() for report in reports if report.get("best")
+    )
+
+
+def sweep_winner(report: dict[str, Any]) -> str:
+    """`best: ...` and `rerun: ...` from a sweep.json (or why there is no winner)."""
+    best, metric = report.get("best"), report.get("metric")
+    where = report.get("sweep_dir")
+    if not best:
+        return f"sweep {where}: no completed job has {metric}; no best job"
+    value = best.get(metric)
+    shown = f"{value:.4g}" if isinstance(value, int | float) else value
+    return (
+        f"sweep {where}: best job {best.get('job')} ({metric}={shown}, "
+        f"{report.get('direction')}; * in the table)\nrerun: {best.get('command')}"
+    )
 
 
 def _common_parent(paths: list[Path]) -> Path | None:
@@ -164,7 +192,7 @@ def plot(runs: list[Run], keys: list[str], path: Path) -> None:
 
     fig = curves_figure(runs, keys)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")  # nothing cut at an edge
     plt.close(fig)
     atomic_write(path, buffer.getvalue())
 
@@ -198,14 +226,7 @@ def curves_figure(runs: list[Run], keys: list[str]):
     if not handles:
         fig.tight_layout()
         return fig
-    # A 5.5-inch panel holds about 90 characters of the legend's small font per row.
-    per_row = max(1, min(len(handles), 90 * len(metrics) // max(map(len, handles))))
-    label_rows = math.ceil(len(handles) / per_row)
-    fig.set_figheight(4 + 0.25 * label_rows)
-    fig.legend(
-        handles.values(), handles.keys(), loc="lower center", ncols=per_row, fontsize="small"
-    )
-    fig.tight_layout(rect=(0, 0.25 * (label_rows + 1) / fig.get_figheight(), 1, 1))
+    _legend_below(fig, list(handles.values()), list(handles))
     return fig
 
 
@@ -218,6 +239,29 @@ def _overrides(path: Path) -> list:
     except reading.UnreadableFile as error:
         raise ConfigError(f"compare: {error}") from None
     return overrides if isinstance(overrides, list) else []
+
+
+def _legend_below(fig, handles: list, labels: list[str]) -> None:
+    """One legend below the panels, measured until it fits the figure's width: fewer columns,
+    then labels wrapped shorter (a label longer than the figure would be cut at both edges);
+    the figure grows by the legend's height."""
+    width = fig.get_figwidth() * fig.dpi
+    renderer = fig.canvas.get_renderer()
+    columns, wrap = len(labels), max(map(len, labels))
+    while True:
+        shown = [textwrap.fill(label, wrap) for label in labels]
+        legend = fig.legend(handles, shown, loc="lower center", ncols=columns, fontsize="small")
+        box = legend.get_window_extent(renderer)
+        if box.width <= 0.98 * width or (columns == 1 and wrap <= 20):
+            break
+        legend.remove()
+        if columns > 1:
+            columns -= 1
+        else:
+            wrap = max(20, int(wrap * 0.98 * width / box.width) - 1)
+    panels = fig.get_figheight()
+    fig.set_figheight(panels + box.height / fig.dpi)
+    fig.tight_layout(rect=(0, (box.height / fig.dpi + 0.1) / fig.get_figheight(), 1, 1))
 
 
 def _history(run: Run) -> list[dict[str, str]]:
@@ -240,12 +284,17 @@ def _first_val_metric(run: Run) -> str | None:
 def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tfrecipe compare", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run directories")
-    parser.add_argument("--sort", default="val_loss", help="metric to sort by (default val_loss)")
+    parser.add_argument(
+        "--sort",
+        help="metric to sort by (default: a sweep's metric from sweep.json, else val_loss)",
+    )
     parser.add_argument("--out", type=Path, help="where compare.csv/png go (default: first DIR)")
     options = parser.parse_args(args)
     runs = find_runs(options.dirs)
     keys = differing_keys(runs)
-    header, rows = table(_sorted(runs, options.sort), keys)
+    sweeps = [report for report in map(read_report, options.dirs) if report is not None]
+    options.sort = options.sort or (sweeps[0]["metric"] if sweeps else "val_loss")
+    header, rows = table(_sorted(runs, options.sort), keys, best=_best_dirs(sweeps))
 
     from rich.console import Console
     from rich.markup import escape
@@ -257,6 +306,8 @@ def main(args: list[str]) -> None:
     for row in rows:
         view.add_row(*map(escape, row))  # `[district,kind]` is a value, not rich markup
     Console(width=max(120, 14 * len(header))).print(view)
+    for report in sweeps:  # the winner as the sweep named it, and how to train it again
+        print(sweep_winner(report))
 
     out = options.out or options.dirs[0]
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
-"""What a run shows on the console: the resolved config as a tree, final metrics, and the table
-that ends a sweep."""
+"""What a run shows on the console: the resolved config as a tree, final metrics (the table
+that ends a sweep: tfrecipe.cli.sweep_report)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from rich import get_console
@@ -46,31 +46,3 @@ def number(value: object) -> str:
 def metrics_line(metrics: Mapping[str, object] | None) -> str:
     """`accuracy=0.9889 loss=0.04313`, or "-" when there are none."""
     return " ".join(f"{name}={number(value)}" for name, value in (metrics or {}).items()) or "-"
-
-
-def sweep_table(jobs: Sequence[Mapping[str, object]]) -> str:
-    """One row per job of a sweep: its number, the overrides that differ between jobs, its
-    status and its main metrics (each job records `job`, `overrides`, `status`, `metrics`)."""
-    keys = _differing([job["overrides"] for job in jobs])
-    names = list(dict.fromkeys(name for job in jobs for name in job["metrics"]))
-    header = ["job", *keys, "status", *names]
-    rows = [
-        [
-            str(job["job"]),
-            *(job["overrides"].get(key, "") for key in keys),
-            str(job["status"]),
-            *(number(job["metrics"].get(name, "")) for name in names),
-        ]
-        for job in sorted(jobs, key=lambda job: job["job"])
-    ]
-    widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [header, *rows]
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _differing(overrides: list[Mapping[str, str]]) -> list[str]:
-    keys = dict.fromkeys(key for job in overrides for key in job)
-    return [key for key in keys if len({job.get(key) for job in overrides}) > 1]

@@ -8,11 +8,13 @@ code 2 and one line per problem, and leaves no half-written run directory behind
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class _Invocation:
     run_dir_existed: bool = True
     job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
     cluster = None  # the validated `cluster` config of a single run (schema.Cluster)
+    sweep = None  # a sweep's plan (sweep_report.SweepPlan): where it writes, what picks its best
 
 
 def _quote(value: str) -> str:
@@ -65,8 +68,8 @@ def _precheck(argv: list[str]) -> list[str]:
     # they read grants anything (tfrecipe/config/trust.py).
     os.environ.update(trust.environ())
     if args.multirun or custom_config:
-        _check_hydra_configs(args, trust)
-        return argv  # each job validates itself again, with this trust
+        # each job validates itself again, with this trust
+        return _pin_sweep_dir(args, argv, _check_hydra_configs(args, trust))
 
     from omegaconf import OmegaConf
 
@@ -76,8 +79,7 @@ def _precheck(argv: list[str]) -> list[str]:
 
     cfg = compose(args.overrides, return_hydra_config=True)
     if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:  # a config file asks for a sweep
-        _check_hydra_configs(args, trust)
-        return argv
+        return _pin_sweep_dir(args, argv, _check_hydra_configs(args, trust))
     from tfrecipe.distribute.cluster import check_environment, is_chief_process
 
     run = validate(cfg, trust=trust)
@@ -142,14 +144,56 @@ def _refuse_rerun(args) -> None:
         )
 
 
-def _check_hydra_configs(args, trust) -> None:
+def _pin_sweep_dir(args, argv: list[str], composed: list) -> list[str]:
+    """A sweep's argv with its `hydra.sweep.dir` resolved once (`${now:...}` would otherwise be
+    evaluated again by Hydra), and its plan kept for the report that ends it (sweep.json)."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from tfrecipe.cli.sweep_report import plan_from
+
+    sweep_cfg, sweep_dir = composed[0]
+    multirun = args.multirun or OmegaConf.select(sweep_cfg, "hydra.mode") == RunMode.MULTIRUN
+    if not multirun or sweep_dir is None:
+        return argv  # a single run from a user's config dir, or a dir only a job resolves
+    command = ["python", "-m", "tfrecipe"]
+    for flag, value in (("--config-path", args.config_path), ("--config-dir", args.config_dir),
+                        ("--config-name", args.config_name)):  # fmt: skip
+        command += [flag, value] if value else []
+    first_job = composed[1][0] if len(composed) > 1 else sweep_cfg
+    from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
+
+    # What TensorBoard's HParams view shows of each job (jobs inherit the environment).
+    os.environ[SWEEP_KEYS_ENV] = json.dumps(_swept_keys(args, sweep_cfg, composed[1:]))
+    _Invocation.sweep = plan_from(first_job, sweep_dir, command=command,
+                                  run_mode=not args.multirun)  # fmt: skip
+    return [*argv, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _swept_keys(args, sweep_cfg, jobs: list) -> list[str]:
+    """The keys a sweep varies: those whose value differs between the jobs composed before it
+    starts, and those an optimizing sweeper samples (`interval(...)`, `hydra.sweeper.params`)."""
+    from omegaconf import OmegaConf
+
+    overrides = [OmegaConf.select(cfg, "hydra.overrides.task", default=[]) for cfg, _ in jobs]
+    pairs = [dict(str(o).split("=", 1) for o in job if "=" in str(o)) for job in overrides]
+    keys = dict.fromkeys(key for job in pairs for key in job)
+    varied = [key for key in keys if len({job.get(key) for job in pairs}) > 1]
+    params = OmegaConf.select(sweep_cfg, "hydra.sweeper.params", default=None) or {}
+    sampled = [o.split("=", 1)[0] for o in args.overrides if "interval(" in o.split("=", 1)[-1]]
+    return list(dict.fromkeys([*varied, *map(str, params), *sampled]))
+
+
+def _check_hydra_configs(args, trust) -> list:
     """Checks the sweep's own config and every job's (`sweeps.sweep_problems`) before Hydra
-    configures logging, instantiates its sweeper, launcher or callbacks, or starts a job."""
+    configures logging, instantiates its sweeper, launcher or callbacks, or starts a job.
+    Returns the (config, directory) pairs checked: the sweep's first, then its jobs'."""
     from tfrecipe.cli.sweeps import sweep_problems
 
-    problems = sweep_problems(args, trust, _task)
+    problems, composed = sweep_problems(args, trust, _task)
     if problems:
         raise ConfigError(problems)
+    return composed
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -523,17 +567,32 @@ def _run_hydra_job(argv: list[str], hydra_main) -> None:
         # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
         # the pinned run dir.
         raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], _Invocation.cluster))
+    started = time.time()
     with _sweep_jobs_file() as sweep_jobs, _logging_config_errors():
         hydra_main()
         jobs = sweep_jobs()
-    if jobs:  # a sweep: one row per job, so the outcome reads at a glance
-        from tfrecipe.cli.display import sweep_table
+    if _Invocation.sweep is not None and _Invocation.sweep.sweep_dir.is_dir():
+        _report_sweep(_Invocation.sweep, argv, started)
+    from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
 
-        print(f"sweep: {len(jobs)} jobs\n{sweep_table(jobs)}")
+    os.environ.pop(SWEEP_KEYS_ENV, None)  # this sweep's, set by _pin_sweep_dir
     failed = [job["run_dir"] for job in jobs if job["status"] == "failed"]
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
+
+
+def _report_sweep(plan, argv: list[str], started: float) -> None:
+    """sweep.json, sweep.png and the table naming the best job (tfrecipe.cli.sweep_report),
+    then the sweep's MLflow parent run closed with the winner, where jobs opened one."""
+    from tfrecipe.cli.sweep_report import console_text, invocation, write_report
+
+    report = write_report(plan, invocation=invocation(argv, started))
+    print(console_text(report))
+    from tfrecipe.tracking.mlflow_store import PARENT_FILE, RECORD_DIR, close_sweep
+
+    if plan.mlflow_uri and (plan.sweep_dir / RECORD_DIR / PARENT_FILE).is_file():
+        close_sweep(plan.sweep_dir, report, plan.mlflow_uri)
 
 
 def _answered_help(argv: list[str]) -> bool:

@@ -20,14 +20,19 @@ from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError, Problem
 
 
-def sweep_problems(args, trust: Trust, task_function: Callable) -> list[Problem]:
+def sweep_problems(
+    args, trust: Trust, task_function: Callable
+) -> tuple[list[Problem], list[tuple[DictConfig, Path | None]]]:
     """Checks the sweep's own config and every job's, as a single run's config is checked
     (`config_problems`, with the same trust): what a run refuses, a sweep and `validate` refuse.
-    Each job validates the rest of its config itself when it runs."""
+    Each job validates the rest of its config itself when it runs. Returns the problems and the
+    (config, directory) pairs checked: the sweep's first, then its jobs'."""
     from tfrecipe.config.checks import config_problems
 
     problems: list[Problem] = []
+    composed = []
     for cfg, output_dir in hydra_configs(args, task_function):
+        composed.append((cfg, output_dir))
         job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
         try:
             container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
@@ -35,7 +40,7 @@ def sweep_problems(args, trust: Trust, task_function: Callable) -> list[Problem]
             container = OmegaConf.to_container(job, resolve=False)
         found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
         problems += [p for p in found if p not in problems]
-    return problems
+    return problems, composed
 
 
 def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, Path | None]]:

@@ -105,6 +105,17 @@ CONFIG_DOORS = (
     Door("logger.wandb.project", NETWORK, "tracking: chief only, secrets redacted"),
     Door("logger.wandb.entity", NETWORK, "tracking: chief only, secrets redacted"),
     Door("logger.wandb.name", NAME, "tracking: secrets redacted"),
+    Door("logger.mlflow.tracking_uri", NETWORK, "doors.command_line_only_problems", ("outside",)),
+    Door("logger.mlflow.run_name", NAME, "tracking: secrets redacted"),
+)
+
+# What tfrecipe reads from the environment that decides where it connects or what it grants.
+ENV_DOORS = (
+    Door("TFRECIPE_TRUST", IMPORT, "trust.Trust.of_this_process (never settable by a config)"),
+    Door("TFRECIPE_K8S_*, JOB_COMPLETION_INDEX", NETWORK, "distribute.cluster: validated names"),
+    Door("TF_CONFIG", NETWORK, "distribute.cluster.check_environment"),
+    Door("MLFLOW_TRACKING_URI", NETWORK, "tracking.mlflow_run (your environment's choice)"),
+    Door("TFRECIPE_SWEEP_KEYS", NAME, "tracking.hparams: names of HParams keys only"),
 )
 
 # Files tfrecipe reads from a run dir or from the user, and what guards each.
@@ -117,6 +128,13 @@ FILE_DOORS = (
     Door("RUN_DIR/summary.json", READ, "rundir.read_summary"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.main._refuse_rerun (never unpickled)"),
+    Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
+    Door("RUN_DIR/data_fingerprint.json", READ, "data.fingerprint: compared, never trusted"),
+    Door("RUN_DIR/stall-TASK.txt", READ, "fault.watchdog: known fields, their types only"),
+    Door("RUN_DIR/mlflow/run.json", NETWORK, "tracking.mlflow_run: a run id; its URI unused"),
+    Door("SWEEP_DIR/mlflow/parent.json", NETWORK, "tracking.mlflow_run: a run id only"),
+    Door("SWEEP_DIR/sweep.json", READ, "cli.sweep_report: printed, never run"),
+    Door("RUN_DIR/wandb/run_id", NETWORK, "tracking.wandb_run: reading.read_text, 4 KB"),
     Door("INPUT (predict)", READ, "data.readers.open_sources"),
     Door("--output (predict)", WRITE, "files.check_output", ("outside",)),
 )
@@ -194,6 +212,13 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     },
     "tfrecipe/models/warm_start.py": {"model.save_weights": "a temporary file it reads back"},
     "tfrecipe/rundir.py": {"os.environ[]=": "the run dir's lock holder, for its tasks"},
+    "tfrecipe/tracking/mlflow_run.py": {
+        "subprocess.run": "git rev-parse HEAD in the current directory: fixed argv, no shell",
+        "open(a)": "a lock file of its own in SWEEP_DIR/mlflow (nothing written to it)",
+    },
+    "tfrecipe/tracking/mlflow_store.py": {
+        "os.environ.*": "MLflow's HTTP timeouts while it logs, restored",
+    },
 }
 
 
@@ -208,7 +233,12 @@ def find(key: str) -> Door | None:
 
 # Writes outside the run dir that only the command line may aim: key -> the values that are not
 # paths.
-COMMAND_LINE_ONLY = {"pipeline.cache": (None, "memory", "")}
+COMMAND_LINE_ONLY = {
+    "pipeline.cache": (None, "memory", ""),
+    # A tracking server receives the config, every metric and the model: the default (null)
+    # is a sqlite file in the run or sweep dir, else MLFLOW_TRACKING_URI, your environment's.
+    "logger.mlflow.tracking_uri": (None, ""),
+}
 
 
 def command_line_only_problems(container: Mapping[str, Any], *, trust: Trust) -> list[Problem]:
@@ -223,8 +253,8 @@ def command_line_only_problems(container: Mapping[str, Any], *, trust: Trust) ->
             Problem(
                 key,
                 value,
-                "writes files there, and a later run reads them back: only your command line may "
-                f"name such a path, not a config file; pass {key}=... yourself if you mean it",
+                "aims what the run writes or sends outside its run dir: only your command line may "
+                f"name where, not a config file; pass {key}=... yourself if you mean it",
             )
         )
     return problems

@@ -8,6 +8,7 @@ problem as `key: what is wrong (received value)`.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Annotated, Literal, get_args
 
@@ -401,10 +402,51 @@ class WandbLogger(_Schema):
     log_model: bool = False
 
 
+class MlflowLogger(_Schema):
+    # null: MLFLOW_TRACKING_URI, else sqlite:///SWEEP_OR_RUN_DIR/mlflow.db
+    tracking_uri: str | None = None
+    experiment: str = "tfrecipe"
+    run_name: str | None = None
+    tags: dict[str, str] = {}
+    log_artifacts: bool = True
+    timeout_s: PositiveFloat = 10.0
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_store_mlflow_opens(cls, uri):
+        """A scheme MLflow has a store for; its file store only where the user allowed it."""
+        if uri is None:
+            return uri
+        scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+        if scheme not in _MLFLOW_SCHEMES:
+            raise PydanticCustomError(
+                "mlflow_uri",
+                "expected a tracking URI: sqlite:///PATH, http(s)://HOST:PORT, "
+                "postgresql://..., mysql://..., databricks, or file:PATH with "
+                "MLFLOW_ALLOW_FILE_STORE=true; null: MLFLOW_TRACKING_URI, else a sqlite file in "
+                "the sweep or run dir",
+            )
+        allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+        if scheme == "file" and not allowed:
+            raise PydanticCustomError(
+                "mlflow_file_store",
+                "MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true is set; use "
+                "sqlite:///PATH (a local file that needs no server) or set that variable",
+            )
+        return uri
+
+
+# What MLflow 3 opens a tracking store for (sqlalchemy's dialects may add +driver).
+_MLFLOW_SCHEMES = frozenset(
+    {"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks"}
+)
+
+
 class Logger(_Schema):
     csv: CsvLogger | None = None
     tensorboard: TensorBoardLogger | None = None
     wandb: WandbLogger | None = None
+    mlflow: MlflowLogger | None = None
 
 
 class _ClusterBase(_Schema):
@@ -461,6 +503,7 @@ Cluster = Annotated[
 
 class Sweep(_Schema):
     objective: str = "val_loss"
+    metric: str | None = None  # what picks the best job (tfrecipe.cli.sweep_report)
     fail_fast: bool = False
 
 
@@ -547,6 +590,7 @@ def _cross_checks(run: RunConfig) -> list[Problem]:
         *_finetune_problems(run),
         *_task_metric_problems(run),
         *_sweep_problems(run),
+        *_tracker_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
     ]
@@ -771,20 +815,30 @@ def _task_metric_problems(run: RunConfig) -> list[Problem]:
     return problems
 
 
+def _tracker_problems(run: RunConfig) -> list[Problem]:
+    """logger=mlflow needs the `tracking` extra: said before training, not as an ImportError
+    once the model is built."""
+    import importlib.util
+
+    if run.logger.mlflow is None or importlib.util.find_spec("mlflow") is not None:
+        return []
+    hint = 'MLflow is not installed; pip install "tfrecipe[tracking]" (mlflow-skinny)'
+    return [Problem("logger", "mlflow", hint)]
+
+
 def _sweep_problems(run: RunConfig) -> list[Problem]:
     """The sweep's objective must be a number the task's runs report (else every job's
     objective would be NaN and the sweeper would optimize nothing)."""
     from tfrecipe.tasks import summary_names
 
     allowed = summary_names(run.task)
-    if run.sweep.objective in allowed:
-        return []
+    named = {"sweep.objective": run.sweep.objective, "sweep.metric": run.sweep.metric}
     return [
         Problem(
-            "sweep.objective",
-            run.sweep.objective,
-            f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}",
+            key, value, f"task={run.task.name} does not report it; allowed: {', '.join(allowed)}"
         )
+        for key, value in named.items()
+        if value is not None and value not in allowed
     ]
 
 
@@ -1028,5 +1082,10 @@ def _describe(error: ValidationError, container: dict) -> list[Problem]:
                 Problem(f"{key}.name", item["ctx"]["tag"], f"unknown option; allowed: {allowed}")
             )
         else:
-            problems.append(Problem(key, received, item["msg"].lower()))
+            message = item["msg"] if kind in _CASE_KEPT else item["msg"].lower()
+            problems.append(Problem(key, received, message))
     return problems
+
+
+# Messages that name an environment variable or a URI scheme: their case is kept.
+_CASE_KEPT = frozenset({"mlflow_uri", "mlflow_file_store"})

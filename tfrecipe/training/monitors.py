@@ -1,5 +1,5 @@
-"""The callbacks every loop drives (history, throughput, the configured ones, W&B), and the
-ones the run reads its results from."""
+"""The callbacks every loop drives (history, throughput, the configured ones, the trackers:
+W&B, MLflow, TensorBoard's HParams), and the ones the run reads its results from."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
 from tfrecipe.fault.watchdog import StallWatchdog
-from tfrecipe.tracking import WandbTracker
+from tfrecipe.tracking import Tracker
 from tfrecipe.training.inputs import Inputs
 
 
@@ -29,7 +29,7 @@ class Monitors:
     callbacks: list[keras.callbacks.Callback]
     history: EpochHistory
     throughput: Throughput
-    tracker: WandbTracker | None
+    trackers: list[Tracker]
     watchdog: StallWatchdog | None = None
 
 
@@ -75,30 +75,66 @@ def build_monitors(
         callbacks.insert(0, watchdog)
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
         callbacks += evaluator.checkpoint_callbacks(run_dir)
-    # One W&B run per training run: the chief's (other workers train into a scratch dir).
-    tracker = _start_tracking(run.logger, config, run_dir, resume=resuming) if chief else None
-    if tracker is not None:
+    # One tracked run per training run: the chief's (other workers train into a scratch dir).
+    trackers = (
+        _start_tracking(run.logger, config, run_dir, history, resume=resuming) if chief else []
+    )
+    for tracker in trackers:
         callbacks += tracker.callbacks()
-    return Monitors(callbacks, history, throughput, tracker, watchdog)
+    return Monitors(callbacks, history, throughput, trackers, watchdog)
 
 
 def _start_tracking(
-    logger: schema.Logger, config: Mapping[str, Any], run_dir: Path, *, resume: bool
-) -> WandbTracker | None:
-    """The W&B run, when `logger.wandb` is on (grouped by sweep in a multirun); a resumed
-    training run continues the W&B run it began."""
-    if logger.wandb is None:
-        return None
-    return WandbTracker(
-        logger.wandb,
-        config=copy.deepcopy(dict(config)),  # W&B's own copy
-        run_dir=run_dir,
-        sweep_group=_sweep_group(),
-        resume=resume,
-    )
+    logger: schema.Logger,
+    config: Mapping[str, Any],
+    run_dir: Path,
+    history: EpochHistory,
+    *,
+    resume: bool,
+) -> list[Tracker]:
+    """The trackers `logger` switches on: W&B (grouped by sweep in a multirun), MLflow (a child
+    of the sweep's parent run), TensorBoard's HParams; a resumed training run continues the W&B
+    and MLflow runs it began."""
+    trackers: list[Tracker] = []
+    sweep_dir = _sweep_dir()
+    if logger.wandb is not None:
+        from tfrecipe.tracking.wandb_run import WandbTracker
+
+        group = "-".join(sweep_dir.parts[-2:]) if sweep_dir else None
+        trackers.append(
+            WandbTracker(
+                logger.wandb,
+                config=copy.deepcopy(dict(config)),  # W&B's own copy
+                run_dir=run_dir,
+                sweep_group=group,
+                resume=resume,
+            )
+        )
+    if logger.mlflow is not None:
+        from tfrecipe.tracking.mlflow_run import MlflowTracker
+
+        trackers.append(
+            MlflowTracker(
+                logger.mlflow,
+                config=config,
+                run_dir=run_dir,
+                history=lambda: history.rows,  # each epoch's row, as history.csv has it
+                sweep_dir=sweep_dir,
+                resume=resume,
+            )
+        )
+    if logger.tensorboard is not None:
+        from tfrecipe.tracking.hparams import HParamsTracker, hyperparameters
+
+        overrides = list(HydraConfig.get().overrides.task) if sweep_dir else None
+        trial = run_dir.name if sweep_dir else "/".join(run_dir.parts[-2:])
+        hparams = hyperparameters(config, overrides)
+        trackers.append(HParamsTracker(run_dir=run_dir, hparams=hparams, trial=trial))
+    return trackers
 
 
-def _sweep_group() -> str | None:
+def _sweep_dir() -> Path | None:
+    """The sweep's directory when this run is a job of a multirun."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    return "-".join(Path(HydraConfig.get().sweep.dir).parts[-2:])
+    return Path(HydraConfig.get().sweep.dir).absolute()
