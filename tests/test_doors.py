@@ -243,3 +243,29 @@ def test_the_writer_never_replaces_what_the_run_did_not_write_nor_follows_a_link
     assert (run_dir / "summary.json").read_text() == '{"a": 1}'
     assert sorted(p.name for p in run_dir.iterdir()) == [
         files.MANIFEST, "notes.txt", "planted", "summary.json"], "no temporary file left"  # fmt: skip
+
+
+def test_evaluate_refuses_a_run_dir_another_process_is_writing(tmp_path, capsys):
+    """The lock a training run holds keeps `evaluate` from writing into its dir."""
+    import subprocess
+    import sys
+
+    from tfrecipe.cli.main import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(run_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as stop:
+            main(["evaluate", str(run_dir)])
+        assert stop.value.code == 2 and "in use by PID" in capsys.readouterr().err
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert list(run_dir.iterdir()) == []

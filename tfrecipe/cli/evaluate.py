@@ -141,7 +141,7 @@ def main(args: list[str]) -> None:
     options = parser.parse_intermixed_args(args)
     if not options.run_dir.is_dir():
         raise ConfigError(f"evaluate: {options.run_dir} is not a directory")
+    rundir.lock_run_dir(options.run_dir)  # a run still writing there: refused before the work
     result = evaluate_run(options.run_dir, which=options.model, overrides=options.overrides)
-    rundir.lock_run_dir(options.run_dir)  # a run still writing there is not written into
     rundir.atomic_write(options.run_dir / "evaluation.json", json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
