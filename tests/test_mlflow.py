@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
+from tfrecipe.config.trust import Trust
 from tfrecipe.train import TrainingError
 
 pytest.importorskip("mlflow", reason='logger=mlflow needs pip install "tfrecipe[tracking]"')
@@ -163,12 +164,17 @@ def test_a_resumed_run_continues_its_mlflow_run(compose_cfg, tmp_path):
         "allowed_targets=[helpers]",
     ]
     with pytest.raises(TrainingError, match="deliberate failure"):
-        train(compose_cfg(*overrides, *failing), run_dir=run_dir)
+        train(
+            compose_cfg(*overrides, *failing), run_dir=run_dir,
+            trust=Trust.from_command_line([*overrides, *failing]),
+        )  # fmt: skip
     first = json.loads((run_dir / "mlflow" / "run.json").read_text())["run_id"]
     client = _client(f"sqlite:///{run_dir / 'mlflow.db'}")
     assert client.get_run(first).info.status == "FAILED"
 
-    summary = train(compose_cfg(*overrides), run_dir=run_dir)
+    summary = train(
+        compose_cfg(*overrides), run_dir=run_dir, trust=Trust.from_command_line(overrides)
+    )
 
     assert summary["resumed_from_step"] == 3
     assert json.loads((run_dir / "mlflow" / "run.json").read_text())["run_id"] == first
@@ -253,8 +259,12 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_hparams_per_job(
 
 
 def test_the_file_store_is_refused_unless_mlflow_allows_it(compose_cfg, monkeypatch):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate as validate_granting
     from tfrecipe.errors import ConfigError
+
+    def validate(cfg):  # the URIs below are the command line's, as a user would type them
+        uri = cfg.logger.mlflow.tracking_uri
+        return validate_granting(cfg, granting=[f"logger.mlflow.tracking_uri={uri}"])
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     cfg = compose_cfg("logger=[mlflow]", "logger.mlflow.tracking_uri=file:///tmp/mlruns")

@@ -135,7 +135,7 @@ def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
     with pytest.raises(TrainingError, match="deliberate failure"):
         train(
             compose_cfg(*overrides, *failing), run_dir=run_dir,
-            trust=Trust.from_command_line(overrides),
+            trust=Trust.from_command_line([*overrides, *failing]),
         )  # fmt: skip
     run_id = (run_dir / "wandb" / "run_id").read_text()
 
