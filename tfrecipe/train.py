@@ -42,6 +42,7 @@ from tfrecipe.outcome import (
     ensure_fresh_run_dir,
 )
 from tfrecipe.precision import set_precision
+from tfrecipe.training import baselines
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
 from tfrecipe.training import monitors as monitoring
@@ -195,6 +196,8 @@ def _train_steps(
         dirs.shared_run_dir, global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync
     )
     splits, steps_per_epoch = data.load_data(run, global_batch, stats_cache=dirs.stats_cache())
+    if run.baseline.name == "auto":  # refused before training, not after it
+        baselines.check_applicable(splits, dataset=run.dataset.target)
     model = models.build_model(run, strategy, splits, steps_per_epoch, global_batch)
     models.check_export_formats(run.export.formats, model)  # before training, not after it
     phases = models.two_phases(run, strategy, model, steps_per_epoch, global_batch)
@@ -257,7 +260,25 @@ def _train_steps(
             run, model, inputs, summary, monitors, protected, start_step, policy,
             steps_per_call=steps_per_call, phases=phases,
         )  # fmt: skip
+        if run.baseline.name == "auto" and dirs.chief:  # after the model: it names no layer first
+            summary.update(baselines=_fit_baselines(run, splits))
     return summary
+
+
+def _fit_baselines(run: schema.RunConfig, splits) -> dict[str, Any]:
+    """scikit-learn's baselines on the run's split and preprocessing (the whole table's
+    splits, not a worker's share)."""
+    started = time.perf_counter()
+    fitted = baselines.fit_baselines(
+        splits,
+        task=run.task,
+        pipeline=run.pipeline,
+        max_rows=run.baseline.max_rows,
+        seed=run.seed,
+        allowed_targets=run.allowed_targets,
+    )
+    log.info("baselines fitted in %.1fs", time.perf_counter() - started)
+    return fitted
 
 
 def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:

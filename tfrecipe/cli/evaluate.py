@@ -22,24 +22,28 @@ from tfrecipe.config.command_line import CommandLine
 from tfrecipe.errors import ConfigError
 
 
-def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
+def load_run_config(
+    run_dir: Path, overrides: list[str], *, command: str = "evaluate"
+) -> schema.RunConfig:
+    """A finished run's resolved config (`RUN_DIR/config.yaml`) with `overrides`, validated;
+    errors name `command` (`tfrecipe evaluate`, `tfrecipe baseline`)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
-        raise ConfigError(f"evaluate: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
+        raise ConfigError(f"{command}: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError(f"evaluate: expected key=value overrides, received {' '.join(bad)}")
+        raise ConfigError(f"{command}: expected key=value overrides, received {' '.join(bad)}")
     try:
         saved = OmegaConf.load(path)
     except Exception as error:  # YAML's, OmegaConf's, an unreadable file's: all say the same
-        raise ConfigError(f"evaluate: {path} cannot be read ({_first_line(error)})") from None
+        raise ConfigError(f"{command}: {path} cannot be read ({_first_line(error)})") from None
     if not isinstance(saved, DictConfig):
-        raise ConfigError(f"evaluate: {path} holds no mapping of keys (a tfrecipe run's config)")
+        raise ConfigError(f"{command}: {path} holds no mapping of keys (a tfrecipe run's config)")
     try:
         cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
     except Exception as error:
         raise ConfigError(
-            f"evaluate: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
+            f"{command}: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
         ) from None
     # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
     return schema.validate(cfg, command_line=CommandLine.parse(overrides))
@@ -86,7 +90,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
 
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
-    run = _load_config(run_dir, list(overrides))
+    run = load_run_config(run_dir, list(overrides))
     from tfrecipe.data.tabular import StatsCache
 
     splits = factory.load_splits(

@@ -222,6 +222,10 @@ def _task(cfg) -> dict:
         metrics_line(summary["test"]),
         run_dir,
     )
+    if summary.get("baselines"):  # where the model stands against them: the last lines
+        from tfrecipe.training.baselines import lines
+
+        log.info("\n".join(lines(summary["baselines"], summary["test"])))
     if sweeping:
         _note_job(run_dir, summary["status"], _main_metrics(summary, cfg.sweep.objective))
     return _objective(summary, cfg.sweep.objective)

@@ -439,6 +439,14 @@ Cluster = Annotated[
 ]
 
 
+class Baseline(_Schema):
+    # none | auto: scikit-learn's standard baselines for the task on the run's split and
+    # preprocessing (tfrecipe/training/baselines.py), in summary.json's `baselines`.
+    name: Literal["none", "auto"]
+    # A larger split (a streamed table) gives its first max_rows rows, and says so (`capped`).
+    max_rows: PositiveInt = 100_000
+
+
 class Sweep(_Schema):
     objective: str = "val_loss"
     fail_fast: bool = False
@@ -469,6 +477,7 @@ class RunConfig(_Schema):
     cluster: Cluster
     sweep: Sweep = Sweep()
     export: Export = Export()
+    baseline: Baseline = Baseline(name="none")
 
     @field_validator("print_config", mode="before")
     @classmethod
