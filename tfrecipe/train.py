@@ -42,11 +42,10 @@ from tfrecipe.outcome import (
     ensure_fresh_run_dir,
 )
 from tfrecipe.precision import set_precision
-from tfrecipe.training import baselines
+from tfrecipe.training import baselines, pacing, protection
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
 from tfrecipe.training import monitors as monitoring
-from tfrecipe.training import pacing, protection
 from tfrecipe.training import summary as summaries
 from tfrecipe.training.inputs import Inputs, batch_sizes
 from tfrecipe.training.monitors import Monitors
@@ -104,6 +103,7 @@ def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False, wait_s=STATS_WAIT_S),  # the chief's
+        task=run.task,
     )
     model = factory.build_model(
         run.model, splits, task=run.task, allowed_targets=run.allowed_targets
@@ -226,6 +226,8 @@ def _train_steps(
     summary.update(summaries.how_it_runs(model, steps_per_call=steps_per_call))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(phases, warm, inputs.class_weight))
+    if run.task.name == "binary":  # what auc, precision and recall are about
+        summary.update(positive_class=tasks.positive_class(run.task, splits.info))
     if resumed:
         summary.update(
             resumed_from_step=resumed.step,

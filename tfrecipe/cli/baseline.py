@@ -33,6 +33,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
+        task=run.task,
     )
     baselines.check_applicable(splits, dataset=run.dataset.target)
     fitted = baselines.fit_baselines(

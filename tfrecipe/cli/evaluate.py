@@ -97,6 +97,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
+        task=run.task,
     )
     split = "test" if splits.test is not None else "validation"
     dataset = splits.test if splits.test is not None else splits.validation

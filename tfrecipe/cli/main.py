@@ -215,10 +215,12 @@ def _task(cfg) -> dict:
             raise SystemExit(code) from None
         _note_job(run_dir, "failed", {})
         return float("nan")
+    positive = summary.get("positive_class")  # binary: the class auc, precision, recall are of
     log.info(
-        "done: %s in %.1fs; test %s; run dir: %s",
+        "done: %s in %.1fs; test%s %s; run dir: %s",
         summary["status"],
         summary["wall_time_s"],
+        f" (positive class {positive})" if positive is not None else "",
         metrics_line(summary["test"]),
         run_dir,
     )

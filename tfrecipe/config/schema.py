@@ -191,6 +191,9 @@ class ClassificationTask(_ClassWeighted):
 class BinaryTask(_ClassWeighted):
     name: Literal["binary"]
     threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # The class that is 1 (a label's name, or 0/1): what auc, precision and recall are about;
+    # null: the second name in sorted order (or the label 1).
+    positive_class: str | int | None = None
 
 
 class MultilabelTask(_TaskBase):
