@@ -838,14 +838,6 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 "a loop=custom knob; with loop=fit set batching.steps_per_execution",
             )
         )
-    if loop.name == "fit" and loop.gradient_accumulation_steps != 1:
-        problems.append(
-            Problem(
-                "loop.gradient_accumulation_steps",
-                loop.gradient_accumulation_steps,
-                "only loop=custom accumulates gradients; use loop=custom",
-            )
-        )
     if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
             Problem(
