@@ -42,7 +42,7 @@ from tfrecipe.outcome import (
     ensure_fresh_run_dir,
 )
 from tfrecipe.precision import set_precision
-from tfrecipe.training import baselines, pacing, protection
+from tfrecipe.training import baselines, lr_find, pacing, protection
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
 from tfrecipe.training import monitors as monitoring
@@ -237,6 +237,12 @@ def _train_steps(
     if dirs.chief:  # what predictions need: class names, target encoding, input columns
         signature.write(dirs.run_dir, models.describe(run, splits, model))
     attempt["summary"] = summary
+    if run.loop.lr_find.enabled:
+        summary.update(lr_find=_find_learning_rate(run, model, inputs, dirs))
+        summary.write()
+        if run.loop.lr_find.only:  # `tfrecipe lr-find`: the sweep is the run
+            summary.finish("completed", rows=[], steps_completed=start_step, examples_per_sec=None)
+            return summary
 
     monitors = monitoring.build_monitors(
         run,
@@ -281,6 +287,29 @@ def _fit_baselines(run: schema.RunConfig, splits) -> dict[str, Any]:
     )
     log.info("baselines fitted in %.1fs", time.perf_counter() - started)
     return fitted
+
+
+def _find_learning_rate(
+    run: schema.RunConfig, model: keras.Model, inputs: Inputs, dirs: _Dirs
+) -> dict[str, Any]:
+    """`loop.lr_find`: the range test with the run's loop on a fresh stream of its training
+    data; the model is put back as it was."""
+    found = lr_find.find_learning_rate(
+        run, model, _loop_of(run), inputs.train_from(0), run_dir=dirs.run_dir, chief=dirs.chief
+    )
+    log.info(
+        "lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
+        found["suggested_learning_rate"],
+        found["min_loss_learning_rate"],
+        found["steps"],
+        dirs.run_dir / lr_find.PLOT,
+    )
+    return found
+
+
+def _loop_of(run: schema.RunConfig):
+    """The loop that trains a run (parameter servers: their ClusterCoordinator loop)."""
+    return _LOOPS["parameter_server" if run.strategy.name == "parameter_server" else run.loop.name]
 
 
 def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:
@@ -366,8 +395,7 @@ def _run_loop(
     """Trains with the configured loop (again from a backup after each rollback; in two phases
     with `loop.finetune`), then evaluates the test split and exports the model."""
     options = _loop_options(run, inputs, steps_per_call)
-    name = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
-    loop = _LOOPS[name]
+    loop = _loop_of(run)
     if phases is not None:
         loop = finetune.TwoPhaseLoop(loop, phases, on_switch=protected.follow_optimizer)
     callbacks = [*monitors.callbacks, *protected.callbacks]

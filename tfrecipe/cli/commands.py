@@ -7,6 +7,7 @@ tfrecipe validate [NAME|PATH] [overrides]   check everything without training
 tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
 tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
 tfrecipe baseline RUN_DIR [overrides]   scikit-learn's baselines on a run's split
+tfrecipe lr-find [overrides]         a learning-rate sweep (lr_find.png, a suggested rate)
 tfrecipe predict RUN_DIR INPUT... [--output FILE]   a run's predictions for new files
 tfrecipe export RUN_DIR --format F   a finished run in more formats (onnx, litert, ...)
 tfrecipe help [overrides]            the same as `tfrecipe --help`

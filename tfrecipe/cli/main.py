@@ -398,6 +398,8 @@ def _main(argv: list[str]) -> None:
 
     if argv[:1] == ["help"]:
         argv = ["--help", *argv[1:]]
+    elif argv[:1] == ["lr-find"]:  # a run that is the learning-rate sweep only
+        argv = [*argv[1:], "loop.lr_find.enabled=true", "loop.lr_find.only=true"]
     elif argv and "=" not in argv[0] and argv[0].endswith((".yaml", ".yml")):  # a recipe file
         argv = [f"recipe={argv[0]}", *argv[1:]]
     try:

@@ -278,6 +278,16 @@ class Finetune(_Schema):
     unfreeze: str | None = None
 
 
+class LRFind(_Schema):
+    # An exponential learning-rate sweep before training (tfrecipe/training/lr_find.py).
+    enabled: bool = False
+    steps: Annotated[int, Field(ge=5)] = 200
+    min_lr: PositiveFloat = 1e-7
+    max_lr: PositiveFloat = 1.0
+    # true: the sweep only (`tfrecipe lr-find`), no training, test or export.
+    only: bool = False
+
+
 class Loop(_Schema):
     name: Literal["fit", "custom"]
     epochs: PositiveInt
@@ -287,6 +297,7 @@ class Loop(_Schema):
     steps_per_loop: PositiveInt | Literal["auto"] = "auto"
     gradient_accumulation_steps: PositiveInt = 1
     finetune: Finetune = Finetune()
+    lr_find: LRFind = LRFind()
 
 
 class _Switch(_Schema):
@@ -836,6 +847,14 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 "loop.steps_per_loop",
                 loop.steps_per_loop,
                 "a loop=custom knob; with loop=fit set batching.steps_per_execution",
+            )
+        )
+    if loop.lr_find.min_lr >= loop.lr_find.max_lr:
+        problems.append(
+            Problem(
+                "loop.lr_find.min_lr",
+                loop.lr_find.min_lr,
+                f"must be below loop.lr_find.max_lr={loop.lr_find.max_lr} (the sweep goes up)",
             )
         )
     if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):
