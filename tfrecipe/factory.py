@@ -288,6 +288,7 @@ def compile_model(
 def register_custom_objects() -> None:
     """Makes tfrecipe's own Keras classes known (before loading a saved model): the tasks'
     metrics and loss, and the layers of its models (registered when their module loads)."""
+    import tfrecipe.models.ensemble
     import tfrecipe.models.text  # noqa: F401  (MaskedMean)
 
     tasks.register_custom_objects()

@@ -43,6 +43,7 @@ from tfrecipe.outcome import (
 )
 from tfrecipe.precision import set_precision
 from tfrecipe.training import baselines, lr_find, pacing, protection
+from tfrecipe.training import ensemble as ensembles
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
 from tfrecipe.training import monitors as monitoring
@@ -163,7 +164,8 @@ def _train(
     locked_before = rundir.holds_run_dir(dirs.run_dir)
     with preemption.signals_preempt():
         try:
-            return _train_steps(config, run, task, dirs, attempt).fields
+            steps = _train_ensemble if run.ensemble.seeds > 1 else _train_steps
+            return steps(config, run, task, dirs, attempt).fields
         except ConfigError:
             raise
         except BaseException as error:
@@ -310,6 +312,70 @@ def _find_learning_rate(
 def _loop_of(run: schema.RunConfig):
     """The loop that trains a run (parameter servers: their ClusterCoordinator loop)."""
     return _LOOPS["parameter_server" if run.strategy.name == "parameter_server" else run.loop.name]
+
+
+def _train_ensemble(
+    config: Mapping[str, Any],
+    run: schema.RunConfig,
+    task: cluster.Task,
+    dirs: _Dirs,
+    attempt: dict[str, RunSummary],
+) -> RunSummary:
+    """`ensemble.seeds=N`: N member runs (RUN_DIR/members/I, seed + I; a completed member is
+    kept, an interrupted one resumes from its own backup), then one model averaging them,
+    evaluated, exported and recorded as a single run's."""
+    started = time.perf_counter()
+    _claim_run_dir(dirs, resume=run.resume)
+    check_resume_unchanged(
+        dirs.run_dir, config, resume=run.resume, allowed=run.resume_allow_changes
+    )
+    summary = RunSummary(
+        dirs.run_dir, summaries.ensemble_fields(run, dirs.run_dir), started=started
+    )
+    summary.start(config, chief=dirs.chief)
+    attempt["summary"] = summary
+    members = []
+    for index in range(run.ensemble.seeds):
+        member_dir = dirs.run_dir / ensembles.MEMBERS / str(index)
+        member_run, member_config = ensembles.member_config(run, config, index)
+        done = rundir.read_summary(member_dir)
+        if not (done and done.get("status") == "completed"):
+            log.info("ensemble: member %d of %d (seed %d)", index + 1, run.ensemble.seeds,
+                     member_run.seed)  # fmt: skip
+            done = _train(member_config, member_run, task, _Dirs(member_dir, member_dir))
+        members.append(done)
+        summary.update(ensemble=ensembles.record(run, members))
+        summary.write()
+    splits = factory.load_splits(
+        run.dataset, allowed_targets=run.allowed_targets,
+        stats_cache=StatsCache(dirs.run_dir / ensembles.MEMBERS / "0", chief=False), task=run.task,
+    )  # fmt: skip
+    summary.update(ensembles.as_single_run(members))
+    if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
+        signature.write(dirs.run_dir, signature.read(dirs.run_dir / ensembles.MEMBERS / "0"))
+    model = ensembles.load(run, dirs.run_dir)
+    scored = ensembles.scores(run, model, splits)  # test, and val_ metrics
+    summary.update(test=scored["test"])
+    summary.update(exports=_export(run, model, dirs.run_dir, _undistributed(splits)))
+    if run.baseline.name == "auto":
+        summary.update(baselines=_fit_baselines(run, splits))
+    summary.finish(
+        "completed",
+        rows=[],
+        steps_completed=sum(m["steps_completed"] for m in members),
+        examples_per_sec=None,
+    )
+    summary.update(
+        metrics=scored["metrics"], epochs_completed=max(m["epochs_completed"] for m in members)
+    )
+    summary.write()
+    return summary
+
+
+def _undistributed(splits) -> Inputs:
+    """What `_export` reads of a run's inputs (the undistributed splits), for the ensemble."""
+    return Inputs(train=None, validation=None, test=None, info=splits.info, steps_per_epoch=0,
+                  train_from=lambda step: None, splits=splits)  # fmt: skip
 
 
 def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:

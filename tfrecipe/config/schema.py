@@ -461,6 +461,12 @@ class Baseline(_Schema):
     max_rows: PositiveInt = 100_000
 
 
+class Ensemble(_Schema):
+    # N > 1: N members trained from seeds seed, seed+1, ... on the same split (RUN_DIR/members/i,
+    # each a run of its own: resumed on its own), exported as one model averaging them.
+    seeds: PositiveInt = 1
+
+
 class Sweep(_Schema):
     objective: str = "val_loss"
     fail_fast: bool = False
@@ -492,6 +498,7 @@ class RunConfig(_Schema):
     sweep: Sweep = Sweep()
     export: Export = Export()
     baseline: Baseline = Baseline(name="none")
+    ensemble: Ensemble = Ensemble()
 
     @field_validator("print_config", mode="before")
     @classmethod
@@ -550,6 +557,7 @@ def _cross_checks(run: RunConfig) -> list[Problem]:
         *_finetune_problems(run),
         *_task_metric_problems(run),
         *_sweep_problems(run),
+        *_ensemble_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
     ]
@@ -757,6 +765,23 @@ def _task_metric_problems(run: RunConfig) -> list[Problem]:
             )
         taken.append(name)
     return problems
+
+
+def _ensemble_problems(run: RunConfig) -> list[Problem]:
+    """An ensemble's members train one after another in this one process."""
+    if run.ensemble.seeds == 1 or (run.cluster.name == "none" and not run.loop.lr_find.only):
+        return []
+    if run.loop.lr_find.only:
+        return [Problem("ensemble.seeds", run.ensemble.seeds,
+                        "tfrecipe lr-find sweeps one model; use ensemble.seeds=1")]  # fmt: skip
+    return [
+        Problem(
+            "ensemble.seeds",
+            run.ensemble.seeds,
+            f"members train one after another in one process, not on cluster={run.cluster.name}; "
+            "use cluster=none (or one run per seed: -m seed=0,1,2)",
+        )
+    ]
 
 
 def _sweep_problems(run: RunConfig) -> list[Problem]:

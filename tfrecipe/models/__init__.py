@@ -11,6 +11,7 @@ plus its own options and returns an uncompiled Keras model whose output is float
 activation. A user's model is any function with this signature, named by `model._target_`.
 """
 
+from tfrecipe.models import ensemble as ensemble  # registers MeanOfMembers
 from tfrecipe.models.builders import cnn, linear, mlp, resnet
 from tfrecipe.models.keras_app import keras_app
 from tfrecipe.models.text import text
