@@ -348,6 +348,10 @@ def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
         (["loop=fit", "+loop.steps_per_loop=4"], "with loop=fit set batching.steps_per_execution"),
         (["loop=custom", "batching.steps_per_execution=4"], "set loop.steps_per_loop"),
         (["loop=custom", "loop.gradient_accumulation_steps=0"], "gradient_accumulation_steps"),
+        (
+            ["loop.gradient_accumulation_steps=2", "precision=mixed_float16"],
+            "cannot count the float16 steps",
+        ),
     ],
 )
 def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, message):

@@ -874,6 +874,17 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 "a loop=custom knob; with loop=fit set batching.steps_per_execution",
             )
         )
+    accumulating = loop.gradient_accumulation_steps > 1
+    if loop.name == "fit" and accumulating and run.precision.policy == "mixed_float16":
+        # Keras' loss scaling skips an overflowing step in a cond around its own accumulation
+        problems.append(
+            Problem(
+                "loop.gradient_accumulation_steps",
+                loop.gradient_accumulation_steps,
+                "loop=fit accumulates with Keras' optimizer, which cannot count the float16 "
+                "steps loss scaling skips; use loop=custom, or precision=mixed_bfloat16",
+            )
+        )
     if loop.lr_find.min_lr >= loop.lr_find.max_lr:
         problems.append(
             Problem(
