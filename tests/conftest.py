@@ -56,13 +56,16 @@ def compose_cfg() -> Callable[..., object]:
 def train_run(tmp_path, compose_cfg):
     """train_run(*overrides, tiny=True) -> (summary, run_dir): one in-process training run."""
     _split_cpu_in_two()
+    from tfrecipe.config.trust import Trust
     from tfrecipe.train import train
 
     counter = iter(range(1000))
 
     def _train(*overrides: str, tiny: bool = True):
         run_dir = tmp_path / f"run{next(counter)}"
-        return train(compose_cfg(*overrides, tiny=tiny), run_dir=run_dir), run_dir
+        # The overrides are the test's command line: they grant what they name.
+        trust = Trust.from_command_line(overrides)
+        return train(compose_cfg(*overrides, tiny=tiny), run_dir=run_dir, trust=trust), run_dir
 
     return _train
 

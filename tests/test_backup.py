@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tfrecipe.config.trust import Trust
+
 # 2 epochs of 5 steps, a backup at multiples of 3 steps and at epoch ends: ckpt-3, 5, 6, 9, 10.
 BACKUP = [
     "loop.epochs=2",
@@ -52,7 +54,9 @@ def train_in(compose_cfg):
     """train_in(run_dir, *overrides): one in-process run into a given run dir."""
     from tfrecipe.train import train
 
-    return lambda run_dir, *overrides: train(compose_cfg(*overrides), run_dir=run_dir)
+    return lambda run_dir, *overrides: train(
+        compose_cfg(*overrides), run_dir=run_dir, trust=Trust.from_command_line(overrides)
+    )
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.distribute import cluster, launcher
 from tfrecipe.errors import ConfigError
 
@@ -204,19 +204,3 @@ def test_slurm_outside_a_job_is_refused(cli, tmp_path, monkeypatch):
     result = cli("strategy=multi_worker_mirrored", "cluster=slurm", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2 and "cluster=slurm: not inside a SLURM job" in result.stderr
     assert not run_dir.exists()
-
-
-def test_the_tfjob_manifest_runs_a_valid_tf_config_cluster(compose_cfg):
-    """scripts/k8s_tfjob.yaml's command validates, with a TF_CONFIG as the operator writes it."""
-    import yaml
-    from conftest import REPO
-
-    job = yaml.safe_load((REPO / "scripts" / "k8s_tfjob.yaml").read_text())
-    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
-    container = worker["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "tfrecipe"]
-    run = validate(compose_cfg(*container["args"]))
-    assert run.cluster.name == "tf_config"
-    addresses = [f"tfrecipe-mnist-worker-{i}.default.svc:2222" for i in range(worker["replicas"])]
-    task = cluster.parse_tf_config(tf_config({"worker": addresses}, "worker", 0))
-    assert task.is_chief and task.num_workers == worker["replicas"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.helpers.configs import validate
 from tfrecipe.cli import commands
 from tfrecipe.config.instantiate import iter_targets
-from tfrecipe.config.schema import validate
 from tfrecipe.errors import ConfigError, Problem
 
 

@@ -355,7 +355,7 @@ def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
     ],
 )
 def test_a_knob_the_chosen_loop_would_ignore_is_refused(compose_cfg, overrides, message):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError, match=message):
         validate(compose_cfg(*overrides))

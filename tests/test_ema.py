@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_backup import BACKUP, _interrupted_at, _weights, train_in  # noqa: F401 (fixture)
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.errors import ConfigError
 
 EMA = ["model=mlp", "model.hidden_units=[16]", "optimizer.ema=true", "optimizer.ema_momentum=0.9"]

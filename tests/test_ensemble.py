@@ -58,7 +58,7 @@ def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run
 
 
 def test_an_ensemble_on_a_cluster_is_refused(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError, match=r"ensemble.seeds.*one process.*cluster=local"):
         validate(compose_cfg("ensemble.seeds=3", "strategy=multi_worker_mirrored",

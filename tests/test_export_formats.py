@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO, TINY
 
+from tests.helpers.configs import validate
 from tfrecipe.cli.main import main
-from tfrecipe.config.schema import validate
 from tfrecipe.errors import ConfigError
 
 pytest.importorskip("onnxruntime", reason="the export extra: pip install 'tfrecipe[export]'")
@@ -40,7 +40,12 @@ def _summary(run_dir: Path) -> dict:
 
 
 def _leftovers(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in run_dir.iterdir() if p.name.startswith("."))
+    """Hidden files left over (the run's manifest of its own files is not one)."""
+    from tfrecipe.files import MANIFEST
+
+    return sorted(
+        p.name for p in run_dir.iterdir() if p.name.startswith(".") and p.name != MANIFEST
+    )
 
 
 def test_every_format_matches_keras_on_held_out_examples(digits_run):
@@ -141,12 +146,16 @@ def test_a_mixed_precision_model_exports_through_a_float32_rebuild(train_run):
 def test_export_command_adds_a_format_to_a_finished_run(train_run, capsys):
     _, run_dir = train_run("model=mlp", "model.hidden_units=[8]")
     assert not (run_dir / "model.onnx").exists()
+    trained = (run_dir / "model.keras").read_bytes()
     main(["export", str(run_dir), "--format", "onnx"])
     report = json.loads(capsys.readouterr().out)
     assert report["onnx"]["max_abs_diff"] <= 1e-4
-    assert (run_dir / "model.onnx").is_file()
+    assert report["onnx"]["path"] == "exports/final/model.onnx"
+    assert (run_dir / "exports" / "final" / "model.onnx").is_file()
     assert _summary(run_dir)["exports"]["onnx"] == report["onnx"]
-    assert _summary(run_dir)["exports"]["keras"]["path"] == "model.keras"  # kept
+    # An export adds files: what training wrote stays as it was.
+    assert (run_dir / "model.keras").read_bytes() == trained
+    assert not (run_dir / "model.onnx").exists()
 
 
 def test_export_command_refuses_a_bad_request_in_one_line(tmp_path, capsys):

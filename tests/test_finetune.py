@@ -14,6 +14,7 @@ import pytest
 from helpers.finetune_models import read_probe
 
 from tfrecipe.config import schema
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
 
 EPOCHS, STEPS_PER_EPOCH, SWITCH_EPOCH = 3, 3, 1
@@ -227,7 +228,7 @@ def test_a_finetune_that_cannot_work_is_refused_by_the_config_check(
     compose_cfg, overrides, expected
 ):
     with pytest.raises(ConfigError) as error:
-        schema.validate(compose_cfg(*overrides))  # TINY: loop.epochs=2
+        schema.validate(compose_cfg(*overrides), trust=Trust.NOTHING)  # TINY: loop.epochs=2
     assert expected in str(error.value)
 
 

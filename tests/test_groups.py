@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, TINY
 from omegaconf import OmegaConf
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.train import TrainingError
 
 CONF = REPO / "conf"
@@ -30,6 +30,7 @@ NOT_IN_PROCESS = {
     ("cluster", "local"): f"starts a cluster of worker processes ({_WITH_MULTI_WORKER})",
     ("cluster", "slurm"): f"joins the processes of a SLURM job ({_WITH_MULTI_WORKER})",
     ("cluster", "tf_config"): f"joins the cluster TF_CONFIG describes ({_WITH_MULTI_WORKER})",
+    ("cluster", "k8s"): "joins the pods of an indexed Job (tests/test_k8s.py: two real processes)",
     ("strategy", "parameter_server"): "needs parameter servers (tests/test_parameter_server.py)",
     ("strategy", "tpu"): "needs a TPU (tests/test_tpu.py: refused without one)",
     ("model", "text"): "needs text data (none is bundled): tests/test_text.py trains it",

@@ -189,7 +189,7 @@ def test_freeze_specs_that_name_nothing_are_refused(build):
 
 
 def test_a_bad_freeze_value_stops_validation(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
     from tfrecipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"model.freeze=fraction:x"):
@@ -229,7 +229,7 @@ def test_freezing_random_weights_is_refused_before_anything_is_written(
     ],
 )
 def test_freezing_trained_weights_or_on_purpose_validates(compose_cfg, overrides):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     validate(compose_cfg(*overrides, "model.freeze=backbone"))  # raises on a problem
 

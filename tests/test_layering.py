@@ -18,8 +18,10 @@ LAYERS: list[tuple[str, ...]] = [
     # what every floor uses: errors, the private APIs, command-line grants, secrets
     (
         "tfrecipe.errors",
+        "tfrecipe.files",
         "tfrecipe.compat",
         "tfrecipe.config.command_line",
+        "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
         "tfrecipe.config.targets",
         "tfrecipe.config.__init__",
@@ -30,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "tfrecipe.config.compose",
         "tfrecipe.config.instantiate",
+        "tfrecipe.config.doors",
         "tfrecipe.config.hydra_node",
         "tfrecipe.config.checks",
         "tfrecipe.config.changes",

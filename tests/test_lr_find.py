@@ -45,7 +45,7 @@ def test_lr_find_alone_on_two_replicas_with_the_custom_loop(train_run):
 
 
 def test_a_sweep_that_goes_down_is_refused(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError, match=r"loop.lr_find.min_lr.*below loop.lr_find.max_lr"):
         validate(compose_cfg("loop.lr_find.min_lr=2.0"))

@@ -13,6 +13,8 @@ import pytest
 from test_backup import BACKUP, _backups, _interrupted_at, _summary, _weights
 from test_cli import assert_refused
 
+from tfrecipe.config.trust import Trust
+
 LR = 0.002
 # BACKUP: 2 epochs of 5 steps, backups at multiples of 3 steps and at epoch ends.
 ROLLBACK = [
@@ -108,7 +110,9 @@ def test_a_run_resumed_after_a_rollback_goes_on_at_the_lowered_rate(
     rates = _learning_rates(run_dir)
     _interrupted_at(run_dir, 6)  # as if it had crashed right after rolling back to step 6
 
-    resumed = train(compose_cfg(*overrides), run_dir=run_dir)
+    resumed = train(
+        compose_cfg(*overrides), run_dir=run_dir, trust=Trust.from_command_line(overrides)
+    )
 
     assert resumed["resumed_from_step"] == 6 and resumed["steps_completed"] == TOTAL_STEPS
     assert resumed["rollbacks"] == first["rollbacks"]  # and they count towards max_rollbacks
@@ -193,5 +197,5 @@ def test_rollbacks_need_terminate_on_nan_and_a_restartable_loop(compose_cfg, ove
 
     cfg = compose_cfg("callbacks.terminate_on_nan.max_rollbacks=1", *overrides)
     with pytest.raises(ConfigError) as error:
-        schema.validate(cfg)
+        schema.validate(cfg, trust=Trust.NOTHING)
     assert [p for p in error.value.messages if fragment in p], error.value.messages

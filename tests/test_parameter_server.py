@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY
 from helpers.launch import launching
 
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.errors import ConfigError
 
 PS = ["strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1"]

@@ -250,3 +250,27 @@ def test_a_run_dir_without_signature_is_refused():
         from tfrecipe.cli.predict import read_run
 
         read_run(REPO / "tests", "final")
+
+
+def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(
+    customers_run, tmp_path, capsys
+):
+    """The one writer (tfrecipe/files.py): -o naming the input, a file of the run dir or a
+    folder is refused before anything is read; a link planted where a temporary output used to
+    be written leads nowhere."""
+    new = tmp_path / "new.csv"
+    _new_rows(new, 5)
+    (tmp_path / "folder.csv").mkdir()
+    before = new.read_bytes()
+    history = (customers_run / "history.csv").read_bytes()
+    for output, named in [(new, "input"), (customers_run / "history.csv", "run"),
+                          (tmp_path / "folder.csv", "directory")]:  # fmt: skip
+        assert named in _refused(capsys, str(customers_run), str(new), "-o", str(output))
+    assert new.read_bytes() == before
+    assert (customers_run / "history.csv").read_bytes() == history
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / ".scores.csv.partial").symlink_to(victim)
+    main(["predict", str(customers_run), str(new), "-o", str(tmp_path / "scores.csv")])
+    assert victim.read_text() == "keep"
+    assert (tmp_path / "scores.csv").read_text().startswith('"prediction"')

@@ -559,8 +559,8 @@ def test_the_shipped_sweep_recipe_passes_the_check_of_every_job():
 
     from tfrecipe.cli.main import _check_hydra_configs, _task
     from tfrecipe.cli.sweeps import hydra_configs
-    from tfrecipe.config.command_line import CommandLine
     from tfrecipe.config.compose import register_recipes
+    from tfrecipe.config.trust import Trust
 
     register_recipes()
     args = get_args_parser().parse_args(["-m", "recipe=sweep_lr_batch", "seed=1,2"])
@@ -573,7 +573,7 @@ def test_the_shipped_sweep_recipe_passes_the_check_of_every_job():
     assert len(jobs) == 12
     sweep_dir = configs[0][1]
     assert [d for _, d in configs[1:]] == [sweep_dir / str(n) for n in range(12)]
-    _check_hydra_configs(args, CommandLine.parse(args.overrides))
+    _check_hydra_configs(args, Trust.from_command_line(args.overrides))
 
 
 def test_a_glob_sweep_is_checked_job_by_job():

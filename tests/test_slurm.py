@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.helpers import slurm as slurm_cluster
-from tfrecipe.config.schema import validate
+from tests.helpers.configs import validate
 from tfrecipe.distribute import cluster
 
 SCRIPT = REPO / "scripts" / "slurm_multi_worker.sbatch"

@@ -19,8 +19,8 @@ DIABETES = ["task=regression", "dataset=diabetes", "model=mlp", "model.hidden_un
 
 
 def _training_counts(compose_cfg, *overrides: str) -> np.ndarray:
+    from tests.helpers.configs import validate
     from tfrecipe import factory, tasks
-    from tfrecipe.config.schema import validate
 
     run = validate(compose_cfg(*overrides, tiny=False))
     splits = factory.load_splits(run.dataset, allowed_targets=[])
@@ -89,9 +89,9 @@ def test_bad_class_weights_are_refused_before_training(train_run, tmp_path, over
 def test_standardized_targets_start_at_the_mean_and_stay_in_original_units(train_run):
     import keras
 
+    from tests.helpers.configs import validate
     from tfrecipe import factory
     from tfrecipe.config.compose import compose
-    from tfrecipe.config.schema import validate
 
     few_steps = [
         *DIABETES,
@@ -176,7 +176,7 @@ def test_a_loss_or_metric_target_outside_its_kind_exits_2_before_anything_runs(
     [("classification", "val_loss"), ("binary", "val_auc"), ("regression", "val_loss")],
 )
 def test_each_task_has_a_default_monitor(compose_cfg, task, monitor):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     run = validate(compose_cfg(f"task={task}"))
     assert run.callbacks.model_checkpoint.monitor == monitor
@@ -184,7 +184,7 @@ def test_each_task_has_a_default_monitor(compose_cfg, task, monitor):
 
 
 def test_a_monitor_the_task_does_not_produce_lists_the_extra_metrics_too(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     extra = "task.metrics=[{_target_: keras.metrics.MeanSquaredLogarithmicError}]"
     with pytest.raises(ConfigError) as error:
@@ -204,7 +204,7 @@ def test_a_monitor_the_task_does_not_produce_lists_the_extra_metrics_too(compose
 
 
 def test_an_extra_metric_may_not_take_a_name_the_task_reports(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError) as error:
         validate(compose_cfg("task=binary", "task.metrics=[{_target_: keras.metrics.AUC}]"))

@@ -70,8 +70,8 @@ def test_each_task_trains_the_same_on_two_mirrored_replicas(train_run, task):
 
 
 def test_the_head_follows_the_task(compose_cfg):
+    from tests.helpers.configs import validate
     from tfrecipe import factory
-    from tfrecipe.config.schema import validate
 
     for task, (targets, _) in TASKS.items():
         run = validate(compose_cfg(*SYNTHETIC, f"task={task}", targets))
@@ -136,7 +136,7 @@ def test_a_model_builder_with_the_old_signature_is_told_what_to_change(cli, tmp_
 
 
 def test_a_monitor_the_task_does_not_produce_is_refused(compose_cfg):
-    from tfrecipe.config.schema import validate
+    from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError) as error:
         validate(compose_cfg("task=regression", "callbacks.model_checkpoint.monitor=val_accuracy"))

@@ -7,6 +7,7 @@ import csv
 import pytest
 from helpers import wandb_records
 
+from tfrecipe.config.trust import Trust
 from tfrecipe.train import TrainingError
 
 WANDB = ["logger=[wandb]", "logger.wandb.mode=offline", "logger.wandb.log_every_n_steps=1"]
@@ -132,10 +133,15 @@ def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
         "allowed_targets=[helpers]",
     ]
     with pytest.raises(TrainingError, match="deliberate failure"):
-        train(compose_cfg(*overrides, *failing), run_dir=run_dir)
+        train(
+            compose_cfg(*overrides, *failing), run_dir=run_dir,
+            trust=Trust.from_command_line(overrides),
+        )  # fmt: skip
     run_id = (run_dir / "wandb" / "run_id").read_text()
 
-    summary = train(compose_cfg(*overrides), run_dir=run_dir)
+    summary = train(
+        compose_cfg(*overrides), run_dir=run_dir, trust=Trust.from_command_line(overrides)
+    )
 
     assert summary["resumed_from_step"] == 3
     starts = sorted(run_dir.glob("wandb/offline-run-*"))

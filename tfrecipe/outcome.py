@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tfrecipe import rundir
+from tfrecipe import files, rundir
 from tfrecipe.errors import ConfigError
 
 EXIT_TRAINING = 1  # training failed: summary.json says "failed"
 EXIT_CONFIG = 2  # invalid configuration or usage: one line per problem, nothing written
 # EX_TEMPFAIL (sysexits.h): "temporary failure, try again" — rerun the same command to resume.
 EXIT_PREEMPTED = 75
+# A worker made no training step for cluster.stall_timeout seconds: it wrote its threads' stacks
+# to RUN_DIR/stall-TASK.txt and stopped. Restartable: a rerun resumes from the last backup.
+EXIT_STALLED = 76
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
 
 BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from
@@ -79,6 +82,13 @@ RUN_FILES = (
     "best.weights.h5",
     "traceback.txt",
     "evaluation.json",
+    "signature.json",
+    "data_stats.json",
+    "saved_model",
+    "model.onnx",
+    "model.tflite",
+    "exports",
+    "backup",
 )
 
 
@@ -92,7 +102,7 @@ def _check_is_a_run_dir(run_dir: Path) -> None:
             "there completed is unknown (nothing is overwritten); repair or move it, or choose "
             "another hydra.run.dir"
         )
-    if summary.exists() or not run_dir.is_dir():
+    if summary.exists() or (run_dir / files.MANIFEST).is_file() or not run_dir.is_dir():
         return
     theirs = [name for name in RUN_FILES if (run_dir / name).exists()]
     if theirs:

@@ -19,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfrecipe import files
+
 # looks_secret and secret_values lived here: imports of them from this module keep working.
 from tfrecipe.config.secrets import looks_secret, redact, redact_config, secret_values  # noqa: F401
 from tfrecipe.errors import ConfigError
@@ -29,16 +31,9 @@ SUMMARY = "summary.json"
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no partial file behind
-        raise
+    """The one writer's `write_atomic` (tfrecipe/files.py): exclusive temporary sibling, no
+    link followed, nothing replaced that the run did not write."""
+    files.write_atomic(path, data)
 
 
 def public_config(cfg: DictConfig) -> dict[str, Any]:
@@ -74,6 +69,7 @@ def lock_run_dir(run_dir: Path) -> None:
     """
     run_dir = run_dir.resolve()
     if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
+        _own(run_dir)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(run_dir, os.O_RDONLY)  # close-on-exec: not inherited by programs run
@@ -93,6 +89,13 @@ def lock_run_dir(run_dir: Path) -> None:
         return
     _held[run_dir] = descriptor
     os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{run_dir}"
+    _own(run_dir)
+
+
+def _own(run_dir: Path) -> None:
+    """The held dir's files are the run's to write (tfrecipe/files.py's manifest); a run dir of
+    an earlier version (a summary, no manifest) has its files adopted."""
+    files.own_dir(run_dir, adopt=(run_dir / SUMMARY).exists())
 
 
 def in_use_by_another(run_dir: Path) -> bool:
@@ -146,6 +149,7 @@ def unlock_run_dir(run_dir: Path) -> None:
     if descriptor is None:
         return
     os.close(descriptor)  # its only descriptor: closing it releases the flock
+    files.release_dir(run_dir)
     if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
         del os.environ[LOCK_HOLDER_ENV]
 

@@ -24,12 +24,13 @@ from tfrecipe import compat, factory, optim, rundir, signature, tasks
 from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.config.changes import check_resume_unchanged
-from tfrecipe.data import table_stream
+from tfrecipe.config.trust import Trust
+from tfrecipe.data import fingerprint, table_stream
 from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
 from tfrecipe.distribute.strategy import build_strategy, device_kinds
 from tfrecipe.errors import ConfigError, DataError
-from tfrecipe.fault import backup, preemption, recovery
+from tfrecipe.fault import backup, preemption, recovery, watchdog
 from tfrecipe.fault.preemption import Preempted
 from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
@@ -73,14 +74,21 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
         compat.disable_op_determinism()
 
 
-def train(cfg: DictConfig, *, run_dir: str | Path) -> dict[str, Any]:
+def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -> dict[str, Any]:
     """Trains as `cfg` says; writes the run directory; returns the summary (summary.json).
+
+    Args:
+      cfg: the composed config (`tfrecipe.compose(overrides)`).
+      run_dir: where the run writes.
+      trust: what may grant code (`allowed_targets`): `Trust.from_command_line(overrides)` for
+        the overrides you composed with; None: what this process's command line granted (a
+        sweep's job inherits its sweep's), which in a plain Python process is nothing.
 
     Raises:
       ConfigError: the configuration is invalid (nothing has been written).
       TrainingError: training failed (summary.json says "failed").
     """
-    run = schema.validate(cfg)
+    run = schema.validate(cfg, trust=trust or Trust.of_this_process())
     task = _join_cluster(run)
     if task.type == "evaluator":  # a sidecar: reads the run dir the workers write
         return _evaluate_checkpoints(run, Path(run_dir))
@@ -192,6 +200,11 @@ def _train_steps(
     check_resume_unchanged(
         dirs.run_dir, config, resume=run.resume, allowed=run.resume_allow_changes
     )
+    data_files = (  # what it trains on, taken first: a resume on other data is refused
+        fingerprint.check_resumed(dirs.run_dir, run.dataset.model_dump(by_alias=True),
+                                  allowed=run.resume_allow_changes, resume=run.resume)
+        if dirs.chief else None
+    )  # fmt: skip
     strategy = _setup_strategy(run, task)
     per_replica_batch, global_batch = batch_sizes(run.batching, strategy.num_replicas_in_sync)
     check_resume_batch(
@@ -235,9 +248,13 @@ def _train_steps(
             resumed_from_step=resumed.step,
             rollbacks=policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step),
         )
+    if dirs.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
+        earlier = (rundir.read_summary(dirs.run_dir) or {}).get("stalls")
+        summary.update(stalls=watchdog.recorded_stalls(dirs.run_dir, earlier))
     summary.start(config, chief=dirs.chief)
     if dirs.chief:  # what predictions need: class names, target encoding, input columns
         signature.write(dirs.run_dir, models.describe(run, splits, model))
+        fingerprint.record(dirs.run_dir, data_files)
     attempt["summary"] = summary
     if run.loop.lr_find.enabled:
         summary.update(lr_find=_find_learning_rate(run, model, inputs, dirs))
@@ -255,6 +272,12 @@ def _train_steps(
         global_batch=global_batch,
         start_step=start_step,
         resuming=resumed is not None,
+        watchdog=watchdog.build_watchdog(
+            run.cluster.stall_timeout,
+            task=f"{task.type}-{task.index}" if task.type is not None else None,
+            run_dir=dirs.shared_run_dir,
+            chief=dirs.chief,
+        ),
     )
     # A fresh run keeps its first step's state: a rollback before the first periodic backup.
     protected = protection.fault_tolerance(
@@ -395,6 +418,8 @@ def _recording_end(
     try:
         yield
     except BaseException as error:
+        if monitors.watchdog is not None:  # what follows is the failure's handling, not a stall
+            monitors.watchdog.stop()
         bad_cell = table_stream.data_error(error)
         if bad_cell is not None:  # a streamed table's bad cell: the data's fault, exit 2
             error = DataError(f"dataset: {bad_cell}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe.config import compose as configs
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tasks import MODEL_ARGUMENTS, OLD_SIGNATURE_HINT
 
@@ -182,7 +182,7 @@ def _group_options() -> dict[str, list[str]]:
     return dict(sorted(groups.items()))
 
 
-def target_problems(cfg: DictConfig, command_line: CommandLine | None = None) -> list[Problem]:
+def target_problems(cfg: DictConfig, trust: Trust) -> list[Problem]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
     from tfrecipe.config.instantiate import allowed_prefix_problem, iter_targets, target_problem
@@ -193,7 +193,7 @@ def target_problems(cfg: DictConfig, command_line: CommandLine | None = None) ->
     allowed = [
         entry
         for entry in cfg.get("allowed_targets") or []
-        if not allowed_prefix_problem(entry, command_line=command_line)
+        if not allowed_prefix_problem(entry, trust=trust)
     ]
     problems = []
     for key, target, node in iter_targets(OmegaConf.to_container(job, resolve=False)):
@@ -220,23 +220,39 @@ VALIDATED = (
 
 
 def validate(args: list[str]) -> None:
+    from hydra.types import RunMode
+
     from tfrecipe.config.schema import validate as validate_schema
 
-    recipe, overrides = _split(args)
+    sweeping = any(a in ("-m", "--multirun") for a in args)
+    recipe, overrides = _split([a for a in args if a not in ("-m", "--multirun")])
     # With Hydra's node: what Hydra itself would instantiate is checked too.
     cfg = configs.compose([*recipe, *overrides], return_hydra_config=True)
     problems = []
-    command_line = CommandLine.parse(overrides)
+    trust = Trust.from_command_line(overrides)
     try:
-        validate_schema(cfg, command_line=command_line)
+        validate_schema(cfg, trust=trust)
     except ConfigError as error:
         problems += error.problems
     reported = {p.slot for p in problems}
-    problems += [p for p in target_problems(cfg, command_line) if p.slot not in reported]
+    problems += [p for p in target_problems(cfg, trust) if p.slot not in reported]
+    if sweeping or OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:
+        problems += [p for p in _sweep_problems(recipe, overrides, trust) if p not in problems]
     if problems:
         raise ConfigError(problems)
     print(f"valid: {' '.join(args) or 'the default config'}")
     print(f"  {VALIDATED}")
+
+
+def _sweep_problems(recipe: list[str], overrides: list[str], trust: Trust) -> list[Problem]:
+    """Every job of the sweep these arguments start, checked as the run checks them."""
+    from hydra._internal.utils import get_args_parser
+
+    from tfrecipe.cli.sweeps import sweep_problems
+
+    configs.register_recipes()
+    args = get_args_parser().parse_args(["-m", *recipe, *overrides])
+    return sweep_problems(args, trust, validate)
 
 
 def evaluate(args: list[str]) -> None:

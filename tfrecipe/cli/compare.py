@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from tfrecipe import files
 from tfrecipe.errors import ConfigError
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
@@ -275,6 +276,12 @@ def main(args: list[str]) -> None:
     writer = csv.writer(buffer)
     writer.writerow(header)
     writer.writerows(rows)
-    atomic_write(out / "compare.csv", buffer.getvalue())
-    plot(runs, keys, out / "compare.png")
+    # The one writer's rules in that dir: compare.csv/png are replaced only when a compare wrote
+    # them (its manifest says so), never a file of the user's or of a run by those names.
+    files.own_dir(out)
+    try:
+        atomic_write(out / "compare.csv", buffer.getvalue())
+        plot(runs, keys, out / "compare.png")
+    finally:
+        files.release_dir(out)
     print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")

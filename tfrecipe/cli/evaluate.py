@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe import factory, rundir
 from tfrecipe.config import schema
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
 
 
@@ -46,7 +46,7 @@ def load_run_config(
             f"{command}: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
         ) from None
     # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
-    return schema.validate(cfg, command_line=CommandLine.parse(overrides))
+    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 
 
 def _first_line(error: BaseException) -> str:
@@ -91,7 +91,11 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
     run = load_run_config(run_dir, list(overrides))
+    from tfrecipe.data.fingerprint import check_evaluated_data
     from tfrecipe.data.tabular import StatsCache
+
+    dataset = run.dataset.model_dump(by_alias=True)  # the data the run was trained on, or allowed
+    check_evaluated_data(run_dir, dataset, allowed=run.resume_allow_changes)
 
     splits = factory.load_splits(
         run.dataset,
@@ -134,5 +138,6 @@ def main(args: list[str]) -> None:
     if not options.run_dir.is_dir():
         raise ConfigError(f"evaluate: {options.run_dir} is not a directory")
     result = evaluate_run(options.run_dir, which=options.model, overrides=options.overrides)
+    rundir.lock_run_dir(options.run_dir)  # a run still writing there is not written into
     rundir.atomic_write(options.run_dir / "evaluation.json", json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -6,6 +6,10 @@ file is loaded in its own runtime and compared with Keras on the run's held-out 
 test split, rebuilt from the run's `config.yaml`; overrides adapt it, e.g. `dataset.path=...` on
 another machine), kept only within `--tolerance`, and recorded under `exports` in the run's
 `summary.json`. A format that cannot carry the model is refused with the reason (exit 2).
+
+The files go to `RUN_DIR/exports/final/` (or `exports/best/`): an export adds files and never
+replaces what training wrote (its model.keras, saved_model/, ...). The run dir is locked while
+it exports, so a run still training there is not written into.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tfrecipe.config.schema import EXPORT_FORMATS
 from tfrecipe.errors import ConfigError
 
 QUANTIZE = ("none", "dynamic", "float16", "int8")
+EXPORTS = "exports"  # RUN_DIR/exports/final|best: what `tfrecipe export` adds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +69,7 @@ def _run_config(run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from tfrecipe.config import schema
+    from tfrecipe.config.trust import Trust
 
     bad = [o for o in overrides if "=" not in o]
     if bad:
@@ -71,7 +77,8 @@ def _run_config(run_dir: Path, overrides: list[str]):
     cfg = OmegaConf.merge(
         OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(overrides)
     )
-    return schema.validate(cfg)
+    # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
+    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 
 
 def _export(options, run, run_files) -> dict:
@@ -79,6 +86,8 @@ def _export(options, run, run_files) -> dict:
     from tfrecipe.cli.predict import load_model
     from tfrecipe.models import export
 
+    rundir.lock_run_dir(options.run_dir)  # refuses a run dir a run is writing
+    out = Path(EXPORTS, options.model)
     model = load_model(run_files)
     for fmt in options.format:
         why = export.unsupported(model, fmt)
@@ -96,7 +105,7 @@ def _export(options, run, run_files) -> dict:
     try:
         report = export.export_run(
             model,
-            options.run_dir,
+            options.run_dir / out,
             settings,
             splits=splits,
             pipeline=run.pipeline,
@@ -105,6 +114,9 @@ def _export(options, run, run_files) -> dict:
         )
     except export.ExportError as error:
         raise SystemExit(f"tfrecipe export: failed: {error}") from None
+    for record in report.values():
+        if "path" in record:
+            record["path"] = str(out / record["path"])
     summary = rundir.read_summary(options.run_dir) or {}
     summary["exports"] = {**summary.get("exports", {}), **report}
     rundir.write_summary(options.run_dir, summary)

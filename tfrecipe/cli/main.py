@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tfrecipe.errors import ConfigError, DataError, Problem
+from tfrecipe.errors import ConfigError, DataError
 from tfrecipe.outcome import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
@@ -52,7 +52,7 @@ def _precheck(argv: list[str]) -> list[str]:
     from hydra._internal.utils import get_args_parser
     from hydra.types import RunMode
 
-    from tfrecipe.config.command_line import CommandLine
+    from tfrecipe.config.trust import Trust
 
     args = get_args_parser().parse_args(argv)
     _refuse_rerun(args)
@@ -60,10 +60,13 @@ def _precheck(argv: list[str]) -> list[str]:
     custom_config = args.config_path or args.config_dir or args.config_name
     if informational:
         return argv  # Hydra answers these
-    command_line = CommandLine.parse(args.overrides)
+    trust = Trust.from_command_line(args.overrides)
+    # This process's jobs (and a sweep's, in other processes) validate with it: nothing else
+    # they read grants anything (tfrecipe/config/trust.py).
+    os.environ.update(trust.environ())
     if args.multirun or custom_config:
-        _check_hydra_configs(args, command_line)
-        return argv  # sweep jobs and a user's config dir validate themselves
+        _check_hydra_configs(args, trust)
+        return argv  # each job validates itself again, with this trust
 
     from omegaconf import OmegaConf
 
@@ -73,11 +76,11 @@ def _precheck(argv: list[str]) -> list[str]:
 
     cfg = compose(args.overrides, return_hydra_config=True)
     if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:  # a config file asks for a sweep
-        _check_hydra_configs(args, command_line)
+        _check_hydra_configs(args, trust)
         return argv
     from tfrecipe.distribute.cluster import check_environment, is_chief_process
 
-    run = validate(cfg, command_line=command_line)
+    run = validate(cfg, trust=trust)
     _Invocation.cluster = run.cluster
     check_environment(_Invocation.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     configured = OmegaConf.select(cfg, "hydra.run.dir")
@@ -90,12 +93,13 @@ def _precheck(argv: list[str]) -> list[str]:
     _check_writable(run_dir)
     _Invocation.run_dir, _Invocation.run_dir_existed = run_dir, run_dir.exists()
     if run.cluster.name in ("none", "local") or (
-        run.cluster.name == "tf_config" and is_chief_process()
+        run.cluster.name in ("tf_config", "k8s") and is_chief_process()
     ):  # the one process of the run (the launcher for local); a SLURM chief locks in train()
         lock_run_dir(run_dir)  # before judging it: the run there may end meanwhile
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
+    _claim_hydra_files(run_dir)
     if is_chief_process():
         from tfrecipe.config.changes import check_resume_unchanged
         from tfrecipe.rundir import public_config
@@ -111,6 +115,22 @@ def _precheck(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
 
 
+def _claim_hydra_files(run_dir: Path) -> None:
+    """Hydra writes `.hydra/` into the run dir next: one the user put there (no run's files
+    beside it) is refused; otherwise it becomes the run's own (tfrecipe/files.py's manifest)."""
+    from tfrecipe import files
+
+    hydra_files = run_dir / ".hydra"
+    ours = any((run_dir / marker).exists() for marker in files.RUN_MARKERS)
+    if hydra_files.exists() and not ours:
+        raise ConfigError(
+            f"hydra.run.dir={run_dir}: holds .hydra/ but no summary.json, so it is not a tfrecipe "
+            "run dir and Hydra would overwrite it; choose a new or empty hydra.run.dir"
+        )
+    if files.is_held(run_dir):
+        files.claim(run_dir, [".hydra"])
+
+
 def _refuse_rerun(args) -> None:
     """Hydra's `--experimental-rerun FILE` unpickles FILE (a run dir's `.hydra/config.pickle`):
     whoever wrote that file would run code here."""
@@ -122,26 +142,12 @@ def _refuse_rerun(args) -> None:
         )
 
 
-def _check_hydra_configs(args, command_line) -> None:
-    """Checks the sweep's own config and every job's, as a single run's config is checked
-    (`config_problems`), before Hydra configures logging, instantiates its sweeper, launcher or
-    callbacks, or starts a job. Each job validates the rest of its config itself."""
-    from omegaconf import OmegaConf
+def _check_hydra_configs(args, trust) -> None:
+    """Checks the sweep's own config and every job's (`sweeps.sweep_problems`) before Hydra
+    configures logging, instantiates its sweeper, launcher or callbacks, or starts a job."""
+    from tfrecipe.cli.sweeps import sweep_problems
 
-    from tfrecipe.cli.sweeps import hydra_configs
-    from tfrecipe.config.checks import config_problems
-
-    problems: list[Problem] = []
-    for cfg, output_dir in hydra_configs(args, _task):
-        job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-        try:
-            container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
-        except Exception:  # the job reports its own bad interpolation; check what is written
-            container = OmegaConf.to_container(job, resolve=False)
-        found = config_problems(
-            container, cfg.hydra, command_line=command_line, output_dir=output_dir
-        )
-        problems += [p for p in found if p not in problems]
+    problems = sweep_problems(args, trust, _task)
     if problems:
         raise ConfigError(problems)
 
@@ -198,9 +204,10 @@ def _task(cfg) -> dict:
         stop_if_signalled()
         discover_devices()  # imports TensorFlow: seconds
         stop_if_signalled()
+        from tfrecipe.config.trust import Trust
         from tfrecipe.train import train
 
-        summary = train(cfg, run_dir=run_dir)
+        summary = train(cfg, run_dir=run_dir, trust=Trust.of_this_process())
     except Preempted as preempted:
         _mark_preempted(run_dir, preempted)  # when it came before train() could
         log.warning("%s\nrun dir: %s", preempted, run_dir)
@@ -288,7 +295,7 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
     before training writes one) in summary.json, so a sweep's failed job is visible."""
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.distribute.cluster import is_chief_process
-    from tfrecipe.rundir import SUMMARY, in_use_by_another, write_summary
+    from tfrecipe.rundir import SUMMARY, atomic_write, in_use_by_another, write_summary
 
     if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
         log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)
@@ -306,7 +313,7 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
                 write_summary(run_dir, {"status": "failed", "error": str(error)})
         return
     with contextlib.suppress(OSError):  # a full disk: summary.json says so, in its reserve
-        (run_dir / "traceback.txt").write_text(redact_text(traceback.format_exc()))
+        atomic_write(run_dir / "traceback.txt", redact_text(traceback.format_exc()))
     from tfrecipe.fault.disk import error_text
 
     cause = error if isinstance(error, TrainingError) else error_text(error, run_dir)
@@ -475,7 +482,7 @@ def _mark_preempted(run_dir: Path, stopped: Exception) -> None:
 def _run_hydra(argv: list[str]) -> None:
     import hydra
 
-    from tfrecipe.config.compose import config_dir, recipe_file_overrides, register_recipes
+    from tfrecipe.config.compose import config_dir, register_recipes
 
     register_recipes()
     if _answered_help(argv):
@@ -483,6 +490,20 @@ def _run_hydra(argv: list[str]) -> None:
     hydra_main = hydra.main(
         config_path=str(config_dir()), config_name="config", version_base="1.3"
     )(_task)
+    from tfrecipe.config.trust import TRUST_ENV
+
+    inherited = os.environ.pop(TRUST_ENV, None)  # this process's own command line decides
+    try:
+        _run_hydra_job(argv, hydra_main)
+    finally:  # in-process callers (tests, notebooks) keep their environment as it was
+        os.environ.pop(TRUST_ENV, None)
+        if inherited is not None:
+            os.environ[TRUST_ENV] = inherited
+
+
+def _run_hydra_job(argv: list[str], hydra_main) -> None:
+    from tfrecipe.config.compose import recipe_file_overrides
+
     sys.argv = [sys.argv[0], *_precheck(recipe_file_overrides(argv))]
     if _Invocation.cluster is not None and _Invocation.cluster.name == "local":
         from tfrecipe.distribute.launcher import run_local_cluster

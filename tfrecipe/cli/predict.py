@@ -19,7 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tfrecipe import files
 from tfrecipe import signature as signatures
 from tfrecipe.data.readers import Batch, Source, open_sources
 from tfrecipe.errors import ConfigError
@@ -164,13 +165,15 @@ def predictions(record: dict[str, Any], outputs: np.ndarray) -> dict[str, np.nda
 
 
 class Writer:
-    """Rows to CSV, Parquet or JSON lines, into a temporary sibling renamed on `commit` (stdout:
-    CSV as it goes)."""
+    """Rows to CSV, Parquet or JSON lines, into a file of a scratch folder made beside the
+    output and moved into place on `commit` by the one writer (tfrecipe/files.py; stdout: CSV as
+    it goes)."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.format = ".csv" if path is None else path.suffix.lower()
-        self.partial = None if path is None else path.with_name(f".{path.name}.partial")
+        self.partial = None
+        self._scratch = None
         self._writer = None
         self._file = None
 
@@ -190,11 +193,16 @@ class Writer:
         import pyarrow.csv as pa_csv
         import pyarrow.parquet as pq
 
-        if self.partial is None:
+        if self.path is None:
             self._file = sys.stdout.buffer
         else:
-            self.partial.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.partial, "w" if self.format == ".jsonl" else "wb")  # noqa: SIM115
+            import tempfile
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            name = f".{self.path.name}."
+            self._scratch = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=name, suffix=".tmp"))
+            self.partial = self._scratch / self.path.name
+            self._file = open(self.partial, "x" if self.format == ".jsonl" else "xb")  # noqa: SIM115
         if self.format == ".csv":
             self._writer = pa_csv.CSVWriter(self._file, schema)
         elif self.format == ".parquet":
@@ -205,18 +213,19 @@ class Writer:
             self._writer.close()
         if self._file is not None and self.partial is not None:
             self._file.close()
-            os.replace(self.partial, self.path)
+            files.put(self.partial, self.path)
+            shutil.rmtree(self._scratch, ignore_errors=True)
         elif self._file is not None:
             self._file.flush()
 
     def discard(self) -> None:
-        if self.partial is not None:
+        if self._scratch is not None:
             with contextlib.suppress(Exception):
                 if self._writer is not None:
                     self._writer.close()
                 if self._file is not None:
                     self._file.close()
-            self.partial.unlink(missing_ok=True)
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def _arrow(values: np.ndarray):
@@ -292,6 +301,8 @@ def _progress(total: int | None) -> Iterator[Any]:
 # --- the command ------------------------------------------------------------------------------
 def main(args: list[str]) -> None:
     request = parse(args)
+    if request.output is not None:  # not an input, a folder, a link or a run's file
+        files.check_output(request.output, inputs=[*request.inputs, request.run_dir])
     run = read_run(request.run_dir, request.model)
     source: Source = open_sources(
         request.inputs, run.signature, dataset=run.dataset, keep=request.keep

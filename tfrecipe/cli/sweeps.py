@@ -16,7 +16,26 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError, Problem
+
+
+def sweep_problems(args, trust: Trust, task_function: Callable) -> list[Problem]:
+    """Checks the sweep's own config and every job's, as a single run's config is checked
+    (`config_problems`, with the same trust): what a run refuses, a sweep and `validate` refuse.
+    Each job validates the rest of its config itself when it runs."""
+    from tfrecipe.config.checks import config_problems
+
+    problems: list[Problem] = []
+    for cfg, output_dir in hydra_configs(args, task_function):
+        job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+        try:
+            container = OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
+        except Exception:  # the job reports its own bad interpolation; check what is written
+            container = OmegaConf.to_container(job, resolve=False)
+        found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
+        problems += [p for p in found if p not in problems]
+    return problems
 
 
 def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, Path | None]]:
@@ -48,13 +67,19 @@ def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, P
 
 def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper makes them: the product of every discrete
-    sweep's values, the command line's winning over `hydra.sweeper.params` for the same key.
-    An `interval(...)` (optuna) picks numbers, which name no code: that key keeps its value."""
+    sweep's values, the command line's winning over `hydra.sweeper.params` (and optuna's older
+    spelling, `hydra.sweeper.search_space`) for the same key. An `interval(...)` or a numeric
+    distribution (optuna) picks numbers, which name no code: that key keeps its value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = OmegaConf.to_container(sweep.hydra.sweeper, resolve=False).get("params") or {}
+    sweeper = OmegaConf.to_container(sweep.hydra.sweeper, resolve=False)
+    params = sweeper.get("params") or {}
     lines = [f"{key}={_param(key, value)}" for key, value in params.items()]
-    axes: dict[str, list[str]] = {}
+    axes = {
+        key: axis
+        for key, spec in (sweeper.get("search_space") or {}).items()
+        if (axis := _search_space_axis(key, spec))
+    }
     parser = OverridesParser.create(config_loader=config_loader)  # glob(...) lists options
     for override in parser.parse_overrides([*lines, *command_line]):
         key = override.get_key_element()
@@ -80,6 +105,35 @@ def _param(key: str, value: object) -> str:
             )
         )
     return str(value)
+
+
+# Optuna's `search_space` distributions: a categorical one names values, the others numbers.
+_NUMERIC_DISTRIBUTIONS = ("int", "float")
+
+
+def _search_space_axis(key: str, spec: object) -> list[str]:
+    """The overrides a `hydra.sweeper.search_space` entry hands its jobs, as optuna writes them
+    (`f"{key}={choice}"`, unquoted: a choice "[x]" reaches the job as a list); none for a
+    numeric distribution, which picks numbers."""
+    where = f"hydra.sweeper.search_space.{key}"
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind in _NUMERIC_DISTRIBUTIONS:
+        bounds = [spec.get(k) for k in ("low", "high", "step") if spec.get(k) is not None]
+        if all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds):
+            return []
+        raise ConfigError(Problem(where, bounds, "expected numbers for low, high and step"))
+    choices = spec.get("choices") if kind == "categorical" else None
+    primitive = str | int | float | bool | type(None)
+    if not isinstance(choices, list) or not all(isinstance(c, primitive) for c in choices):
+        raise ConfigError(
+            Problem(
+                where,
+                spec,
+                "expected {type: categorical, choices: [plain values]} or {type: int|float, "
+                "low: N, high: N} (optuna's search_space); or use hydra.sweeper.params",
+            )
+        )
+    return [f"{key}={choice}" for choice in choices]
 
 
 def _directory(cfg: DictConfig, *keys: str) -> Path | None:

@@ -10,9 +10,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.doors import command_line_only_problems
 from tfrecipe.config.hydra_node import hydra_problems
 from tfrecipe.config.instantiate import allowed_prefix_problem, target_problems
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 
 
@@ -20,7 +21,7 @@ def config_problems(
     container: Mapping[str, Any],
     hydra: DictConfig | None,
     *,
-    command_line: CommandLine | None = None,
+    trust: Trust,
     output_dir: Path | None = None,
 ) -> list[Problem]:
     """Everything a composed config may not do, found without importing or running anything: the
@@ -29,20 +30,17 @@ def config_problems(
     Args:
       container: the config without Hydra's node, resolved (where it resolves).
       hydra: Hydra's node (`cfg.hydra`), when the config was composed with it.
-      command_line: what the user typed: `allowed_targets` entries it does not give are refused
-        (a recipe or run dir cannot trust code for you). None: the caller vouches for the config.
+      trust: what this invocation's command line grants: `allowed_targets` entries it does not
+        give are refused (a recipe or run dir cannot trust code for you).
       output_dir: the job's directory, where Hydra writes (None: `hydra.run.dir`).
     """
     allowed = container.get("allowed_targets")
     allowed = allowed if isinstance(allowed, list) else []  # not a list: the schema's problem
-    problems = [
-        p for p in (allowed_prefix_problem(e, command_line=command_line) for e in allowed) if p
-    ]
-    usable = [e for e in allowed if not allowed_prefix_problem(e, command_line=command_line)]
+    problems = [p for p in (allowed_prefix_problem(e, trust=trust) for e in allowed) if p]
+    usable = [e for e in allowed if not allowed_prefix_problem(e, trust=trust)]
     refused = [e for e in allowed if e not in usable]
     problems += target_problems(container, allowed=usable, refused=refused)
+    problems += command_line_only_problems(container, trust=trust)
     if hydra is not None:
-        problems += hydra_problems(
-            hydra, allowed=usable, command_line=command_line, output_dir=output_dir
-        )
+        problems += hydra_problems(hydra, allowed=usable, trust=trust, output_dir=output_dir)
     return problems

@@ -13,7 +13,8 @@ these into code that runs, a file written outside the run dir or a secret sent e
 - `hydra.job.env_set`: the variables of `SAFE_ENV` (and those `env_copy` repeats from your own
   environment); `env_copy`: no secret's name;
 - the optuna sweeper's `storage`: an sqlite file or none; `custom_search_space`: your function;
-- a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line.
+- a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line;
+- the run and sweep dirs and the job's name: no secret (`secrets.hydra_value_problems`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
-from tfrecipe.config.command_line import CommandLine
-from tfrecipe.config.secrets import looks_secret
+from tfrecipe.config.secrets import hydra_value_problems, looks_secret
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 
 # Hydra's logging config goes to logging.config.dictConfig, which imports `class` and calls `()`.
@@ -83,7 +84,7 @@ def hydra_problems(
     node: DictConfig,
     *,
     allowed: Iterable[str] = (),
-    command_line: CommandLine | None = None,
+    trust: Trust,
     output_dir: Path | None = None,
 ) -> list[Problem]:
     """What Hydra would import, call, write or export from its own node (`hydra.*`).
@@ -91,7 +92,7 @@ def hydra_problems(
     Args:
       node: the composed config's `hydra` node.
       allowed: the usable `allowed_targets` entries (granted, none refused).
-      command_line: what the user typed; None: the caller vouches for the whole config.
+      trust: what this invocation's command line grants (launcher shell settings).
       output_dir: the job's directory (`hydra.runtime.output_dir`); None: `hydra.run.dir`.
     """
     from tfrecipe.config.instantiate import target_problems
@@ -108,11 +109,12 @@ def hydra_problems(
     job = hydra.get("job") or {}
     problems += _env_set_problems(job) + _env_copy_problems(job)
     sweeper = hydra.get("sweeper") or {}
+    problems += _sweeper_key_problems(sweeper)
     problems += _storage_problems(sweeper.get("storage"))
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
-    if command_line is not None:
-        launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
-        problems += _launcher_shell_problems(launcher, command_line)
+    problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
+    launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
+    problems += _launcher_shell_problems(launcher, trust)
     return problems
 
 
@@ -307,6 +309,49 @@ def _env_copy_problems(job: Mapping[str, Any]) -> list[Problem]:
 
 
 # --- sweeper and launcher -------------------------------------------------------------------------
+# What each sweeper tfrecipe checks passes to its jobs, by key. A job's values come from
+# `params` (and optuna's older `search_space`), which the pre-check expands job by job
+# (tfrecipe/cli/sweeps.py); another sweeper, or another key, could hand a job values nothing
+# checked, so it is refused.
+_OPTUNA_KEYS = (
+    "_target_ sampler direction storage study_name n_trials n_jobs max_failure_rate "
+    "search_space custom_search_space params"
+)
+SWEEPER_KEYS = {
+    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper": frozenset(
+        {"_target_", "max_batch_size", "params"}
+    ),
+    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": frozenset(
+        _OPTUNA_KEYS.split()
+    ),
+}
+
+
+def _sweeper_key_problems(sweeper: Mapping[str, Any]) -> list[Problem]:
+    target = sweeper.get("_target_")
+    if target is None:
+        return []
+    keys = SWEEPER_KEYS.get(target)
+    if keys is None:
+        return [
+            Problem(
+                "hydra.sweeper._target_",
+                target,
+                "tfrecipe cannot check the values this sweeper hands its jobs; use "
+                "hydra/sweeper=basic (the default) or hydra/sweeper=optuna",
+            )
+        ]
+    return [
+        Problem(
+            f"hydra.sweeper.{key}",
+            hint=f"not a key of {target.rpartition('.')[2]} that tfrecipe checks; expected one "
+            f"of {', '.join(sorted(keys - {'_target_'}))}",
+        )
+        for key in sweeper
+        if key not in keys
+    ]
+
+
 def _storage_problems(storage: Any) -> list[Problem]:
     """The optuna sweeper's `storage`: an sqlite file (created or opened where the config says,
     like `hydra.sweep.dir`) or none; a database server would receive every trial's parameters
@@ -340,16 +385,14 @@ def _search_space_problems(search_space: Any, allowed: Iterable[str]) -> list[Pr
     ]
 
 
-def _launcher_shell_problems(
-    launcher: Mapping[str, Any], command_line: CommandLine
-) -> list[Problem]:
+def _launcher_shell_problems(launcher: Mapping[str, Any], trust: Trust) -> list[Problem]:
     """A launcher's shell settings, each value as written (before interpolation), must be the
     command line's: a recipe cannot know your cluster, and must not run commands on it."""
     problems = []
     for name in LAUNCHER_SHELL_KEYS:
         key = f"hydra.launcher.{name}"
         for path, value in _leaves(launcher.get(name), key):
-            if not command_line.gave(path, value):
+            if not trust.gave(path, value):
                 problems.append(
                     Problem(
                         path,

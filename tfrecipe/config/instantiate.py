@@ -10,7 +10,7 @@ tensorflow (`tensorflow.io.write_file`, `keras.utils.get_file`), private modules
 `tensorflow.python`, a leading underscore).
 
 `allowed_targets` trusts code, so only the user grants it, on the command line
-(`command_line.CommandLine`): an entry a recipe, a run dir's config.yaml or a sweep's params set
+(`trust.Trust`): an entry a recipe, a run dir's config.yaml or a sweep's params set
 is refused, and so are entries naming the standard library, the frameworks, the packages
 tfrecipe depends on and loaders that turn data into code (`yaml`, `joblib`, ...). The check
 reads only the dotted path, so it runs before anything is imported or called; `instantiate`
@@ -31,8 +31,8 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tfrecipe.config.command_line import CommandLine
 from tfrecipe.config.targets import marked_targets
+from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError, Problem
 
 
@@ -171,9 +171,7 @@ def _is_dotted_path(target: object) -> bool:
     return isinstance(target, str) and all(p.isidentifier() for p in target.split("."))
 
 
-def allowed_prefix_problem(
-    prefix: object, *, command_line: CommandLine | None = None
-) -> Problem | None:
+def allowed_prefix_problem(prefix: object, *, trust: Trust) -> Problem | None:
     """Why `allowed_targets` may not list `prefix` (None: it may).
 
     The list trusts all the public code of the packages it names, so it is for the user's own
@@ -184,10 +182,10 @@ def allowed_prefix_problem(
 
     Args:
       prefix: one entry of `allowed_targets`.
-      command_line: what the user typed; None: the caller vouches for the config.
+      trust: what this invocation's command line grants (`Trust.NOTHING` grants nothing).
     """
     why = _foreign_package(prefix)
-    if why is None and command_line is not None and prefix not in command_line.granted_prefixes():
+    if why is None and not trust.grants_prefix(prefix):
         why = (
             "is granted by a config file (a recipe, a run dir's config.yaml or sweep params), "
             "not on your command line; a shared config cannot trust code for you: if that "
@@ -213,7 +211,7 @@ def _foreign_package(prefix: object) -> str | None:
             "is a framework tfrecipe runs on; its public models, callbacks, losses, metrics and "
             "optimizers are allowed by kind already; list only your own packages"
         )
-    if top in CODE_LOADERS or top in _dependency_modules():
+    if top in CODE_LOADERS or (top in _dependency_modules() and _installed(top)):
         return (
             "is a third-party package tfrecipe installs or one that turns data into code "
             "(yaml.unsafe_load, joblib.load, numpy.load(allow_pickle=True), ...); list only "
@@ -222,25 +220,36 @@ def _foreign_package(prefix: object) -> str | None:
     return None
 
 
-# Packages whose loaders run code found in data (pickle in disguise, YAML tags): refused in
-# `allowed_targets` even where tfrecipe does not depend on them.
+# Packages that turn data into code (pickle in disguise, YAML tags, templates that compile to
+# Python: Mako and Jinja2 run code when a template is constructed), install or import code
+# (pip, setuptools, importlib's backports) or run it as their job (pytest, IPython): refused in
+# `allowed_targets` whether or not tfrecipe installs them.
 CODE_LOADERS = frozenset(
-    {"yaml", "ruamel", "dill", "cloudpickle", "joblib", "jsonpickle", "numpy", "pandas", "torch"}
-)
+    {
+        "yaml", "ruamel", "dill", "cloudpickle", "joblib", "jsonpickle", "numpy", "pandas",
+        "torch", "pickle5", "mako", "jinja2", "genshi", "chameleon", "cheetah", "Cheetah",
+        "tornado", "django", "pip", "setuptools", "pkg_resources", "_distutils_hack",
+        "importlib_metadata", "importlib_resources", "pytest", "_pytest", "pluggy", "IPython",
+        "sqlalchemy", "alembic", "optuna", "submitit", "onnx", "tf2onnx", "onnxruntime",
+        "mlflow", "wandb", "fire", "invoke", "fabric", "paramiko", "sh", "plumbum", "pexpect",
+    }
+)  # fmt: skip
 
 
 @functools.cache
 def _dependency_modules() -> frozenset[str]:
-    """The top-level modules of the distributions tfrecipe depends on, directly or not (read from
-    the installed metadata; empty when tfrecipe runs from a checkout without metadata)."""
+    """The top-level modules of every distribution tfrecipe installs, directly or not, its
+    extras included (`pip install 'tfrecipe[sweepers]'` brings Mako through optuna and alembic):
+    read from the installed metadata; CODE_LOADERS covers a checkout without metadata."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
-    names, pending = set(), ["tfrecipe"]
+    names, pending = set(), [("tfrecipe", True)]
     while pending:
+        name, with_extras = pending.pop()
         try:
-            distribution = metadata.distribution(pending.pop())
+            distribution = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
         name = _normalized(distribution.metadata["Name"])
@@ -249,14 +258,35 @@ def _dependency_modules() -> frozenset[str]:
         names.add(name)
         for line in distribution.requires or []:
             requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                pending.append(requirement.name)
+            marker = requirement.marker
+            extras = distribution.metadata.get_all("Provides-Extra") or [] if with_extras else []
+            if marker is None or any(marker.evaluate({"extra": e}) for e in ["", *extras]):
+                pending.append((requirement.name, False))
     modules = metadata.packages_distributions()
     return frozenset(
         module
         for module, distributions in modules.items()
         if any(_normalized(d) in names for d in distributions) and module != "tfrecipe"
     )
+
+
+def _installed(top: str) -> bool:
+    """Whether module `top` would be imported from an installation (site-packages), not from
+    the user's own folders: some distributions also ship a top-level `tests` or `docs`, which
+    must not take the name from the user's package of the same name. Finds, imports nothing."""
+    import importlib.util
+    import sysconfig
+
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return True
+    if spec is None:
+        return True
+    places = [p for p in [*(spec.submodule_search_locations or ()), spec.origin] if p]
+    installs = [i for i in {sysconfig.get_path(k) for k in ("purelib", "platlib")} if i]
+    # A namespace package may span both: a folder of the user's makes the name theirs.
+    return all(any(p.startswith(i) for i in installs) for p in places)
 
 
 def _normalized(name: str) -> str:
@@ -266,7 +296,7 @@ def _normalized(name: str) -> str:
 def usable_prefixes(allowed: Iterable[str]) -> tuple[list[str], list[str]]:
     """(the `allowed_targets` entries that may be used, those refused)."""
     allowed = list(allowed)
-    refused = [p for p in allowed if allowed_prefix_problem(p)]
+    refused = [p for p in allowed if _foreign_package(p)]
     return [p for p in allowed if p not in refused], refused
 
 

@@ -16,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from tfrecipe.config.checks import config_problems
-from tfrecipe.config.command_line import CommandLine
+from tfrecipe.config.trust import Trust
 from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.errors import ConfigError, Problem
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
 
 
 class _Schema(BaseModel):
@@ -420,36 +421,55 @@ class Logger(_Schema):
     wandb: WandbLogger | None = None
 
 
-class NoCluster(_Schema):
+class _ClusterBase(_Schema):
+    # Seconds without a finished training step before a worker dumps its threads' stacks to
+    # RUN_DIR/stall-TASK.txt and exits EXIT_STALLED (restartable). null: automatic on a cluster
+    # (from the step time seen, with a floor), off for a single process; 0: off.
+    stall_timeout: NonNegativeFloat | None = None
+
+
+class NoCluster(_ClusterBase):
     name: Literal["none"]
 
 
-class TFConfigCluster(_Schema):
+class TFConfigCluster(_ClusterBase):
     name: Literal["tf_config"]
     # Workers save per-epoch weights for a sidecar evaluator task (tfrecipe/distribute/evaluator.py).
     evaluator: bool = False
 
 
-class LocalCluster(_Schema):
+class LocalCluster(_ClusterBase):
     name: Literal["local"]
     num_workers: PositiveInt = 2
     num_ps: NonNegativeInt = 0
     max_restarts: NonNegativeInt = 0
     # Seconds a stopping process gets after SIGTERM before it is killed.
     grace_period_s: PositiveFloat = 10.0
+    # Seconds the other tasks get to finish after one worker exited; then they are stopped.
+    exit_grace_s: PositiveFloat = 300.0
     # Also start an evaluator task that scores each epoch's checkpoint (sidecar evaluation).
     evaluator: bool = False
 
 
-class SlurmCluster(_Schema):
+class SlurmCluster(_ClusterBase):
     name: Literal["slurm"]
     port_base: Annotated[int, Field(ge=1024, le=65535)] = 8888
     tasks_per_node: PositiveInt | None = None
     gpus_per_node: NonNegativeInt | None = None
 
 
+class K8sCluster(_ClusterBase):
+    name: Literal["k8s"]
+    # TFRECIPE_K8S_REPLICAS has an evaluator pod: workers save per-epoch weights for it.
+    evaluator: bool = False
+    # Every task at 127.0.0.1:(port + Job index) instead of JOB-INDEX.SERVICE:port: the same
+    # Job environment tried on one machine.
+    loopback: bool = False
+
+
 Cluster = Annotated[
-    NoCluster | TFConfigCluster | LocalCluster | SlurmCluster, Field(discriminator="name")
+    NoCluster | TFConfigCluster | LocalCluster | SlurmCluster | K8sCluster,
+    Field(discriminator="name"),
 ]
 
 
@@ -509,14 +529,14 @@ class RunConfig(_Schema):
         raise PydanticCustomError("print_config", "expected auto, true or false")
 
 
-def validate(cfg: DictConfig, *, command_line: CommandLine | None = None) -> RunConfig:
+def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
     """Checks the composed config; returns it typed or raises `ConfigError` with every problem.
     A config composed with Hydra's node (`hydra.*`) has that node checked too.
 
     Args:
       cfg: the composed config.
-      command_line: what the user typed (`allowed_targets` counts only where it gives it); None:
-        the caller vouches for the config (Python code, a job its launcher checked).
+      trust: what this invocation's command line grants (`allowed_targets` counts only where
+        it gives it; `Trust.NOTHING` grants nothing: a config read from a file).
     """
     cfg_hydra = cfg.hydra if "hydra" in cfg else None
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
@@ -527,7 +547,7 @@ def validate(cfg: DictConfig, *, command_line: CommandLine | None = None) -> Run
     except Exception as error:  # an interpolation that cannot be resolved
         key = getattr(error, "full_key", "")
         raise ConfigError(Problem(key, hint=str(error)) if key else str(error)) from None
-    allow_list = config_problems(container, cfg_hydra, command_line=command_line)
+    allow_list = config_problems(container, cfg_hydra, trust=trust)
     try:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
@@ -1014,6 +1034,7 @@ _TAGS = {
     "tf_config",
     "local",
     "slurm",
+    "k8s",
 }
 
 

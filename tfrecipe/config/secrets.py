@@ -1,26 +1,55 @@
 """Secrets: which names hold one, their values here, and text, configs and logs without them.
 
 A secret is the value of an environment variable whose name looks like it holds one
-(`WANDB_API_KEY`, `HF_TOKEN`, ...). A config reaches it through `${oc.env:...}` under any key, so
-what leaves the process (the saved config, summary.json, the log, an error on stderr) is
-redacted by VALUE, wherever the value sits: a check that refuses `loop.epochs=${oc.env:X}`
-must not print X.
+(`WANDB_API_KEY`, `HF_TOKEN`, `DB_PWD`, `SENTRY_DSN`, `SSH_PRIVATE_KEY`, ...), or the password
+of a URL (`scheme://user:PASSWORD@host`) in any variable's value, whatever its name
+(`DATABASE_URL`). A config reaches it through `${oc.env:...}` under any key, so what leaves the
+process (the saved config, summary.json, the log, an error on stderr, a tracker's files) is
+redacted by VALUE, wherever the value sits: a check that refuses `loop.epochs=${oc.env:X}` must
+not print X.
+
+A value is redacted in every form it is written in: as it is, escaped as Python's `repr`, JSON
+and YAML write it (a password holding `\\` or `'` is printed escaped by an error's
+`key='value'`), and percent-encoded (as a URL holds it). A URL's password is redacted wherever a
+URL is written, even one no variable holds.
+
+Hydra writes some values where no redaction reaches: the run and sweep dirs' names, and the
+job's name (`hydra_value_problems` refuses a secret there).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
+import urllib.parse
 from typing import Any
+
+from tfrecipe.errors import Problem
 
 REDACTED = "***"
 
-_SECRET = re.compile(r"api_?key|token|secret|password|credential", re.IGNORECASE)
+# Names holding a secret: keys, tokens, passwords, credentials, database DSNs, private keys.
+# `*_PWD` (MYSQL_PWD) but not the shell's PWD or OLDPWD (the current directory).
+_SECRET = re.compile(
+    r"api_?key|token|secret|passw(or)?d|passphrase|credential|private_?key|dsn|_pwd($|_)",
+    re.IGNORECASE,
+)
 
 # Shorter environment values are not treated as secrets: redacting every "1" or "true" found
 # in a config would hide ordinary settings.
 _MIN_SECRET_LENGTH = 8
+# A URL's password is a secret whatever its length where it stands in a URL (`_USERINFO`); on
+# its own, text is searched for it from this length (a shorter one would hide ordinary words).
+_MIN_URL_PASSWORD_LENGTH = 6
+
+# `scheme://user:PASSWORD@`: the password ends at the last `@` before the host (a password may
+# hold `@` unencoded: `redis://:p@ss@host`), and is never empty.
+_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@'\"]*:)(?P<password>[^\s/'\"]+)(?=@[^\s@/'\"]+)"
+)
 
 
 def looks_secret(name: str) -> bool:
@@ -28,22 +57,50 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET.search(name))
 
 
+def url_passwords(text: str) -> list[str]:
+    """The passwords of the URLs in `text` (`scheme://user:PASSWORD@host`)."""
+    return [match.group("password") for match in _USERINFO.finditer(text)]
+
+
+def written_forms(value: str) -> set[str]:
+    """`value` as it is and as it appears once escaped: Python's repr (either quote), JSON
+    (ASCII or not), YAML's quoted styles and percent-encoding."""
+    forms = {value, urllib.parse.quote(value, safe=""), urllib.parse.quote(value)}
+    for ensure_ascii in (True, False):
+        forms.add(json.dumps(value, ensure_ascii=ensure_ascii)[1:-1])
+    escaped = value.encode("unicode_escape").decode("ascii")  # repr's escapes, but no quotes
+    forms |= {escaped, escaped.replace("'", "\\'"), escaped.replace('"', '\\"')}
+    forms |= {repr(value)[1:-1], value.replace("'", "''")}  # YAML's single-quoted style
+    return {form for form in forms if form}
+
+
 def secret_values() -> list[str]:
-    """The values of environment variables whose names look like secrets (WANDB_API_KEY, ...),
+    """The secrets of this environment (see the module's docstring) in every written form,
     longest first (a secret holding another is replaced whole)."""
-    values = {
-        value
-        for name, value in os.environ.items()
-        if looks_secret(name) and len(value) >= _MIN_SECRET_LENGTH
-    }
-    return sorted(values, key=len, reverse=True)
+    values = set()
+    for name, value in os.environ.items():
+        if looks_secret(name) and len(value) >= _MIN_SECRET_LENGTH:
+            values.add(value)
+        values.update(p for p in url_passwords(value) if len(p) >= _MIN_URL_PASSWORD_LENGTH)
+        values.update(
+            decoded
+            for p in url_passwords(value)
+            if len(decoded := urllib.parse.unquote(p)) >= _MIN_URL_PASSWORD_LENGTH
+        )
+    forms = set().union(*(written_forms(value) for value in values)) if values else set()
+    return sorted(forms, key=len, reverse=True)
+
+
+def _hide_url_passwords(text: str) -> str:
+    return _USERINFO.sub(lambda match: match.group("head") + REDACTED, text)
 
 
 def redact_text(text: str) -> str:
-    """`text` with every secret value replaced by `***`."""
+    """`text` with every secret value (in every written form) and every URL's password replaced
+    by `***`."""
     for secret in secret_values():
         text = text.replace(secret, REDACTED)
-    return text
+    return _hide_url_passwords(text)
 
 
 def redact(node: Any) -> Any:
@@ -58,7 +115,8 @@ def redact(node: Any) -> Any:
 
 def redact_config(node: Any) -> Any:
     """A resolved config as it may be saved, printed or sent to a tracker: a value under a key
-    that looks secret, and any text holding a secret value, become `***` as a whole."""
+    that looks secret, and any text holding a secret value, become `***` as a whole; a URL's
+    password becomes `***` (the rest of the URL stays)."""
     secrets = secret_values()
 
     def hide(node: Any) -> Any:
@@ -68,9 +126,55 @@ def redact_config(node: Any) -> Any:
             return [hide(v) for v in node]
         if isinstance(node, str) and any(secret in node for secret in secrets):
             return REDACTED
-        return node
+        return _hide_url_passwords(node) if isinstance(node, str) else node
 
     return hide(node)
+
+
+def holds_secret(text: str) -> bool:
+    """Whether `text` holds a secret value (in any written form) or a URL's password."""
+    return redact_text(text) != text
+
+
+# Hydra's values that Hydra itself writes where no redaction reaches: the run and sweep dirs
+# are made with their names (which are then in every path printed and logged), and all four
+# go into `.hydra/hydra.yaml` as they are.
+HYDRA_NAMED_VALUES = ("run.dir", "sweep.dir", "sweep.subdir", "job.name")
+_ENV_REFERENCE = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]+)")
+
+
+def hydra_value_problems(hydra: Any) -> list[Problem]:
+    """A secret in a value Hydra writes by itself (`HYDRA_NAMED_VALUES`): an `${oc.env:NAME}`
+    of a secret's name as written, or a secret value once resolved (where it resolves before
+    the job runs).
+
+    Args:
+      hydra: the composed config's `hydra` node (a DictConfig).
+    """
+    from omegaconf import OmegaConf
+
+    problems, values = [], OmegaConf.to_container(hydra, resolve=False)
+    for key in HYDRA_NAMED_VALUES:
+        group, name = key.split(".")
+        written = (values.get(group) or {}).get(name)  # as written, before interpolation
+        if not isinstance(written, str):
+            continue
+        names = [name for name in _ENV_REFERENCE.findall(written) if looks_secret(name)]
+        resolved = ""
+        with contextlib.suppress(Exception):  # values set only in the job (`${hydra.job.num}`)
+            resolved = str(OmegaConf.select(hydra, key, throw_on_missing=True))
+        if names or holds_secret(resolved) or holds_secret(written):
+            what = f"${{oc.env:{names[0]}}}" if names else "a secret"
+            problems.append(
+                Problem(
+                    f"hydra.{key}",
+                    redact_text(written),
+                    f"holds {what}, which Hydra would write into directory names and "
+                    ".hydra/hydra.yaml unredacted; keep secrets out of hydra.run.dir, "
+                    "hydra.sweep.dir, hydra.sweep.subdir and hydra.job.name",
+                )
+            )
+    return problems
 
 
 class RedactSecrets(logging.Filter):

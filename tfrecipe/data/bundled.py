@@ -189,8 +189,9 @@ def synthetic(
             f"shape={list(shape)}"
         )
     _check_fits_in_memory(num_examples, shape, num_classes=num_classes, targets=targets)
+    _check_every_class_has_examples(num_examples, num_classes)
     rng = np.random.default_rng(split_seed)
-    means = rng.normal(0.0, 1.0, size=(num_classes, *shape)).astype("float32")
+    means = _normal_float32(rng, (num_classes, *shape))
     labels = (np.arange(num_examples) % num_classes).astype("int32")
     rng.shuffle(labels)
     # The noise is drawn in chunks, in place (the same numbers as one draw): float32 arrays of
@@ -229,7 +230,9 @@ def _synthetic_targets(
     if targets == "binary":
         return (clusters < num_classes // 2).astype("int32"), "binary", 2
     if targets == "multi_hot":
-        codes = (rng.random((num_classes, num_classes)) < 0.5).astype("float32")
+        codes = np.empty((num_classes, num_classes), "float32")
+        for start in range(0, num_classes, _CHUNK):  # the same draws as one, no float64 square
+            codes[start : start + _CHUNK] = rng.random(codes[start : start + _CHUNK].shape) < 0.5
         codes[np.arange(num_classes), np.arange(num_classes)] = 1.0  # no label is never present
         return codes[clusters], "multi_hot", num_classes
     flat = features.reshape(len(features), -1)
@@ -237,7 +240,18 @@ def _synthetic_targets(
     return (flat @ weights / np.sqrt(flat.shape[1]))[:, np.newaxis], "float", 0
 
 
-_CHUNK = 1024  # examples of noise drawn at once
+_CHUNK = 1024  # examples of noise (class means, multi-hot codes) drawn at once
+
+
+def _normal_float32(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """`rng.normal(0, 1, shape).astype("float32")` drawn _CHUNK rows at a time: the same numbers
+    without the float64 array twice the result's size."""
+    out = np.empty(shape, "float32")
+    for start in range(0, shape[0], _CHUNK):
+        out[start : start + _CHUNK] = rng.normal(0.0, 1.0, size=out[start : start + _CHUNK].shape)
+    return out
+
+
 # Peak memory of synthetic data over the features' size: the features, their per-split copies
 # and the tensors made from those (measured 3.46: 8,000 and 16,000 64x64x3 examples, peak RSS
 # growth / feature bytes).
@@ -256,25 +270,79 @@ def synthetic_class_bytes(
     shape per cluster, and for multi-hot targets a num_classes-wide code per cluster and per
     example (negligible for a few classes, not for a million)."""
     size = num_classes * math.prod(shape)
+    # NumPy draws float64: a chunk of means (or of codes) is twice its float32 size meanwhile.
+    drawn = min(num_classes, _CHUNK) * math.prod(shape) * 2
     if targets == "multi_hot":
         size += num_classes * num_classes + num_examples * num_classes
-    return size * np.dtype("float32").itemsize
+        drawn = max(drawn, min(num_classes, _CHUNK) * num_classes * 2)
+    return (size + drawn) * np.dtype("float32").itemsize
 
 
-def available_memory() -> int | None:
+def available_memory(
+    *, cgroup_root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")
+) -> int | None:
     """Bytes this process can still allocate: the kernel's MemAvailable, or less when a cgroup
-    (a container, a SLURM job) limits it; None where neither can be read."""
+    (a container, a SLURM job, systemd) limits it, v1 or v2, at its own level or above; None
+    where none of these can be read.
+
+    Args:
+      cgroup_root: where the cgroup file systems are mounted (a test passes a fake tree).
+      proc: where /proc is (`self/cgroup` names this process's cgroups, `meminfo` the kernel's).
+    """
     limits = []
     with contextlib.suppress(OSError, ValueError, StopIteration):
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        meminfo = (proc / "meminfo").read_text().splitlines()
         line = next(line for line in meminfo if line.startswith("MemAvailable:"))
         limits.append(int(line.split()[1]) * 1024)
-    with contextlib.suppress(OSError, ValueError):
-        cgroup = Path("/sys/fs/cgroup")
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            limits.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    for version, path in _own_cgroups(proc):
+        if version == 2:
+            limits += _cgroup_room(cgroup_root, path, "memory.max", "memory.current")
+        else:
+            limits += _cgroup_room(
+                cgroup_root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            )
     return min(limits) if limits else None
+
+
+# A cgroup v1 memory limit at or above this is "unlimited" (the kernel writes a page-rounded
+# LONG_MAX).
+_UNLIMITED = 1 << 60
+
+
+def _own_cgroups(proc: Path) -> list[tuple[int, str]]:
+    """(version, path) of this process's memory cgroups: `0::/path` (v2) and `N:...memory...:/path`
+    (v1); the root's when /proc/self/cgroup cannot be read."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return [(2, "/"), (1, "/")]
+    found = []
+    for line in lines:
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if number == "0" and controllers == "":
+            found.append((2, path or "/"))
+        elif "memory" in controllers.split(","):
+            found.append((1, path or "/"))
+    return found
+
+
+def _cgroup_room(root: Path, path: str, limit_file: str, usage_file: str) -> list[int]:
+    """limit - usage of the cgroup at `path` under `root` and of every cgroup above it (a limit
+    anywhere on the way holds); a container sees its own cgroup as the root, so `path` may not
+    exist there: then the root's own files count."""
+    folder = root / path.strip("/")
+    if not folder.is_dir():
+        folder = root
+    room = []
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            limit = (folder / limit_file).read_text().strip()
+            if limit != "max" and int(limit) < _UNLIMITED:
+                used = int((folder / usage_file).read_text())
+                room.append(max(int(limit) - used, 0))
+        if folder == root or root not in folder.parents:
+            return room
+        folder = folder.parent
 
 
 def _check_fits_in_memory(
@@ -301,6 +369,17 @@ def _check_fits_in_memory(
         f"split, but {human_bytes(available)} of memory is available; lower "
         "dataset.num_examples or dataset.shape"
     )
+
+
+def _check_every_class_has_examples(num_examples: int, num_classes: int) -> None:
+    """Example i is of class i % num_classes: more classes than examples leave classes with none
+    (and a head of that many outputs, which a typo in the billions cannot fit)."""
+    if num_classes > num_examples:
+        raise ValueError(
+            f"dataset.num_classes={num_classes}: more classes than dataset.num_examples="
+            f"{num_examples}, so some classes would have no example; lower dataset.num_classes "
+            "or raise dataset.num_examples"
+        )
 
 
 def human_bytes(size: float) -> str:

@@ -31,6 +31,9 @@ class DatasetInfo:
     class_names: tuple[str, ...] = ()
     # The names of a feature vector's columns (a bundled table's), for reading new rows by name.
     feature_names: tuple[str, ...] = ()
+    # Class labels that only a validation or test file holds (`'label' (first at FILE:LINE)`):
+    # a class task refuses them, as their class would have no training rows.
+    untrained_labels: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

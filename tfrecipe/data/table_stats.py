@@ -127,20 +127,56 @@ class TableStats:
     label_kind: str
     num_classes: int
     class_names: tuple[str, ...]
-    label_counts: list[int]  # training rows per class id (class labels)
+    # training rows per label value as written (class labels; a value seen only outside the
+    # training split counts 0): sparse, so ids in the billions cost no more than small ones
+    label_counts: dict[str, int]
     label_moments: list[Moments]  # per target column, training rows (float labels)
     sampled_rows: int | None  # training rows the feature statistics come from (stats_rows)
+    # class labels found only in a validation or test file, never in the training files:
+    # label -> where it is first (`file:line`); a class task refuses them (no rows to learn)
+    untrained_labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"class_names": list(self.class_names)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableStats:
-        data = dict(data)
-        data["numeric"] = {k: Moments(**v) for k, v in data["numeric"].items()}
-        data["label_moments"] = [Moments(**m) for m in data["label_moments"]]
-        data["class_names"] = tuple(data["class_names"])
-        return cls(**data)
+        """The statistics `to_json` wrote.
+
+        Raises:
+          ValueError: `data` is not what `compute` gives (another version's file, or one
+            edited by hand: e.g. class names out of their sorted order, or counts that do not
+            add up), so it must not be used.
+        """
+        try:
+            data = dict(data)
+            data["numeric"] = {k: Moments(**v) for k, v in data["numeric"].items()}
+            data["label_moments"] = [Moments(**m) for m in data["label_moments"]]
+            data["class_names"] = tuple(data["class_names"])
+            stats = cls(**data)
+            stats.check()
+        except (TypeError, KeyError, AttributeError) as error:
+            raise ValueError(f"not a table's statistics ({error})") from None
+        return stats
+
+    def check(self) -> None:
+        """Raises ValueError where these statistics break what `compute` guarantees."""
+        names, counts = self.class_names, self.label_counts
+        problems = {
+            "class names not sorted and distinct": list(names) != sorted(set(names)),
+            "class names not one per class": bool(names) and len(names) != self.num_classes,
+            "class names not the label's values": bool(names) and set(names) != set(counts),
+            "label counts above the training rows": sum(counts.values()) > self.rows["train"],
+            "negative row counts": min(self.rows.values(), default=0) < 0,
+            "vocabularies not sorted and distinct": any(
+                list(v) != sorted(set(v)) for v in self.vocabularies.values()
+            ),
+            "an unknown label kind": self.label_kind not in ("classes", "binary", "multi_hot",
+                                                             "float"),
+        }  # fmt: skip
+        found = [what for what, bad in problems.items() if bad]
+        if found:
+            raise ValueError(f"inconsistent statistics: {', '.join(found)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +233,7 @@ class _Pass:
             for s, n in enumerate(np.bincount(splits, minlength=3)):
                 self.rows[SPLITS[s]] += int(n)
             train = splits == TRAIN
-            self.labels.add(table, unit.file, batch, indices, train)
+            self.labels.add(table, unit.file, batch, indices, train, own_split=split is not None)
             if sampling and train.any():
                 self._add_features(table, unit.file, batch.filter(train), indices[train])
 
@@ -215,9 +251,7 @@ class _Pass:
         self.sampled += batch.num_rows
 
     def result(self) -> TableStats:
-        kind, num_classes, names, label_counts, label_moments = self.labels.result(
-            self.rows["train"]
-        )
+        kind, num_classes, names, label_counts, label_moments = self.labels.result()
         return TableStats(
             rows=dict(self.rows),
             numeric=self.numeric,
@@ -231,6 +265,7 @@ class _Pass:
             label_counts=label_counts,
             label_moments=label_moments,
             sampled_rows=self.sampled if self.stats_rows is not None else None,
+            untrained_labels=self.labels.untrained() if kind in ("classes", "binary") else {},
         )
 
 
@@ -280,6 +315,8 @@ class _Labels:
         self.integral = True
         self.minimum = math.inf
         self.moments = [Moments() for _ in names]
+        self.in_training_files: set[str] = set()  # values of the training table(s), any split
+        self.first_outside: dict[str, str] = {}  # value -> `file:line`, validation/test files
 
     @property
     def string_columns(self) -> tuple[str, ...]:
@@ -289,7 +326,11 @@ class _Labels:
     def numeric_columns(self) -> tuple[str, ...]:
         return self.names if self.multi else ()
 
-    def add(self, table: Table, file: str, batch, indices: np.ndarray, train: np.ndarray) -> None:
+    def add(
+        self, table: Table, file: str, batch, indices: np.ndarray, train: np.ndarray, *,
+        own_split: bool = False,
+    ) -> None:  # fmt: skip
+        """`own_split`: the batch is from a validation or test file (not the training one)."""
         if self.multi:
             return self._add_multi_hot(table, file, batch, indices, train)
         import pyarrow as pa
@@ -322,9 +363,28 @@ class _Labels:
             self.distinct.update(value_counts(cells.filter(pa.array(train))))
             for value in set(pc.unique(cells).to_pylist()) - set(self.distinct):
                 self.distinct[value] += 0  # seen outside the training split
+            self._where_seen(table, file, cells, indices, own_split)
             self.too_many = len(self.distinct) > MAX_CLASSES
             if self.too_many:
                 self.distinct.clear()
+                self.first_outside.clear()
+
+    def _where_seen(self, table, file, cells, indices, own_split: bool) -> None:
+        """Which values the training files hold; where a value of a validation or test file that
+        they do not hold is first (the training table is read first)."""
+        import pyarrow.compute as pc
+
+        values = set(pc.unique(cells).to_pylist())
+        if not own_split:
+            self.in_training_files |= values
+            return
+        for value in sorted(values - self.in_training_files - self.first_outside.keys()):
+            row = int(indices[pc.index(cells, value).as_py()])
+            self.first_outside[value] = table_files.where(table, file, row)
+
+    def untrained(self) -> dict[str, str]:
+        """Class labels of the validation or test files that no training file holds."""
+        return {v: where for v, where in self.first_outside.items() if not self.distinct[v]}
 
     def _add_multi_hot(self, table, file, batch, indices, train) -> None:
         for column, moments in zip(self.names, self.moments, strict=True):
@@ -338,10 +398,11 @@ class _Labels:
                 )
             moments.add(values[train])
 
-    def result(self, num_train: int):
-        """(kind, num_classes, class names, training rows per class, moments per column)."""
+    def result(self):
+        """(kind, num_classes, class names, training rows per label value, moments per
+        column)."""
         if self.multi:
-            return "multi_hot", len(self.names), (), [], self.moments
+            return "multi_hot", len(self.names), (), {}, self.moments
         name = self.names[0]
         if not self.numbers:
             if self.too_many:
@@ -351,30 +412,36 @@ class _Labels:
                 )
             names = tuple(sorted(self.distinct))
             kind = "binary" if len(names) == 2 else "classes"
-            return kind, len(names), names, [self.distinct[n] for n in names], []
+            return kind, len(names), names, dict(self.distinct), []
         if not self.integral or self.too_many:
-            return "float", 0, (), [], self.moments
+            return "float", 0, (), {}, self.moments
         ids = {int(float(value)): n for value, n in self.distinct.items()}
         if self.minimum < 0:
             raise ValueError(
                 f"label={name!r}: class id {int(self.minimum)} is negative; class ids are "
                 "0, 1, ..., num_classes - 1"
             )
+        # No list of num_classes counts: ids in the billions are refused by the head's memory
+        # check (a class task) or taken as numbers (task=regression), never counted one by one.
         num_classes = 2 if set(ids) <= {0, 1} else max(ids) + 1
-        counts = [ids.get(c, 0) for c in range(num_classes)]
         kind = "binary" if set(ids) <= {0, 1} else "classes"
-        return kind, num_classes, (), counts, []
+        return kind, num_classes, (), dict(self.distinct), []
 
 
 # --- the cache in the run dir ---------------------------------------------------------------------
 def fingerprint(layout: Layout, columns: Columns, stats_rows: int | None) -> str:
-    """What the statistics depend on: the files (names, sizes, modification times) and the
-    options that change them."""
-    files = [
-        (t.key, f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
-        for t, _ in layout.tables()
-        for f in t.files
-    ]
+    """What the statistics depend on: the files (names, sizes and contents, as the run's data
+    fingerprint hashes them: a rewrite that keeps size and modification time changes it too)
+    and the options that change them."""
+    from tfrecipe.data.fingerprint import MAX_HASHED_BYTES, WHOLE_FILE_BYTES, file_digest
+
+    files, budget = [], MAX_HASHED_BYTES  # past it (thousands of files), size and mtime only
+    for table, _ in layout.tables():
+        for f in table.files:
+            info = Path(f).stat()
+            budget -= min(info.st_size, WHOLE_FILE_BYTES)
+            content = file_digest(f) if budget >= 0 else (info.st_mtime_ns,)
+            files.append((table.key, f, info.st_size, *content))
     options = (
         layout.validation_fraction,
         layout.test_fraction,
@@ -383,21 +450,3 @@ def fingerprint(layout: Layout, columns: Columns, stats_rows: int | None) -> str
         stats_rows,
     )
     return hashlib.sha256(json.dumps([files, options], default=str).encode()).hexdigest()
-
-
-def load_cached(path: Path, key: str) -> TableStats | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if data.get("fingerprint") != key:
-        return None
-    return TableStats.from_json(data["stats"])
-
-
-def save(path: Path, key: str, stats: TableStats) -> None:
-    """Written whole or not at all (a temporary file renamed), so a reader never sees half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"fingerprint": key, "stats": stats.to_json()}))
-    tmp.replace(path)

@@ -19,6 +19,7 @@ one-hot), so the exported model takes raw rows.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import time
@@ -46,7 +47,12 @@ STATS_WAIT_S = 300.0
 class StatsCache:
     """Where a run keeps its table statistics (`RUN_DIR/data_stats.json`): the chief writes
     them (only into a run dir that exists: a run that stops on a config error leaves none),
-    a resume and the other workers read them instead of passing over the table again."""
+    a resume and the other workers read them instead of passing over the table again.
+
+    They are used only for the same files with the same contents (the key hashes them as the
+    data fingerprint does) and only as computed: a file whose digest does not match its
+    statistics, or whose statistics break what the pass guarantees (class names out of their
+    sorted order, counts that do not add up), was edited, and is computed again."""
 
     def __init__(self, run_dir: Path, *, chief: bool, wait_s: float = 0.0):
         """`wait_s`: how long to wait for the chief's statistics (another worker of the run)
@@ -73,7 +79,11 @@ class StatsCache:
             if data is not None and data.get("fingerprint") == key:
                 if "error" in data:
                     raise ValueError(data["error"])
-                return TableStats.from_json(data["stats"])
+                try:
+                    return _verified(data)
+                except ValueError as error:
+                    log.warning("%s: %s; computing the statistics again", self.path, error)
+                    return None
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.2)
@@ -82,7 +92,24 @@ class StatsCache:
         if self.chief and self.path.parent.is_dir():
             from tfrecipe.rundir import atomic_write
 
-            atomic_write(self.path, json.dumps({"fingerprint": key, **content}))
+            digest = _digest(content["stats"]) if "stats" in content else None
+            atomic_write(self.path, json.dumps({"fingerprint": key, **content, "digest": digest}))
+
+
+def _digest(stats: dict) -> str:
+    return hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest()
+
+
+def _verified(data: dict) -> TableStats:
+    """The statistics of a data_stats.json, if they are as the pass computed them.
+
+    Raises:
+      ValueError: what is wrong with them.
+    """
+    stats = data.get("stats")
+    if not isinstance(stats, dict) or data.get("digest") != _digest(stats):
+        raise ValueError("the statistics do not match their digest (edited after they were made)")
+    return TableStats.from_json(stats)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -309,7 +336,13 @@ def _info(columns: Columns, stats: TableStats, rows: tuple[int, int, int], targe
         target_shape=shape,
         targets=targets,
         class_names=stats.class_names,
+        untrained_labels=_untrained(stats),
     )
+
+
+def _untrained(stats: TableStats) -> tuple[str, ...]:
+    """`DatasetInfo.untrained_labels`: each as `'label' (first at FILE:LINE)`."""
+    return tuple(f"{label!r} (first at {where})" for label, where in stats.untrained_labels.items())
 
 
 # --- small tables: in memory, stratified ----------------------------------------------------------
@@ -380,7 +413,7 @@ def encode_columns(train, *, columns: Columns):
         )
         for name in columns.categorical
     }
-    stats = TableStats({}, moments, vocabularies, "", 0, (), [], [], None)
+    stats = TableStats({}, moments, vocabularies, "", 0, (), {}, [], None)
     return column_encoders(columns, stats)
 
 

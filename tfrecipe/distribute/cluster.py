@@ -15,7 +15,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -134,12 +134,133 @@ def _is_address(address: object) -> bool:
     return bool(host) and port.isdigit()
 
 
-def current_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None) -> Task:
+# --- Kubernetes: an indexed Job and a headless Service ------------------------------------------
+# The variables scripts/k8s_*.yaml set; JOB_COMPLETION_INDEX is Kubernetes' own.
+K8S_INDEX, K8S_JOB, K8S_SERVICE = "JOB_COMPLETION_INDEX", "TFRECIPE_K8S_JOB", "TFRECIPE_K8S_SERVICE"
+K8S_REPLICAS, K8S_PORT = "TFRECIPE_K8S_REPLICAS", "TFRECIPE_K8S_PORT"
+K8S_DEFAULT_PORT = 2222  # TFJob's
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def k8s_task(environ: Mapping[str, str], *, loopback: bool = False) -> Task:
+    """The task of this pod of an indexed Job (completion indexes in role order: chief, workers,
+    parameter servers, evaluator), as TFJob would have given it: the same roles, indexes and
+    cluster, every address `JOB-INDEX.SERVICE:PORT` (the pod's hostname in the Service's
+    subdomain); the evaluator is outside the cluster, as in TF_CONFIG.
+
+    Args:
+      environ: the pod's environment (K8S_INDEX, K8S_JOB, K8S_SERVICE, K8S_REPLICAS, K8S_PORT).
+      loopback: every task at 127.0.0.1:(PORT + INDEX), for the Job's environment on one machine.
+
+    Raises:
+      ConfigError: a variable is missing or malformed (one line naming it).
+    """
+    replicas = _k8s_replicas(environ.get(K8S_REPLICAS))
+    total = sum(replicas.values())
+    index = _k8s_int(environ, K8S_INDEX, None, f"0..{total - 1} (set by an indexed Job)")
+    if index >= total:
+        raise ConfigError(
+            f"cluster=k8s: {K8S_INDEX}={index} is past the Job's {total} pods "
+            f"({K8S_REPLICAS}={environ[K8S_REPLICAS]}); make the Job's completions {total}"
+        )
+    port = _k8s_int(environ, K8S_PORT, K8S_DEFAULT_PORT, "a TCP port 1024..65535")
+    last = port + total - 1 if loopback else port  # loopback: pod i at port + i
+    if not 1024 <= port <= last <= 65535:
+        raise ConfigError(
+            f"cluster=k8s: {K8S_PORT}={port}: expected a TCP port 1024..{65536 - total if loopback else 65535}"
+        )
+    if loopback:
+        addresses = [f"127.0.0.1:{port + i}" for i in range(total)]
+    else:
+        job, service = _k8s_name(environ, K8S_JOB), _k8s_name(environ, K8S_SERVICE)
+        addresses = [f"{job}-{i}.{service}:{port}" for i in range(total)]
+    cluster, first, mine = {}, 0, None
+    for role in ROLES:  # the order of the completion indexes
+        count = replicas.get(role, 0)
+        if first <= index < first + count:
+            mine = (role, index - first)
+        if count and role != "evaluator":
+            cluster[role] = addresses[first : first + count]
+        first += count
+    return Task(type=mine[0], index=mine[1], cluster=cluster)
+
+
+def _k8s_replicas(raw: str | None) -> dict[str, int]:
+    """`worker=2` / `chief=1,worker=2,ps=1`: the pods per role."""
+    expected = 'ROLE=COUNT pairs, e.g. "worker=2" or "chief=1,worker=2,ps=1"'
+    if not raw:
+        raise ConfigError(f"cluster=k8s: {K8S_REPLICAS} is not set; expected {expected}")
+    replicas: dict[str, int] = {}
+    for pair in raw.split(","):
+        role, _, count = pair.strip().partition("=")
+        if role not in ROLES or not count.isdigit() or role in replicas:
+            raise ConfigError(
+                f"cluster=k8s: {K8S_REPLICAS}={raw!r}: expected {expected} with roles among "
+                f"{', '.join(ROLES)}, each once"
+            )
+        replicas[role] = int(count)
+    if not replicas.get("worker") and not replicas.get("chief"):
+        raise ConfigError(f"cluster=k8s: {K8S_REPLICAS}={raw!r} has no worker; expected {expected}")
+    if replicas.get("chief", 0) > 1 or replicas.get("evaluator", 0) > 1:
+        raise ConfigError(
+            f"cluster=k8s: {K8S_REPLICAS}={raw!r}: at most one chief and one evaluator"
+        )
+    return replicas
+
+
+def _k8s_int(environ: Mapping[str, str], name: str, default: int | None, expected: str) -> int:
+    raw = environ.get(name)
+    if raw is None and default is not None:
+        return default
+    if raw is None or not raw.isdigit():
+        raise ConfigError(f"cluster=k8s: {name}={raw!r}: expected {expected}")
+    return int(raw)
+
+
+def _k8s_name(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "")
+    if not _DNS_LABEL.fullmatch(value):
+        raise ConfigError(
+            f"cluster=k8s: {name}={value!r}: expected a Kubernetes name (lower-case letters, "
+            "digits and '-', at most 63); the manifest sets it (scripts/k8s_multi_worker.yaml)"
+        )
+    return value
+
+
+def export_k8s_tf_config(spec: schema.K8sCluster, environ: MutableMapping[str, str]) -> Task:
+    """Builds this pod's TF_CONFIG from the Job's environment and sets it, so that the process
+    joins from then on exactly as with cluster=tf_config. A TF_CONFIG already set must be the
+    same one (never silently replaced)."""
+    task = k8s_task(environ, loopback=spec.loopback)
+    evaluators = _k8s_replicas(environ[K8S_REPLICAS]).get("evaluator", 0)
+    if bool(evaluators) != spec.evaluator:
+        raise ConfigError(
+            f"cluster.evaluator={str(spec.evaluator).lower()}: {K8S_REPLICAS}="
+            f"{environ[K8S_REPLICAS]} has {evaluators} evaluator pod(s); set "
+            f"cluster.evaluator={str(bool(evaluators)).lower()} on every pod (workers save "
+            "each epoch's weights for the evaluator)"
+        )
+    built = json.dumps(
+        {"cluster": dict(task.cluster), "task": {"type": task.type, "index": task.index}}
+    )
+    given = environ.get("TF_CONFIG")
+    if given and parse_tf_config(given) != task:
+        raise ConfigError(
+            f"cluster=k8s: TF_CONFIG is already set to another cluster ({given}); the Job's "
+            f"environment gives {built}: unset TF_CONFIG, or use cluster=tf_config"
+        )
+    environ["TF_CONFIG"] = built
+    return task
+
+
+def current_task(spec: schema.Cluster, environ: MutableMapping[str, str] | None = None) -> Task:
     """This process's task, from the config and the environment (no TensorFlow needed except
     for SLURM, whose resolver computes it)."""
     environ = os.environ if environ is None else environ
     if spec.name == "tf_config":
         return parse_tf_config(environ.get("TF_CONFIG"))
+    if spec.name == "k8s":
+        return export_k8s_tf_config(spec, environ)
     if spec.name == "slurm":
         resolver = build_resolver(spec)
         members = resolver.cluster_spec().as_dict()  # resolves the task type and id as well
@@ -148,9 +269,12 @@ def current_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None)
 
 
 def check_environment(spec: schema.Cluster) -> None:
-    """Raises `ConfigError` when the environment does not give the cluster the config asks for."""
+    """Raises `ConfigError` when the environment does not give the cluster the config asks for
+    (cluster=k8s: sets the TF_CONFIG the Job's environment gives, see `export_k8s_tf_config`)."""
     if spec.name == "tf_config":
         parse_tf_config(os.environ.get("TF_CONFIG"))
+    elif spec.name == "k8s":
+        export_k8s_tf_config(spec, os.environ)  # every later step reads it, as for tf_config
     elif spec.name == "slurm" and "SLURM_JOB_ID" not in os.environ:
         raise ConfigError(
             "cluster=slurm: not inside a SLURM job (SLURM_JOB_ID is not set); submit with sbatch "
@@ -165,7 +289,9 @@ def build_resolver(spec: schema.Cluster) -> tf.distribute.cluster_resolver.Clust
     """TensorFlow's cluster resolver for the config; None for a single process."""
     import tensorflow as tf
 
-    if spec.name == "tf_config":
+    if spec.name == "k8s":
+        export_k8s_tf_config(spec, os.environ)
+    if spec.name in ("tf_config", "k8s"):
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if spec.name == "slurm":
         try:

@@ -15,6 +15,11 @@ Faults, as a cluster manager (Kubernetes, SLURM) would handle them, at most `max
 - preemption: SIGTERM or Ctrl-C reaching the launcher reaches every task (the coordinator first);
   the chief saves a backup and exits with EXIT_PREEMPTED, and so does the launcher: rerunning the
   same command resumes with no step lost.
+- a stall: a worker that makes no training step for `cluster.stall_timeout` seconds writes its
+  threads' stacks to RUN_DIR/stall-TASK.txt and exits with EXIT_STALLED, a failure like any other:
+  the cluster starts again from the last backup.
+- no wait is unbounded: once a worker has exited, the others get `exit_grace_s` to finish, then
+  they are stopped and named; a task that ignores SIGTERM is killed after `grace_period_s`.
 
 This module imports no TensorFlow: every task starts its own runtime, and the launching process
 only supervises them.
@@ -38,7 +43,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tfrecipe.outcome import ATTEMPT_ENV, EXIT_CONFIG, EXIT_PREEMPTED
+from tfrecipe.outcome import ATTEMPT_ENV, EXIT_CONFIG, EXIT_PREEMPTED, EXIT_STALLED
 from tfrecipe.outcome import EXIT_TRAINING as EXIT_FAILED
 
 _POLL_S = 0.2
@@ -51,13 +56,18 @@ class LaunchOptions:
     num_ps: parameter-server processes; > 0 adds a coordinator task (the chief).
     max_restarts: how often the whole cluster may be started again after a task died.
     grace_period_s: seconds a task gets after SIGTERM before SIGKILL.
+    exit_grace_s: seconds the other tasks get to finish once a worker has exited.
+    evaluator: also start a sidecar evaluator task.
+    stall_timeout: cluster.stall_timeout for every task (None: their automatic one).
     """
 
     num_workers: int
     num_ps: int = 0
     max_restarts: int = 0
     grace_period_s: float = 10.0
+    exit_grace_s: float = 300.0
     evaluator: bool = False
+    stall_timeout: float | None = None
 
 
 class Interrupted(Exception):
@@ -105,10 +115,19 @@ def _recipe_cluster_deletions(overrides: tuple[str, ...]) -> list[str]:
     from tfrecipe.config.compose import compose
 
     cluster = compose(list(overrides)).cluster
-    return [f"~cluster.{key}" for key in cluster if key not in ("name", "evaluator")]
+    return [f"~cluster.{key}" for key in cluster if key not in _TASK_KEYS]
 
 
-def task_argv(overrides: Sequence[str], *, chief: bool, evaluator: bool = False) -> list[str]:
+_TASK_KEYS = ("name", "evaluator", "stall_timeout")  # cluster keys tf_config has as well
+
+
+def task_argv(
+    overrides: Sequence[str],
+    *,
+    chief: bool,
+    evaluator: bool = False,
+    stall_timeout: float | None = None,
+) -> list[str]:
     """The command of one task: the same overrides, but joining the cluster through TF_CONFIG.
 
     Non-chief tasks keep Hydra from writing into the shared run directory (its `.hydra/` copy of
@@ -119,6 +138,8 @@ def task_argv(overrides: Sequence[str], *, chief: bool, evaluator: bool = False)
     argv += _recipe_cluster_deletions(tuple(argv))
     if evaluator:
         argv.append("cluster.evaluator=true")
+    if stall_timeout is not None:
+        argv.append(f"cluster.stall_timeout={stall_timeout}")
     if not chief:
         argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     return [sys.executable, "-m", "tfrecipe", *argv]
@@ -228,8 +249,10 @@ class _Cluster:
             try:
                 task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                _log(f"{task.name} did not stop {self.grace_period_s:g} s after SIGTERM: killed")
                 _signal_group(task.process, signal.SIGKILL)
-                task.process.wait()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    task.process.wait(timeout=self.grace_period_s)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
@@ -300,40 +323,79 @@ def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: in
     for task_type in ("ps", "worker", "chief"):
         for index in range(len(spec.get(task_type, []))):
             name = f"{task_type} {index}"
-            group.start(
-                name,
-                task_argv(overrides, chief=name == _chief(options), evaluator=options.evaluator),
-                _task_env(spec, task_type, index, attempt),
+            argv = task_argv(
+                overrides,
+                chief=name == _chief(options),
+                evaluator=options.evaluator,
+                stall_timeout=options.stall_timeout,
             )
+            group.start(name, argv, _task_env(spec, task_type, index, attempt))
     if options.evaluator:  # outside the cluster spec: it joins no collective
         group.start(
             "evaluator 0",
-            task_argv(overrides, chief=False, evaluator=True),
+            task_argv(overrides, chief=False, evaluator=True, stall_timeout=options.stall_timeout),
             _task_env(spec, "evaluator", 0, attempt),
         )
 
 
 def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
     """Waits until the run ends; returns its exit code (0: every worker/the coordinator done)."""
+    finishing = _Finishing(options.exit_grace_s, chief=_chief(options))
     while True:
-        code = _watch_coordinator(group, restarts) if options.num_ps else _watch_workers(group)
+        if options.num_ps:
+            code = _watch_coordinator(group, restarts)
+        else:
+            code = _watch_workers(group, finishing)
         if code is not None:
             return code
         time.sleep(_POLL_S)
 
 
-_PREEMPTED_NOTE = " (preempted: the workers saved a backup to resume from)"
+_NOTES = {
+    EXIT_PREEMPTED: " (preempted: the workers saved a backup to resume from)",
+    EXIT_STALLED: " (stalled: no training step within cluster.stall_timeout; its threads' stacks "
+    "are in the run dir's stall-*.txt)",
+}
 
 
-def _watch_workers(group: _Cluster) -> int | None:
-    """Mirrored workers train in lockstep: one that fails stops the run."""
+class _Finishing:
+    """The grace the other tasks get once one worker has exited 0 (they train in lockstep and
+    should follow within moments; the chief also writes its outputs)."""
+
+    def __init__(self, grace_s: float, *, chief: str):
+        self.grace_s, self.chief = grace_s, chief
+        self.since: float | None = None
+
+    def overdue(self, codes: dict[str, int | None]) -> int | None:
+        """None while the run may go on; else its exit code, the stragglers named."""
+        if self.since is None:
+            self.since = time.monotonic()
+        if time.monotonic() - self.since < self.grace_s:
+            return None
+        running = [name for name, code in codes.items() if code is None]
+        _log(
+            f"{', '.join(running)} still running {self.grace_s:g} s after "
+            f"{', '.join(n for n, c in codes.items() if c == 0)} exited: stopping "
+            f"{'them' if len(running) > 1 else 'it'} (cluster.exit_grace_s)"
+        )
+        # The chief done: the run is complete (its summary.json says so); else it failed.
+        return 0 if codes.get(self.chief) == 0 else EXIT_FAILED
+
+
+def _watch_workers(group: _Cluster, finishing: _Finishing) -> int | None:
+    """Mirrored workers train in lockstep: one that fails stops the run; once one has exited
+    0, the others get `finishing`'s grace."""
     codes = group.poll()
     for name, code in codes.items():
         if code not in (None, 0):
-            note = _PREEMPTED_NOTE if code == EXIT_PREEMPTED else ""
-            _log(f"{name} exited with code {code}{note}")
+            _log(f"{name} exited with code {code}{_NOTES.get(code, '')}")
             return code
-    return 0 if all(code == 0 for code in codes.values()) else None
+    if all(code == 0 for code in codes.values()):
+        return 0
+    # A training task done starts the grace (the evaluator ends when it reads a final summary:
+    # an earlier attempt's, maybe, before this attempt's chief has written its own).
+    trained = [code for name, code in codes.items() if not name.startswith("evaluator")]
+    return finishing.overdue(codes) if 0 in trained else None
 
 
 def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:
@@ -347,7 +409,7 @@ def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:
             if code:
                 _log(f"the coordinator ({name}) exited with code {code}")
             return code
-        _log(f"{name} exited with code {code} during training")
+        _log(f"{name} exited with code {code} during training{_NOTES.get(code, '')}")
         if task.role != "worker":
             return EXIT_FAILED
         if not restarts.take():
@@ -392,7 +454,8 @@ def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
                 break
             _log(f"restarting the cluster ({restarts})")
     _log(f"the cluster could not finish after {options.max_restarts} restart(s)")
-    return EXIT_PREEMPTED if code == EXIT_PREEMPTED else EXIT_FAILED
+    # Preempted or stalled: the code says so to whatever runs the launcher (it may try again).
+    return code if code in (EXIT_PREEMPTED, EXIT_STALLED) else EXIT_FAILED
 
 
 def _interrupted_exit_code(group: _Cluster, options: LaunchOptions, interrupt) -> int:
@@ -423,6 +486,8 @@ def run_local_cluster(argv: Sequence[str], spec) -> int:
         num_ps=spec.num_ps,
         max_restarts=spec.max_restarts,
         grace_period_s=spec.grace_period_s,
+        exit_grace_s=spec.exit_grace_s,
         evaluator=spec.evaluator,
+        stall_timeout=spec.stall_timeout,
     )
     return launch(argv, options)

@@ -11,7 +11,6 @@ without an error, which onnxruntime then refuses or misreads.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tfrecipe import files
 
 # The final file (or directory) of each checked format in the run dir.
 FILES = {"saved_model": "saved_model", "onnx": "model.onnx", "litert": "model.tflite"}
@@ -252,6 +253,7 @@ def export_checked(
         raise ExportError(f"{fmt} cannot carry this model: {why}")
     source = float32_model(model)
     source(_as_tensors(_row(examples[0], 0)))  # Keras exports only a model that has run
+    files.check_writable(path)  # before minutes of converting
     scratch = Path(tempfile.mkdtemp(prefix=f".export-{fmt}-", dir=path.parent))
     try:
         written = scratch / path.name
@@ -264,26 +266,13 @@ def export_checked(
                 f"{fmt}: {path.name} differs from the Keras model by up to {difference:.3g} on "
                 f"held-out examples (export.tolerance={tolerance}); the file was not kept"
             )
-        _replace(written, path)
+        files.put(written, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     record = {"path": path.name, "max_abs_diff": difference, "bytes": _size(path)}
     if source is not model:
         record["float32_rebuild"] = True
     return record
-
-
-def _replace(written: Path, path: Path) -> None:
-    """Moves a checked export into place; an older one (a resumed run, a re-export) goes only
-    once the new one is whole."""
-    if path.is_dir():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(written, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(written, path)
 
 
 # --- LiteRT quantization ----------------------------------------------------------------------
@@ -411,31 +400,16 @@ def export_run(
 # --- the run's own formats, written atomically (the callbacks' per-epoch exports too) ------------
 def save_model(model, path: Path) -> None:
     """A `.keras` file, written under a temporary name and renamed: never half-written."""
-    partial = path.with_name(f".partial-{path.name}")
-    try:
+    with files.replace_with(path) as partial:
         model.save(partial)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
 
 
 def export_saved_model(model, path: Path) -> None:
     """An inference SavedModel (`serve` signature, for TF Serving or `tf.saved_model.load`) in
     directory `path`, exported into a temporary sibling and renamed into place: the final name
     never holds a half-written export, and an existing one is replaced only by a complete one."""
-    tmp, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
-    for leftover in (tmp, old):  # from a run that crashed while exporting
-        shutil.rmtree(leftover, ignore_errors=True)
-    try:
+    with files.replace_with(path) as tmp:  # a resumed run exports this epoch again
         model.export(str(tmp), format="tf_saved_model", verbose=False)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if path.exists():  # a resumed run exports this epoch again
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def export_model(model, run_dir: Path, formats: Collection[str], *, epoch: int | None = None):

@@ -34,14 +34,14 @@ def classification_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
     kind = info.target_kind
     if kind not in ("classes", "binary"):
         return f"has {kind} targets; classification needs integer class ids (try task=...)"
-    return _class_ids_problem(info.targets, info.num_classes)
+    return _untrained_problem(info) or _class_ids_problem(info.targets, info.num_classes)
 
 
 def binary_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
     kind = info.target_kind
     if kind not in ("classes", "binary") or info.num_classes != 2:
         return f"has {kind} targets with num_classes={info.num_classes}; binary needs 0/1 labels"
-    return _class_ids_problem(info.targets, 2)
+    return _untrained_problem(info) or _class_ids_problem(info.targets, 2)
 
 
 def multilabel_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
@@ -65,6 +65,19 @@ def regression_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
     if kind == "float" or kind == "classes":  # regression on class ids is a choice, allowed
         return None
     return f"has {kind} targets; regression needs numeric targets"
+
+
+def _untrained_problem(info: DatasetInfo) -> str | None:
+    """A label only a validation or test file holds would be a class with no training rows: the
+    model could never predict it, and its metrics would count it as always wrong."""
+    if not info.untrained_labels:
+        return None
+    more = len(info.untrained_labels) - 1
+    return (
+        f"has label {info.untrained_labels[0]}{f' and {more} more' if more else ''} only in a "
+        "validation or test file, never in the training data: its class would have no training "
+        "rows; add training rows of it, or remove those rows"
+    )
 
 
 def _class_ids_problem(targets: np.ndarray | None, num_classes: int) -> str | None:

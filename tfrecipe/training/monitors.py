@@ -17,6 +17,7 @@ from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
+from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.tracking import WandbTracker
 from tfrecipe.training.inputs import Inputs
 
@@ -29,6 +30,7 @@ class Monitors:
     history: EpochHistory
     throughput: Throughput
     tracker: WandbTracker | None
+    watchdog: StallWatchdog | None = None
 
 
 def build_monitors(
@@ -41,10 +43,12 @@ def build_monitors(
     global_batch: int,
     start_step: int = 0,
     resuming: bool = False,
+    watchdog: StallWatchdog | None = None,
 ) -> Monitors:
     """Args:
     config: the run's public config (secrets redacted), for W&B.
     chief: this process records the run (W&B); the others train into a scratch dir.
+    watchdog: the progress watchdog (tfrecipe.fault.watchdog), when it is on.
     """
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
@@ -67,13 +71,15 @@ def build_monitors(
     ]
     if run.optimizer.ema:  # validation scores the averaged weights, training goes on raw
         callbacks.insert(0, keras.callbacks.SwapEMAWeights())
+    if watchdog is not None:  # first: a step counts as done before any other callback runs
+        callbacks.insert(0, watchdog)
     if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
         callbacks += evaluator.checkpoint_callbacks(run_dir)
     # One W&B run per training run: the chief's (other workers train into a scratch dir).
     tracker = _start_tracking(run.logger, config, run_dir, resume=resuming) if chief else None
     if tracker is not None:
         callbacks += tracker.callbacks()
-    return Monitors(callbacks, history, throughput, tracker)
+    return Monitors(callbacks, history, throughput, tracker, watchdog)
 
 
 def _start_tracking(

@@ -133,6 +133,7 @@ def initial_fields(
         "steps_completed": 0,
         "resumed_from_step": None,
         "rollbacks": [],  # {step, restored_step, learning_rate_factor}: see fault.recovery
+        "stalls": [],  # {worker, step, stack_file, ...}: see fault.watchdog
         "metrics": {},
         "test": {},
         "examples_per_sec": None,

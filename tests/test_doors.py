@@ -1,0 +1,242 @@
+"""The door inventory (tfrecipe/config/doors.py) holds: a payload through each door is refused,
+a config key that reads like a sink has an entry, and code that writes, imports by name, starts
+programs or changes the environment does so only where the inventory says."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+import textwrap
+
+import pytest
+from conftest import REPO
+from omegaconf import OmegaConf
+
+from tfrecipe.config import doors
+from tfrecipe.errors import ConfigError
+
+# --- every key that reads like a sink is a door, or says why not ----------------------------------
+SINK_NAMES = re.compile(
+    r"(_target_|path|paths|dir|file|files|cache|uri|url|init_from|weights|env|setup|args|storage"
+    r"|command|module|host|project|entity|name|log|subdir|parameters|server|endpoint)$",
+    re.IGNORECASE,
+)
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(node, list) and node and isinstance(node[0], dict):
+        for value in node:
+            yield from _leaves(value, f"{prefix}.N")
+    else:
+        yield prefix
+
+
+def _config_keys() -> set[str]:
+    """Every key of every shipped option, recipe and the root config, as a user writes it."""
+    keys = set()
+    sources = [(p, p.parent.name) for p in (REPO / "conf").glob("*/*.yaml")]
+    sources += [(REPO / "conf" / "config.yaml", "")]
+    sources += [(p, "") for p in (REPO / "recipes").glob("*.yaml")]
+    for path, group in sources:
+        node = OmegaConf.to_container(OmegaConf.load(path))
+        node.pop("defaults", None)
+        keys.update(_leaves(node, group))
+    return keys
+
+
+def test_every_key_that_reads_like_a_sink_is_in_the_inventory():
+    keys = _config_keys()
+    assert "pipeline.cache" in keys and "model._target_" in keys, "the walk finds keys"
+    unlisted = sorted(
+        key
+        for key in keys
+        if SINK_NAMES.search(key.rsplit(".", 1)[-1])
+        and doors.find(key) is None
+        and key not in doors.NOT_DOORS
+    )
+    assert not unlisted, (
+        f"add these to tfrecipe/config/doors.py (CONFIG_DOORS or NOT_DOORS): {unlisted}"
+    )
+
+
+def test_the_inventory_names_no_key_that_is_gone():
+    """A door or non-door whose key no config has any more is a stale entry."""
+    keys = _config_keys()
+    stale = [k for k in doors.NOT_DOORS if k not in keys]
+    assert not stale, stale
+
+
+# --- code writes, imports, starts programs and sets the environment only where listed -------------
+def _sink_calls(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "os.environ":
+                    yield "os.environ[]="
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        base = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+        if name == "open" and not base:
+            mode = node.args[1] if len(node.args) > 1 else None
+            mode = next((k.value for k in node.keywords if k.arg == "mode"), mode)
+            text = mode.value if isinstance(mode, ast.Constant) else ("?" if mode else "r")
+            if any(c in text for c in "wax?+"):
+                yield f"open({text})"
+        elif name in {"write_text", "write_bytes", "rmtree", "mkstemp", "mkdtemp", "unlink",
+                      "save", "save_weights", "symlink_to", "import_module", "Popen", "system",
+                      "putenv", "__import__"}:  # fmt: skip
+            yield f"{base}.{name}" if base else name
+        elif base in ("os", "shutil") and name in {"replace", "rename", "move", "copy", "copy2",
+                                                   "copyfile", "copytree", "remove"}:  # fmt: skip
+            yield f"{base}.{name}"
+        elif base == "subprocess":
+            yield f"subprocess.{name}"
+        elif base == "os.environ" and name in {"setdefault", "update", "pop", "clear"}:
+            yield "os.environ.*"
+
+
+def test_writes_imports_programs_and_environment_only_where_the_inventory_says():
+    unlisted = []
+    for path in sorted((REPO / "tfrecipe").rglob("*.py")):
+        module = str(path.relative_to(REPO))
+        allowed = doors.SINK_SITES.get(module, {})
+        for call in _sink_calls(ast.parse(path.read_text())):
+            if not any(fnmatch.fnmatchcase(call, pattern) for pattern in allowed):
+                unlisted.append(f"{module}: {call}")
+    assert not unlisted, (
+        "write through tfrecipe.files, or list the call in doors.SINK_SITES with why: "
+        f"{sorted(set(unlisted))}"
+    )
+
+
+def test_the_sink_scan_sees_a_new_door():
+    """The scan is not blind: each kind of sink is found in a snippet."""
+    snippet = textwrap.dedent("""\
+        open(p, "w"); Path(p).write_text("x"); os.replace(a, b); importlib.import_module(m)
+        subprocess.run(["x"]); os.environ["A"] = "1"; os.environ.update(B="2")
+        """)
+    found = set(_sink_calls(ast.parse(snippet)))
+    assert found == {"open(w)", "Path(p).write_text", "os.replace", "importlib.import_module",
+                     "subprocess.run", "os.environ[]=", "os.environ.*"}  # fmt: skip
+
+
+# --- a payload through each door --------------------------------------------------------------
+# (door key, probe) -> (a shared recipe carrying the payload, what the refusal must name).
+PAYLOADS = {
+    ("allowed_targets", "code"): ("allowed_targets: [mypkg]\n", "allowed_targets"),
+    ("model._target_", "code"): ("model: {_target_: posix.system, command: 'true'}\n", "model._target_"),
+    ("dataset._target_", "code"): (
+        "dataset: {_target_: mako.template.Template, text: x}\n", "dataset._target_"),
+    ("callbacks.extra.*._target_", "code"): (
+        "callbacks: {extra: {x: {_target_: code.InteractiveConsole}}}\n", "callbacks.extra.x"),
+    ("task.loss._target_", "code"): ("task: {loss: {_target_: os.system}}\n", "task.loss"),
+    ("task.metrics.*._target_", "code"): (
+        "task: {metrics: [{_target_: runpy.run_path, path_name: x}]}\n", "task.metrics.0"),
+    ("hydra.sweeper._target_", "code"): (
+        "hydra: {sweeper: {_target_: posix.system}}\n", "hydra.sweeper._target_"),
+    ("hydra.launcher._target_", "code"): (
+        "hydra: {launcher: {_target_: posix.system}}\n", "hydra.launcher._target_"),
+    ("hydra.sweeper.custom_search_space", "code"): (
+        "defaults: [{override /hydra/sweeper: optuna}]\n"
+        "hydra: {sweeper: {custom_search_space: posix.system}}\n", "hydra.sweeper"),
+    ("hydra.sweeper.params", "code"): (
+        "hydra: {mode: MULTIRUN, sweeper: {params: {allowed_targets: '[mypkg]'}}}\n",
+        "allowed_targets"),
+    ("hydra.sweeper.search_space", "code"): (
+        "defaults: [{override /hydra/sweeper: optuna}]\nhydra: {mode: MULTIRUN, sweeper: "
+        "{search_space: {allowed_targets: {type: categorical, choices: ['[mypkg]']}}}}\n",
+        "allowed_targets"),
+    ("hydra.callbacks", "code"): (
+        "hydra: {callbacks: {x: {_target_: tempfile.mkdtemp}}}\n", "hydra.callbacks.x"),
+    ("hydra.job_logging", "outside"): (
+        "hydra: {job_logging: {handlers: {f: {class: logging.FileHandler, "
+        "filename: /tmp/tfrecipe-probe.pth}}}}\n", "hydra.job_logging.handlers.f.filename"),
+    ("hydra.hydra_logging", "outside"): (
+        "hydra: {hydra_logging: {handlers: {f: {class: logging.FileHandler, "
+        "filename: ../outside.log}}}}\n", "hydra.hydra_logging.handlers.f.filename"),
+    ("hydra.output_subdir", "outside"): ("hydra: {output_subdir: /tmp}\n", "hydra.output_subdir"),
+    ("hydra.job.env_set", "code"): (
+        "hydra: {job: {env_set: {LD_PRELOAD: /tmp/x.so}}}\n", "hydra.job.env_set.LD_PRELOAD"),
+    ("hydra.launcher.setup", "code"): (
+        "defaults: [{override /hydra/launcher: submitit_slurm}]\n"
+        "hydra: {launcher: {setup: ['touch /tmp/ran']}}\n", "hydra.launcher.setup"),
+    ("hydra.run.dir", "secret"): ("hydra: {run: {dir: 'out/r_${oc.env:HF_TOKEN}'}}\n", "hydra.run.dir"),
+    ("hydra.sweep.dir", "secret"): (
+        "hydra: {mode: MULTIRUN, sweep: {dir: 'out/s_${oc.env:HF_TOKEN}'}}\n", "hydra.sweep.dir"),
+    ("pipeline.cache", "outside"): ("pipeline: {cache: /tmp/tfrecipe-probe-cache}\n", "pipeline.cache"),
+}  # fmt: skip
+
+
+def _config_probes():
+    return [(d.key, probe) for d in doors.CONFIG_DOORS for probe in d.probes]
+
+
+def test_every_probe_the_inventory_declares_has_a_payload():
+    missing = [probe for probe in _config_probes() if probe not in PAYLOADS]
+    assert not missing, f"add a payload to PAYLOADS for {missing}"
+
+
+@pytest.mark.parametrize(
+    ("key", "probe"), _config_probes(), ids=[f"{k}:{p}" for k, p in _config_probes()]
+)
+def test_a_payload_through_each_config_door_is_refused(key, probe, tmp_path, monkeypatch):
+    from tfrecipe.cli.commands import validate
+
+    monkeypatch.setenv("HF_TOKEN", "hf_probeSECRET123")
+    monkeypatch.chdir(tmp_path)
+    content, named = PAYLOADS[(key, probe)]
+    recipe = tmp_path / f"probe_{abs(hash(key))}.yaml"
+    recipe.write_text(f"# @package _global_\n{content}")
+    with pytest.raises(ConfigError) as refused:
+        validate([str(recipe)])
+    report = refused.value.report()
+    assert named in report, report
+    assert "hf_probeSECRET123" not in report
+    assert sorted(p.name for p in tmp_path.iterdir()) == [recipe.name], "nothing written"
+
+
+def test_an_output_may_not_be_an_input_a_folder_a_link_or_a_runs_file(tmp_path):
+    from tfrecipe import files
+
+    data = tmp_path / "data.csv"
+    data.write_text("a\n1\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    link = tmp_path / "link.csv"
+    link.symlink_to(tmp_path / "elsewhere.csv")
+    for output, named in [(data, "input"), (tmp_path, "directory"), (link, "link"),
+                          (run_dir / "history.csv", "run dir")]:  # fmt: skip
+        with pytest.raises(files.NotOurs, match=named):
+            files.check_output(output, inputs=[data])
+    files.check_output(tmp_path / "scores.csv", inputs=[data])  # a new file is fine
+
+
+def test_the_writer_never_replaces_what_the_run_did_not_write_nor_follows_a_link(tmp_path):
+    from tfrecipe import files
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("the user's")
+    (run_dir / "planted").symlink_to(tmp_path / "target")
+    files.own_dir(run_dir)
+    try:
+        files.write_atomic(run_dir / "summary.json", "{}")
+        files.write_atomic(run_dir / "summary.json", '{"a": 1}')  # its own: replaced
+        with pytest.raises(files.NotOurs, match="not written by this run"):
+            files.write_atomic(run_dir / "notes.txt", "x")
+        with pytest.raises(files.NotOurs, match="symbolic link"):
+            files.write_atomic(run_dir / "planted", "x")
+    finally:
+        files.release_dir(run_dir)
+    assert (run_dir / "notes.txt").read_text() == "the user's"
+    assert not (tmp_path / "target").exists()
+    assert (run_dir / "summary.json").read_text() == '{"a": 1}'
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        files.MANIFEST, "notes.txt", "planted", "summary.json"], "no temporary file left"  # fmt: skip

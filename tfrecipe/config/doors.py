@@ -1,0 +1,238 @@
+"""The door inventory: every config key and file that reaches import, instantiation, a shell,
+the environment, a file opened or a path written, and the one check that guards it.
+
+A door is where data (a recipe, a run dir, a sweep's params, a file read) could turn into code
+that runs, a file written elsewhere, a secret sent away or memory exhausted. tests/test_doors.py
+holds this table to the code: it tries a payload through each door, fails when a config key whose
+name says it reaches one of these sinks has no entry here, and fails when a module writes files,
+imports by name, starts programs or changes the environment outside the places listed in
+`SINK_SITES`. A new key or file that reaches a sink joins this table in the same commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+from tfrecipe.config.trust import Trust
+from tfrecipe.errors import Problem
+
+# What a door reaches.
+IMPORT = "import"  # code imported or called by name
+SHELL = "shell"  # a command line of a shell
+ENV = "env"  # the environment of this process and its children
+WRITE = "write"  # a path written
+READ = "read"  # a path opened for reading
+NETWORK = "network"  # data sent to another host
+NAME = "name"  # text that becomes a path or a name on disk (a secret must not)
+
+
+@dataclasses.dataclass(frozen=True)
+class Door:
+    """One way in.
+
+    Attributes:
+      key: a config key (`*` for one name) or, for a file, `RUN_DIR/NAME` / `INPUT`.
+      sink: what it reaches (IMPORT, SHELL, ENV, WRITE, READ, NETWORK, NAME).
+      guard: the check every use goes through.
+      probes: the payloads tests/test_doors.py tries through it ("code", "outside", "secret",
+        "non_regular", "oversize").
+    """
+
+    key: str
+    sink: str
+    guard: str
+    probes: tuple[str, ...] = ()
+
+
+CONFIG_DOORS = (
+    Door(
+        "allowed_targets", IMPORT, "trust.Trust via instantiate.allowed_prefix_problem", ("code",)
+    ),
+    Door("model._target_", IMPORT, "instantiate.target_problem (kind MODEL)", ("code",)),
+    Door("dataset._target_", IMPORT, "instantiate.target_problem (kind DATASET)", ("code",)),
+    Door("callbacks.extra.*._target_", IMPORT, "instantiate.target_problem (CALLBACK)", ("code",)),
+    Door("task.loss._target_", IMPORT, "instantiate.target_problem (kind LOSS)", ("code",)),
+    Door("task.metrics.*._target_", IMPORT, "instantiate.target_problem (kind METRIC)", ("code",)),
+    Door(
+        "hydra.sweeper._target_", IMPORT, "hydra_node: HYDRA_PLUGIN kind, SWEEPER_KEYS", ("code",)
+    ),
+    Door("hydra.launcher._target_", IMPORT, "hydra_node: HYDRA_PLUGIN kind", ("code",)),
+    Door("hydra.sweeper.sampler._target_", IMPORT, "instantiate (kind OPTUNA_SAMPLER)"),
+    Door(
+        "hydra.sweeper.custom_search_space", IMPORT, "hydra_node._search_space_problems", ("code",)
+    ),
+    Door("hydra.sweeper.params", IMPORT, "cli.sweeps.sweep_problems: every job checked", ("code",)),
+    Door("hydra.sweeper.search_space", IMPORT, "cli.sweeps: expanded like params", ("code",)),
+    Door("hydra.sweeper.storage", NETWORK, "hydra_node._storage_problems (sqlite only)"),
+    Door("hydra.callbacks", IMPORT, "hydra_node._callback_problems (refused)", ("code",)),
+    Door(
+        "hydra.job_logging",
+        WRITE,
+        "hydra_node._logging_problems (.log in the run dir)",
+        ("outside",),
+    ),
+    Door("hydra.hydra_logging", WRITE, "hydra_node._logging_problems", ("outside",)),
+    Door("hydra.output_subdir", WRITE, "hydra_node._output_subdir_problems", ("outside",)),
+    Door("hydra.job.env_set", ENV, "hydra_node.SAFE_ENV", ("code",)),
+    Door("hydra.job.env_copy", NAME, "hydra_node._env_copy_problems (no secret's name)"),
+    Door(
+        "hydra.launcher.setup",
+        SHELL,
+        "hydra_node._launcher_shell_problems: command line only",
+        ("code",),
+    ),
+    Door("hydra.launcher.srun_args", SHELL, "hydra_node._launcher_shell_problems"),
+    Door("hydra.launcher.additional_parameters", SHELL, "hydra_node._launcher_shell_problems"),
+    Door(
+        "hydra.run.dir", WRITE, "cli.main._precheck (lock, fresh-dir check), secrets", ("secret",)
+    ),
+    Door("hydra.sweep.dir", WRITE, "secrets.hydra_secret_problems", ("secret",)),
+    Door("hydra.sweep.subdir", WRITE, "secrets.hydra_secret_problems"),
+    Door("hydra.job.name", NAME, "secrets.hydra_secret_problems"),
+    Door("pipeline.cache", WRITE, "doors.command_line_only_problems", ("outside",)),
+    Door("dataset.path", READ, "data readers (regular files, size caps)"),
+    Door("dataset.validation_path", READ, "data readers"),
+    Door("dataset.test_path", READ, "data readers"),
+    Door("dataset.train_files", READ, "data readers"),
+    Door("dataset.validation_files", READ, "data readers"),
+    Door("dataset.test_files", READ, "data readers"),
+    Door("dataset.data_dir", READ, "tfds: prepared data only, never downloads"),
+    Door("model.init_from", READ, "models.warm_start (a run dir, .keras or weights file)"),
+    Door("model.weights", READ, "models.keras_app (imagenet, none or a weights file)"),
+    Door("logger.wandb.project", NETWORK, "tracking: chief only, secrets redacted"),
+    Door("logger.wandb.entity", NETWORK, "tracking: chief only, secrets redacted"),
+    Door("logger.wandb.name", NAME, "tracking: secrets redacted"),
+)
+
+# Files tfrecipe reads from a run dir or from the user, and what guards each.
+FILE_DOORS = (
+    Door("RUN_DIR/config.yaml", IMPORT, "schema.validate with the command line's Trust only"),
+    Door("RUN_DIR/signature.json", READ, "signature.read"),
+    Door("RUN_DIR/model.keras", IMPORT, "keras safe_mode load (no lambdas)"),
+    Door("RUN_DIR/best.weights.h5", READ, "keras load_weights into the configured model"),
+    Door("RUN_DIR/data_stats.json", READ, "table_stats.load_cached: fingerprint-checked"),
+    Door("RUN_DIR/summary.json", READ, "rundir.read_summary"),
+    Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
+    Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.main._refuse_rerun (never unpickled)"),
+    Door("INPUT (predict)", READ, "data.readers.open_sources"),
+    Door("--output (predict)", WRITE, "files.check_output", ("outside",)),
+)
+
+# Keys whose last name reads like a sink, but which reach none: name -> why not a door.
+NOT_DOORS = {
+    "callbacks.early_stopping.restore_best_weights": "a flag",
+    "cluster.name": "an option name (none, local, ...)",
+    "dataset.column_names": "names of table columns",
+    "dataset.images_checked_per_file": "a count",
+    "dataset.name": "a TFDS or builder name, looked up in TFDS' registry",
+    "hydra.help.app_name": "text of --help",
+    "hydra.job.chdir": "a flag (false: the job stays in the current directory)",
+    "logger.tensorboard.profile_batch": "batch numbers",
+    "logger.wandb.log_every_n_steps": "a count",
+    "logger.wandb.log_model": "a flag",
+    "loop.name": "an option name",
+    "model.name": "a keras.applications class name, checked against that module",
+    "optimizer.name": "an option name",
+    "strategy.name": "an option name",
+    "strategy.project": "a Cloud TPU project name (tpu strategy), sent to Google's resolver",
+    "task.name": "an option name",
+}
+
+# Where tfrecipe's own code writes files, imports by name, starts programs or sets the
+# environment, outside the one writer (tfrecipe/files.py): module -> {call: why it may}.
+SINK_SITES: Mapping[str, Mapping[str, str]] = {
+    "tfrecipe/files.py": {"*": "the one writer"},
+    "tfrecipe/__init__.py": {"importlib.import_module": "the package's lazy public names"},
+    "tfrecipe/compat.py": {"importlib.import_module": "TensorFlow's private modules, by name"},
+    "tfrecipe/config/instantiate.py": {"importlib.import_module": "targets that passed the check"},
+    "tfrecipe/cli/console.py": {"subprocess.Popen": "nvidia-smi, fixed arguments, no shell"},
+    "tfrecipe/cli/commands.py": {
+        "open(x)": "`tfrecipe cp`: a new file only (mode x), never over one",
+        "Path(copy.name).unlink": "removes the half copy it made itself",
+    },
+    "tfrecipe/cli/main.py": {
+        "open(a)": "the sweep's job list, a temporary file it made itself",
+        "tempfile.mkstemp": "that job list",
+        "Path(path).unlink": "that job list",
+        "log_file.unlink": "an empty log Hydra made for a refused run",
+        "shutil.rmtree": "a run dir this invocation made and a config error discards",
+        "os.environ.*": "TF_CPP_MIN_LOG_LEVEL, HYDRA_FULL_ERROR, the sweep's Trust",
+        "os.environ[]=": "the sweep's Trust, restored",
+    },
+    "tfrecipe/cli/predict.py": {
+        "open(?)": "the output, inside its scratch folder (files.put moves it)",
+        "tempfile.mkdtemp": "that scratch folder",
+        "shutil.rmtree": "that scratch folder",
+    },
+    "tfrecipe/distribute/cluster.py": {"os.environ.*": "GRPC_FAIL_FAST for parameter servers"},
+    "tfrecipe/distribute/launcher.py": {
+        "subprocess.Popen": "the local cluster's tasks: python -m tfrecipe, no shell",
+        "tempfile.mkdtemp": "the tasks' logs",
+        "shutil.rmtree": "those logs",
+    },
+    "tfrecipe/fault/backup.py": {"*.save": "tf.train.CheckpointManager in RUN_DIR/backup"},
+    "tfrecipe/fault/disk.py": {
+        "path.unlink": "its own .reserve file",
+        "run_dir / RESERVE.unlink": "its own .reserve file",
+        "shutil.rmtree": "a worker's scratch dir",
+    },
+    "tfrecipe/fault/preemption.py": {
+        "*save": "PreemptionCheckpointHandler's checkpoint in RUN_DIR/backup",
+        "os.environ.*": "TF_CONFIG for the handler, restored",
+        "os.environ[]=": "the same",
+        "tempfile.mkdtemp": "a worker's checkpoint dir",
+        "shutil.rmtree": "that dir",
+    },
+    "tfrecipe/models/export.py": {
+        "model.save": "into files.replace_with's scratch folder",
+        "tempfile.mkdtemp": "a format's scratch folder (files.put moves the file)",
+        "shutil.rmtree": "that scratch folder",
+    },
+    "tfrecipe/models/warm_start.py": {"model.save_weights": "a temporary file it reads back"},
+    "tfrecipe/rundir.py": {"os.environ[]=": "the run dir's lock holder, for its tasks"},
+}
+
+
+def find(key: str) -> Door | None:
+    """The config door `key` goes through (a key inside a door's node counts: hydra.job_logging's
+    handlers are that door's)."""
+    for door in CONFIG_DOORS:
+        if fnmatch.fnmatchcase(key, door.key) or fnmatch.fnmatchcase(key, door.key + ".*"):
+            return door
+    return None
+
+
+# Writes outside the run dir that only the command line may aim: key -> the values that are not
+# paths.
+COMMAND_LINE_ONLY = {"pipeline.cache": (None, "memory", "")}
+
+
+def command_line_only_problems(container: Mapping[str, Any], *, trust: Trust) -> list[Problem]:
+    """A config file may not aim a write outside the run dir (a cache, which a later run also
+    reads back): those values count only when the command line gives them."""
+    problems = []
+    for key, plain in COMMAND_LINE_ONLY.items():
+        value = _select(container, key)
+        if value in plain or trust.gave(key, value):
+            continue
+        problems.append(
+            Problem(
+                key,
+                value,
+                "writes files there, and a later run reads them back: only your command line may "
+                f"name such a path, not a config file; pass {key}=... yourself if you mean it",
+            )
+        )
+    return problems
+
+
+def _select(container: Mapping[str, Any], key: str) -> Any:
+    node: Any = container
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
