@@ -87,6 +87,8 @@ RUN_WITH = {
     ],
     ("dataset", "breast_cancer"): ["task=binary"],
     ("dataset", "diabetes"): ["task=regression"],
+    # baselines are fitted on tables: the bundled wine set's vectors (3 classes)
+    ("baseline", "auto"): ["dataset=wine"],
 }
 # Tabular datasets (feature vectors): trained with model=mlp.
 VECTOR_DATASETS = {"breast_cancer": 30, "diabetes": 10, "wine": 13}
@@ -103,7 +105,10 @@ SUMMARY_FIELDS = {
 def overrides_for(group: str, option: str, *extra: str) -> list[str]:
     """The tiny overrides for a run with `group=option` (a small model of the run's kind)."""
     model = option if group == "model" else "cnn"
-    if group == "dataset" and option in VECTOR_DATASETS:
+    if (group == "dataset" and option in VECTOR_DATASETS) or (group, option) == (
+        "baseline",
+        "auto",
+    ):
         model = "mlp"
     return [
         f"{group}={option}",
@@ -242,7 +247,7 @@ def _layer_kinds(run_dir: Path) -> set[str]:
 
 def _check_model(option, probe, run_dir):
     kinds = _layer_kinds(run_dir)
-    assert ("Conv2D" in kinds) == (option != "mlp"), kinds
+    assert ("Conv2D" in kinds) == (option not in ("mlp", "linear")), kinds
     assert ("Add" in kinds) == (option == "resnet"), kinds  # the residual connections
 
 

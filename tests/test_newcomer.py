@@ -102,7 +102,8 @@ def test_every_command_a_recipe_shows_validates(path, capsys):
 def test_ls_shows_whole_first_sentences(tmp_path):
     out, _ = _tfrecipe("ls", cwd=tmp_path)
     entries, current = {}, None
-    for line in out[1 : out.index("batching:")]:  # the recipes
+    first_group = next(i for i, line in enumerate(out[1:], 1) if not line.startswith(" "))
+    for line in out[1:first_group]:  # the recipes, up to the first group's heading
         if line.startswith("  ") and not line.startswith("   "):
             current, _, text = line.strip().partition(" ")
             entries[current] = text.strip()

@@ -37,7 +37,7 @@ def test_a_received_run_dirs_config_grants_nothing(command, tmp_path, compose_cf
     from tfrecipe.cli import evaluate, export
 
     run_dir, marker = _received_run_dir(tmp_path, compose_cfg)
-    read = {"export": export._run_config, "evaluate": evaluate._load_config}[command]
+    read = {"export": export._run_config, "evaluate": evaluate.load_run_config}[command]
     with pytest.raises(ConfigError) as refused:
         read(run_dir, [])
     assert "allowed_targets" in str(refused.value) and "'mako'" in str(refused.value)

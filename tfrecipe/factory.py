@@ -14,20 +14,29 @@ from tfrecipe.data.splits import batch
 from tfrecipe.errors import ConfigError
 
 
-def load_splits(spec: schema.Target, *, allowed_targets: list[str], stats_cache=None):
+def load_splits(
+    spec: schema.Target,
+    *,
+    allowed_targets: list[str],
+    stats_cache=None,
+    task: schema.Task | None = None,
+):
     """The `dataset` group's unbatched splits and their `DatasetInfo` (`data.Splits`).
 
     `stats_cache`: where a run keeps a table's statistics (`tabular.StatsCache`), for the
     builders that take one (a resume, a second worker and `evaluate` read them back).
+    `task`: the run's task, whose `positive_class` decides which class is 1 (`tasks.orient`):
+    every reader of a run's data passes it, so that all see the same class ids.
     """
     extra = {}
     if stats_cache is not None and "stats_cache" in _parameters(
         spec.target, "dataset", allowed_targets
     ):
         extra["stats_cache"] = stats_cache
-    return instantiate(
+    splits = instantiate(
         spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets, **extra
     )
+    return splits if task is None else tasks.orient(task, splits, dataset=spec.target)
 
 
 def _parameters(target: str, key: str, allowed_targets: list[str]) -> Mapping[str, object]:
@@ -279,6 +288,7 @@ def compile_model(
 def register_custom_objects() -> None:
     """Makes tfrecipe's own Keras classes known (before loading a saved model): the tasks'
     metrics and loss, and the layers of its models (registered when their module loads)."""
+    import tfrecipe.models.ensemble
     import tfrecipe.models.text  # noqa: F401  (MaskedMean)
 
     tasks.register_custom_objects()

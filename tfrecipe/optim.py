@@ -46,11 +46,21 @@ def build_optimizer(
     *,
     learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
     loss_scaling: bool,
+    gradient_accumulation_steps: int = 1,
 ) -> keras.optimizers.Optimizer:
-    """The configured optimizer; wrapped in a dynamic `LossScaleOptimizer` for float16."""
+    """The configured optimizer; wrapped in a dynamic `LossScaleOptimizer` for float16.
+
+    `gradient_accumulation_steps` > 1: Keras' own accumulation (`Model.fit`'s, which has no
+    other): the optimizer averages that many micro-batches' gradients before each update, and its
+    `iterations` (what schedules, backups and step counts read) counts updates.
+    """
     options = spec.model_dump(
         exclude={"name", "schedule", "warmup_steps", "min_lr_fraction", "learning_rate", "ema"}
     )
+    if gradient_accumulation_steps > 1:
+        options["gradient_accumulation_steps"] = gradient_accumulation_steps
+        if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            learning_rate = PerUpdateSchedule(learning_rate, gradient_accumulation_steps)
     optimizer = _OPTIMIZERS[spec.name](learning_rate=learning_rate, use_ema=spec.ema, **options)
     if spec.ema:
         _defer_ema_finalization(optimizer)
@@ -136,6 +146,31 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def from_config(cls, config: dict) -> ScaledSchedule:
         schedule = keras.optimizers.schedules.deserialize(config["schedule"])
         return cls(schedule, config["factor"])
+
+
+@keras.saving.register_keras_serializable(package="tfrecipe")
+class PerUpdateSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule over optimizer updates under Keras' gradient accumulation, which calls the
+    schedule with its micro-batch counter (Keras 3.15 `_get_current_learning_rate` passes
+    `_iterations`, not `iterations`): `schedule(micro_batches // accumulate)`."""
+
+    def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, accumulate: int):
+        self.schedule = schedule
+        self.accumulate = accumulate
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.floor_divide(step, self.accumulate))
+
+    def get_config(self) -> dict:
+        return {
+            "schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "accumulate": self.accumulate,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> PerUpdateSchedule:
+        schedule = keras.optimizers.schedules.deserialize(config["schedule"])
+        return cls(schedule, config["accumulate"])
 
 
 def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

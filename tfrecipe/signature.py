@@ -3,7 +3,7 @@
 Written by the chief when training starts (the dataset's class names and target encoding are
 known only then), read by `tfrecipe predict` before it imports TensorFlow:
 
-    {"task": "binary", "threshold": 0.5, "outputs": ["no", "yes"],
+    {"task": "binary", "threshold": 0.5, "outputs": ["no", "yes"], "positive_class": "yes",
      "inputs": {"kind": "columns", "columns": {"age": "float32", "city": "string"}},
      "normalize": "scale"}
 
@@ -54,6 +54,8 @@ def describe(
     if task.name in ("binary", "multilabel"):
         record["threshold"] = task.threshold
     record["outputs"] = _output_names(task.name, num_outputs, class_names, label)
+    if task.name == "binary":  # the class the probability is of (task.positive_class)
+        record["positive_class"] = record["outputs"][1]
     record["inputs"] = _inputs(features, feature_names)
     record["normalize"] = normalize
     return record

@@ -43,10 +43,11 @@ from tfrecipe.outcome import (
     ensure_fresh_run_dir,
 )
 from tfrecipe.precision import set_precision
+from tfrecipe.training import baselines, lr_find, pacing, protection
+from tfrecipe.training import ensemble as ensembles
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
 from tfrecipe.training import monitors as monitoring
-from tfrecipe.training import pacing, protection
 from tfrecipe.training import summary as summaries
 from tfrecipe.training.inputs import Inputs, batch_sizes
 from tfrecipe.training.monitors import Monitors
@@ -111,6 +112,7 @@ def _evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False, wait_s=STATS_WAIT_S),  # the chief's
+        task=run.task,
     )
     model = factory.build_model(
         run.model, splits, task=run.task, allowed_targets=run.allowed_targets
@@ -170,7 +172,8 @@ def _train(
     locked_before = rundir.holds_run_dir(dirs.run_dir)
     with preemption.signals_preempt():
         try:
-            return _train_steps(config, run, task, dirs, attempt).fields
+            steps = _train_ensemble if run.ensemble.seeds > 1 else _train_steps
+            return steps(config, run, task, dirs, attempt).fields
         except ConfigError:
             raise
         except BaseException as error:
@@ -208,6 +211,8 @@ def _train_steps(
         dirs.shared_run_dir, global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync
     )
     splits, steps_per_epoch = data.load_data(run, global_batch, stats_cache=dirs.stats_cache())
+    if run.baseline.name == "auto":  # refused before training, not after it
+        baselines.check_applicable(splits, dataset=run.dataset.target)
     model = models.build_model(run, strategy, splits, steps_per_epoch, global_batch)
     models.check_export_formats(run.export.formats, model)  # before training, not after it
     phases = models.two_phases(run, strategy, model, steps_per_epoch, global_batch)
@@ -236,6 +241,8 @@ def _train_steps(
     summary.update(summaries.how_it_runs(model, steps_per_call=steps_per_call))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(phases, warm, inputs.class_weight))
+    if run.task.name == "binary":  # what auc, precision and recall are about
+        summary.update(positive_class=tasks.positive_class(run.task, splits.info))
     if resumed:
         summary.update(
             resumed_from_step=resumed.step,
@@ -249,6 +256,12 @@ def _train_steps(
         signature.write(dirs.run_dir, models.describe(run, splits, model))
         fingerprint.record(dirs.run_dir, data_files)
     attempt["summary"] = summary
+    if run.loop.lr_find.enabled:
+        summary.update(lr_find=_find_learning_rate(run, model, inputs, dirs))
+        summary.write()
+        if run.loop.lr_find.only:  # `tfrecipe lr-find`: the sweep is the run
+            summary.finish("completed", rows=[], steps_completed=start_step, examples_per_sec=None)
+            return summary
 
     monitors = monitoring.build_monitors(
         run,
@@ -280,7 +293,112 @@ def _train_steps(
             run, model, inputs, summary, monitors, protected, start_step, policy,
             steps_per_call=steps_per_call, phases=phases,
         )  # fmt: skip
+        if run.baseline.name == "auto" and dirs.chief:  # after the model: it names no layer first
+            summary.update(baselines=_fit_baselines(run, splits))
     return summary
+
+
+def _fit_baselines(run: schema.RunConfig, splits) -> dict[str, Any]:
+    """scikit-learn's baselines on the run's split and preprocessing (the whole table's
+    splits, not a worker's share)."""
+    started = time.perf_counter()
+    fitted = baselines.fit_baselines(
+        splits,
+        task=run.task,
+        pipeline=run.pipeline,
+        max_rows=run.baseline.max_rows,
+        seed=run.seed,
+        allowed_targets=run.allowed_targets,
+    )
+    log.info("baselines fitted in %.1fs", time.perf_counter() - started)
+    return fitted
+
+
+def _find_learning_rate(
+    run: schema.RunConfig, model: keras.Model, inputs: Inputs, dirs: _Dirs
+) -> dict[str, Any]:
+    """`loop.lr_find`: the range test with the run's loop on a fresh stream of its training
+    data; the model is put back as it was."""
+    found = lr_find.find_learning_rate(
+        run, model, _loop_of(run), inputs.train_from(0), run_dir=dirs.run_dir, chief=dirs.chief
+    )
+    log.info(
+        "lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
+        found["suggested_learning_rate"],
+        found["min_loss_learning_rate"],
+        found["steps"],
+        dirs.run_dir / lr_find.PLOT,
+    )
+    return found
+
+
+def _loop_of(run: schema.RunConfig):
+    """The loop that trains a run (parameter servers: their ClusterCoordinator loop)."""
+    return _LOOPS["parameter_server" if run.strategy.name == "parameter_server" else run.loop.name]
+
+
+def _train_ensemble(
+    config: Mapping[str, Any],
+    run: schema.RunConfig,
+    task: cluster.Task,
+    dirs: _Dirs,
+    attempt: dict[str, RunSummary],
+) -> RunSummary:
+    """`ensemble.seeds=N`: N member runs (RUN_DIR/members/I, seed + I; a completed member is
+    kept, an interrupted one resumes from its own backup), then one model averaging them,
+    evaluated, exported and recorded as a single run's."""
+    started = time.perf_counter()
+    _claim_run_dir(dirs, resume=run.resume)
+    check_resume_unchanged(
+        dirs.run_dir, config, resume=run.resume, allowed=run.resume_allow_changes
+    )
+    summary = RunSummary(
+        dirs.run_dir, summaries.ensemble_fields(run, dirs.run_dir), started=started
+    )
+    summary.start(config, chief=dirs.chief)
+    attempt["summary"] = summary
+    members = []
+    for index in range(run.ensemble.seeds):
+        member_dir = dirs.run_dir / ensembles.MEMBERS / str(index)
+        member_run, member_config = ensembles.member_config(run, config, index)
+        done = rundir.read_summary(member_dir)
+        if not (done and done.get("status") == "completed"):
+            log.info("ensemble: member %d of %d (seed %d)", index + 1, run.ensemble.seeds,
+                     member_run.seed)  # fmt: skip
+            done = _train(member_config, member_run, task, _Dirs(member_dir, member_dir))
+        members.append(done)
+        summary.update(ensemble=ensembles.record(run, members))
+        summary.write()
+    splits = factory.load_splits(
+        run.dataset, allowed_targets=run.allowed_targets,
+        stats_cache=StatsCache(dirs.run_dir / ensembles.MEMBERS / "0", chief=False), task=run.task,
+    )  # fmt: skip
+    summary.update(ensembles.as_single_run(members))
+    if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
+        signature.write(dirs.run_dir, signature.read(dirs.run_dir / ensembles.MEMBERS / "0"))
+    model = ensembles.load(run, dirs.run_dir)
+    scored = ensembles.scores(run, model, splits)  # test, and val_ metrics
+    summary.update(test=scored["test"])
+    summary.update(exports=_export(run, model, dirs.run_dir, _undistributed(splits)))
+    if run.baseline.name == "auto":
+        summary.update(baselines=_fit_baselines(run, splits))
+    summary.finish(
+        "completed",
+        rows=[],
+        steps_completed=sum(m["steps_completed"] for m in members),
+        examples_per_sec=None,
+    )
+    summary.update(
+        metrics=scored["metrics"], epochs_completed=max(m["epochs_completed"] for m in members)
+    )
+    summary.write()
+    return summary
+
+
+def _undistributed(splits) -> Inputs:
+    """What `_export` reads of a run's inputs (the undistributed splits), for the ensemble."""
+    return Inputs(train=None, validation=None, test=None, info=splits.info, steps_per_epoch=0,
+                  train_from=lambda step: None, splits=splits)  # fmt: skip
 
 
 def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:
@@ -369,8 +487,7 @@ def _run_loop(
     """Trains with the configured loop (again from a backup after each rollback; in two phases
     with `loop.finetune`), then evaluates the test split and exports the model."""
     options = _loop_options(run, inputs, steps_per_call)
-    name = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
-    loop = _LOOPS[name]
+    loop = _loop_of(run)
     if phases is not None:
         loop = finetune.TwoPhaseLoop(loop, phases, on_switch=protected.follow_optimizer)
     callbacks = [*monitors.callbacks, *protected.callbacks]

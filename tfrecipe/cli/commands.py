@@ -6,6 +6,8 @@ tfrecipe cp NAME PATH                copy a recipe to edit it
 tfrecipe validate [NAME|PATH] [overrides]   check everything without training
 tfrecipe compare DIR... [--sort METRIC] [--out DIR]   compare finished runs
 tfrecipe evaluate RUN_DIR [--model FILE] [overrides]   a run's model on its test split
+tfrecipe baseline RUN_DIR [overrides]   scikit-learn's baselines on a run's split
+tfrecipe lr-find [overrides]         a learning-rate sweep (lr_find.png, a suggested rate)
 tfrecipe predict RUN_DIR INPUT... [--output FILE]   a run's predictions for new files
 tfrecipe export RUN_DIR --format F   a finished run in more formats (onnx, litert, ...)
 tfrecipe help [overrides]            the same as `tfrecipe --help`
@@ -268,6 +270,19 @@ def evaluate(args: list[str]) -> None:
         evaluate_main(args)
 
 
+def baseline(args: list[str]) -> None:
+    if not args:  # said here, before TensorFlow loads
+        raise ConfigError(
+            "baseline: expected RUN_DIR (a finished run's directory), received nothing; usage: "
+            "tfrecipe baseline RUN_DIR [key=value ...] [--json]"
+        )
+    from tfrecipe.cli.baseline import main as baseline_main
+    from tfrecipe.cli.console import discover_devices
+
+    discover_devices()  # imports TensorFlow: the run's encoders are Keras layers
+    baseline_main(args)
+
+
 def predict(args: list[str]) -> None:
     from tfrecipe.cli.console import quiet_start_up
     from tfrecipe.cli.predict import main as predict_main  # TensorFlow once the input is checked
@@ -323,6 +338,7 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "validate": validate,
     "compare": compare,
     "evaluate": evaluate,
+    "baseline": baseline,
     "predict": predict,
     "export": export,
     "mlflow-sync": mlflow_sync,

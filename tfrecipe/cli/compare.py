@@ -29,6 +29,7 @@ from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 # The metrics of runs that logged none (e.g. failed before an epoch): the default task's.
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 _THROUGHPUT = ("examples_per_sec", "wall_time_s")
+_BASELINE = "baseline_"
 
 
 def _higher_is_better(name: str) -> bool:
@@ -49,7 +50,23 @@ def columns(runs: list[Run]) -> list[str]:
     train = [m for m in names if not m.startswith("val_") and m != "loss"]
     val = [m for m in names if m.startswith("val_") and m != "val_loss"]
     test = [f"test_{m}" for m in (tested or {"accuracy": None}) if m != "loss"]
-    return ["loss", *train, "val_loss", *val, *test, *_best_columns(runs), *_THROUGHPUT]
+    return [
+        "loss", *train, "val_loss", *val, *test, *_baseline_columns(runs), *_best_columns(runs),
+        *_THROUGHPUT,
+    ]  # fmt: skip
+
+
+def _baseline_columns(runs: list[Run]) -> list[str]:
+    """Each baseline's test number (summary.json's `baselines`: `baseline=auto`, `tfrecipe
+    baseline`) beside the model's, as `baseline_NAME_METRIC` (e.g. baseline_ridge_r2)."""
+    return list(
+        dict.fromkeys(
+            f"{_BASELINE}{name}_{run.summary['baselines']['metric']}"
+            for run in runs
+            if isinstance(run.summary.get("baselines"), dict)
+            for name in run.summary["baselines"].get("models") or {}
+        )
+    )
 
 
 def _best_columns(runs: list[Run]) -> list[str]:
@@ -76,7 +93,17 @@ class Run:
             return best.get("epoch")
         if metric.startswith("best_"):  # the best epoch's value of a metric
             return (best.get("metrics") or {}).get(metric.removeprefix("best_"))
+        if metric.startswith(_BASELINE):
+            return self._baseline_value(metric.removeprefix(_BASELINE))
         return summary_value(self.summary, metric)
+
+    def _baseline_value(self, name_metric: str) -> float | None:
+        baselines = self.summary.get("baselines") or {}
+        for name, scores in (baselines.get("models") or {}).items():
+            metric = name_metric.removeprefix(f"{name}_")
+            if metric != name_metric and isinstance(scores.get(metric), int | float):
+                return float(scores[metric])
+        return None
 
 
 def find_runs(directories: list[Path]) -> list[Run]:

@@ -23,24 +23,28 @@ from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
 
 
-def _load_config(run_dir: Path, overrides: list[str]) -> schema.RunConfig:
+def load_run_config(
+    run_dir: Path, overrides: list[str], *, command: str = "evaluate"
+) -> schema.RunConfig:
+    """A finished run's resolved config (`RUN_DIR/config.yaml`) with `overrides`, validated;
+    errors name `command` (`tfrecipe evaluate`, `tfrecipe baseline`)."""
     path = run_dir / "config.yaml"
     if not os.path.lexists(path):
-        raise ConfigError(f"evaluate: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
+        raise ConfigError(f"{command}: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError(f"evaluate: expected key=value overrides, received {' '.join(bad)}")
+        raise ConfigError(f"{command}: expected key=value overrides, received {' '.join(bad)}")
     try:  # a regular file of a config's size, then YAML: one line for either
         saved = reading.read_yaml(path, what="a run's config.yaml")
     except reading.UnreadableFile as error:
-        raise ConfigError(f"evaluate: {error}") from None
+        raise ConfigError(f"{command}: {error}") from None
     if not isinstance(saved, DictConfig):
-        raise ConfigError(f"evaluate: {path} holds no mapping of keys (a tfrecipe run's config)")
+        raise ConfigError(f"{command}: {path} holds no mapping of keys (a tfrecipe run's config)")
     try:
         cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
     except Exception as error:
         raise ConfigError(
-            f"evaluate: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
+            f"{command}: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
         ) from None
     # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
     return schema.validate(cfg, trust=Trust.from_command_line(overrides))
@@ -95,7 +99,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
 
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
-    run = _load_config(run_dir, list(overrides))
+    run = load_run_config(run_dir, list(overrides))
     from tfrecipe.data.fingerprint import check_evaluated_data
     from tfrecipe.data.tabular import StatsCache
 
@@ -106,6 +110,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
+        task=run.task,
     )
     split = "test" if splits.test is not None else "validation"
     dataset = splits.test if splits.test is not None else splits.validation

@@ -105,7 +105,7 @@ def _export(options, run, run_files) -> dict:
         quantize=options.quantize,
         representative_examples=spec.litert.representative_examples,
     )
-    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets)
+    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
     try:
         report = export.export_run(
             model,

@@ -266,13 +266,19 @@ def _task(cfg) -> dict:
             raise SystemExit(code) from None
         _note_job(run_dir, "failed", {})
         return float("nan")
+    positive = summary.get("positive_class")  # binary: the class auc, precision, recall are of
     log.info(
-        "done: %s in %.1fs; test %s; run dir: %s",
+        "done: %s in %.1fs; test%s %s; run dir: %s",
         summary["status"],
         summary["wall_time_s"],
+        f" (positive class {positive})" if positive is not None else "",
         metrics_line(summary["test"]),
         run_dir,
     )
+    if summary.get("baselines"):  # where the model stands against them: the last lines
+        from tfrecipe.training.baselines import lines
+
+        log.info("\n".join(lines(summary["baselines"], summary["test"])))
     if sweeping:
         _note_job(run_dir, summary["status"], _main_metrics(summary, cfg.sweep.objective))
     return _objective(summary, cfg.sweep.objective)
@@ -443,6 +449,8 @@ def _main(argv: list[str]) -> None:
 
     if argv[:1] == ["help"]:
         argv = ["--help", *argv[1:]]
+    elif argv[:1] == ["lr-find"]:  # a run that is the learning-rate sweep only
+        argv = [*argv[1:], "loop.lr_find.enabled=true", "loop.lr_find.only=true"]
     elif argv and "=" not in argv[0] and argv[0].endswith((".yaml", ".yml")):  # a recipe file
         argv = [f"recipe={argv[0]}", *argv[1:]]
     try:

@@ -42,6 +42,8 @@ RESUMABLE = (
     "resume_allow_changes",
     "allowed_targets",  # what may be imported, not what is trained
     "model.init_from",  # a resumed run restores its own backup, never init_from
+    "baseline",  # fitted beside the model, from the data alone
+    "loop.lr_find",  # a sweep whose model is put back: the saved state means the same
 )
 
 _SHOWN = 4  # changed keys named in the one line (and how many more)

@@ -126,6 +126,11 @@ FILE_DOORS = (
     Door("RUN_DIR/best.weights.h5", READ, "keras load_weights into the configured model"),
     Door("RUN_DIR/data_stats.json", READ, "table_stats.load_cached: fingerprint-checked"),
     Door("RUN_DIR/summary.json", READ, "rundir.read_summary"),
+    Door("RUN_DIR/members/*/summary.json", READ, "rundir.read_summary (ensemble.seeds: a member)"),
+    Door("RUN_DIR/members/*/model.keras", IMPORT, "keras safe_mode load (ensemble members)"),
+    Door("RUN_DIR/members/*/signature.json", READ, "signature.read (copied to the ensemble's)"),
+    Door("RUN_DIR/lr_find.png", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
+    Door("RUN_DIR/lr_find.csv", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.main._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
@@ -157,6 +162,7 @@ NOT_DOORS = {
     "strategy.name": "an option name",
     "strategy.project": "a Cloud TPU project name (tpu strategy), sent to Google's resolver",
     "task.name": "an option name",
+    "baseline.name": "an option name (none | auto)",
 }
 
 # Where tfrecipe's own code writes files, imports by name, starts programs or sets the

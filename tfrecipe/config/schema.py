@@ -193,6 +193,9 @@ class ClassificationTask(_ClassWeighted):
 class BinaryTask(_ClassWeighted):
     name: Literal["binary"]
     threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # The class that is 1 (a label's name, or 0/1): what auc, precision and recall are about;
+    # null: the second name in sorted order (or the label 1).
+    positive_class: str | int | None = None
 
 
 class MultilabelTask(_TaskBase):
@@ -277,6 +280,16 @@ class Finetune(_Schema):
     unfreeze: str | None = None
 
 
+class LRFind(_Schema):
+    # An exponential learning-rate sweep before training (tfrecipe/training/lr_find.py).
+    enabled: bool = False
+    steps: Annotated[int, Field(ge=5)] = 200
+    min_lr: PositiveFloat = 1e-7
+    max_lr: PositiveFloat = 1.0
+    # true: the sweep only (`tfrecipe lr-find`), no training, test or export.
+    only: bool = False
+
+
 class Loop(_Schema):
     name: Literal["fit", "custom"]
     epochs: PositiveInt
@@ -286,6 +299,7 @@ class Loop(_Schema):
     steps_per_loop: PositiveInt | Literal["auto"] = "auto"
     gradient_accumulation_steps: PositiveInt = 1
     finetune: Finetune = Finetune()
+    lr_find: LRFind = LRFind()
 
 
 class _Switch(_Schema):
@@ -501,6 +515,20 @@ Cluster = Annotated[
 ]
 
 
+class Baseline(_Schema):
+    # none | auto: scikit-learn's standard baselines for the task on the run's split and
+    # preprocessing (tfrecipe/training/baselines.py), in summary.json's `baselines`.
+    name: Literal["none", "auto"]
+    # A larger split (a streamed table) gives its first max_rows rows, and says so (`capped`).
+    max_rows: PositiveInt = 100_000
+
+
+class Ensemble(_Schema):
+    # N > 1: N members trained from seeds seed, seed+1, ... on the same split (RUN_DIR/members/i,
+    # each a run of its own: resumed on its own), exported as one model averaging them.
+    seeds: PositiveInt = 1
+
+
 class Sweep(_Schema):
     objective: str = "val_loss"
     metric: str | None = None  # what picks the best job (tfrecipe.cli.sweep_report)
@@ -532,6 +560,8 @@ class RunConfig(_Schema):
     cluster: Cluster
     sweep: Sweep = Sweep()
     export: Export = Export()
+    baseline: Baseline = Baseline(name="none")
+    ensemble: Ensemble = Ensemble()
 
     @field_validator("print_config", mode="before")
     @classmethod
@@ -591,6 +621,7 @@ def _cross_checks(run: RunConfig) -> list[Problem]:
         *_task_metric_problems(run),
         *_sweep_problems(run),
         *_tracker_problems(run),
+        *_ensemble_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
     ]
@@ -826,6 +857,23 @@ def _tracker_problems(run: RunConfig) -> list[Problem]:
     return [Problem("logger", "mlflow", hint)]
 
 
+def _ensemble_problems(run: RunConfig) -> list[Problem]:
+    """An ensemble's members train one after another in this one process."""
+    if run.ensemble.seeds == 1 or (run.cluster.name == "none" and not run.loop.lr_find.only):
+        return []
+    if run.loop.lr_find.only:
+        return [Problem("ensemble.seeds", run.ensemble.seeds,
+                        "tfrecipe lr-find sweeps one model; use ensemble.seeds=1")]  # fmt: skip
+    return [
+        Problem(
+            "ensemble.seeds",
+            run.ensemble.seeds,
+            f"members train one after another in one process, not on cluster={run.cluster.name}; "
+            "use cluster=none (or one run per seed: -m seed=0,1,2)",
+        )
+    ]
+
+
 def _sweep_problems(run: RunConfig) -> list[Problem]:
     """The sweep's objective must be a number the task's runs report (else every job's
     objective would be NaN and the sweeper would optimize nothing)."""
@@ -915,12 +963,23 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 "a loop=custom knob; with loop=fit set batching.steps_per_execution",
             )
         )
-    if loop.name == "fit" and loop.gradient_accumulation_steps != 1:
+    accumulating = loop.gradient_accumulation_steps > 1
+    if loop.name == "fit" and accumulating and run.precision.policy == "mixed_float16":
+        # Keras' loss scaling skips an overflowing step in a cond around its own accumulation
         problems.append(
             Problem(
                 "loop.gradient_accumulation_steps",
                 loop.gradient_accumulation_steps,
-                "only loop=custom accumulates gradients; use loop=custom",
+                "loop=fit accumulates with Keras' optimizer, which cannot count the float16 "
+                "steps loss scaling skips; use loop=custom, or precision=mixed_bfloat16",
+            )
+        )
+    if loop.lr_find.min_lr >= loop.lr_find.max_lr:
+        problems.append(
+            Problem(
+                "loop.lr_find.min_lr",
+                loop.lr_find.min_lr,
+                f"must be below loop.lr_find.max_lr={loop.lr_find.max_lr} (the sweep goes up)",
             )
         )
     if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):

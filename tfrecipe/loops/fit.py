@@ -5,6 +5,12 @@ boundary): it runs the rest of the interrupted epoch as one short `fit` (steps_p
 steps left), then the remaining epochs as a second `fit` on the data from the next epoch's first
 step. The callbacks see one training run: one `on_train_begin`, one `on_train_end`, epochs
 numbered as in an uninterrupted run (batch indices of the short epoch count from 0).
+
+Gradient accumulation (`loop.gradient_accumulation_steps` = N, the custom loop's key): the
+optimizer averages N micro-batches' gradients per update (Keras' `gradient_accumulation_steps`,
+built in `optim.build_optimizer`), `fit` runs N micro-batches per step of `steps_per_epoch`, and
+the callbacks see optimizer steps (`OptimizerSteps`): a batch hook at each update, numbered by
+updates, so backups, step logs and throughput count what the custom loop counts.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ def run(
     # second one (another order: the training data reshuffle on every iteration), and weigh a
     # short batch's examples unequally when the replicas split it unevenly.
     fix_fit_under_strategy(model)
+    accumulate = options.gradient_accumulation_steps
+    if accumulate > 1:
+        callbacks = [OptimizerSteps(callbacks, model, accumulate)]
     start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
     if start == 0:
         _fit(model, train_data, validation_data, options, callbacks, start_epoch, options.epochs)
@@ -51,12 +60,83 @@ def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_
         validation_data=validation_data,
         initial_epoch=initial_epoch,
         epochs=epochs,
-        steps_per_epoch=options.steps_per_epoch,
+        # micro-batches: N per optimizer step with gradient accumulation
+        steps_per_epoch=options.steps_per_epoch * options.gradient_accumulation_steps,
         validation_freq=options.validation_freq,
         callbacks=callbacks,
         verbose=options.verbose,
         shuffle=False,  # the dataset shuffles itself (seeded)
     )
+
+
+class _Relay(keras.callbacks.Callback):
+    """Passes every hook on to `callbacks` (subclasses change some)."""
+
+    def __init__(self, callbacks: list[keras.callbacks.Callback], model):
+        super().__init__()
+        self.inner = keras.callbacks.CallbackList(callbacks, model=model)
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.inner.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.inner.set_params(params)
+
+    def on_train_begin(self, logs=None):
+        self.inner.on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        self.inner.on_train_end(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.inner.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.inner.on_epoch_end(epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.inner.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.inner.on_train_batch_end(batch, logs)
+
+    def on_test_begin(self, logs=None):
+        self.inner.on_test_begin(logs)
+
+    def on_test_end(self, logs=None):
+        self.inner.on_test_end(logs)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self.inner.on_test_batch_begin(batch, logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.inner.on_test_batch_end(batch, logs)
+
+
+class OptimizerSteps(_Relay):
+    """`fit` with gradient accumulation counts micro-batches; `callbacks` see optimizer steps:
+    batch hooks at update boundaries only (every call ends on one: `pacing.pace`), numbered by
+    updates, and `params["steps"]` in updates."""
+
+    def __init__(self, callbacks, model, accumulate: int):
+        super().__init__(callbacks, model)
+        self.accumulate = accumulate
+
+    def set_params(self, params):
+        steps = params.get("steps")
+        super().set_params(
+            params if steps is None else {**params, "steps": steps // self.accumulate}
+        )
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch % self.accumulate == 0:
+            self.inner.on_train_batch_begin(batch // self.accumulate, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.accumulate == 0:
+            self.inner.on_train_batch_end((batch + 1) // self.accumulate - 1, logs)
 
 
 class OneTrainingRun(keras.callbacks.Callback):

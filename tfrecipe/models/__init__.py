@@ -1,6 +1,6 @@
 """Models: the `model` group's builders.
 
-- `builders`: the small built-in networks (`mlp`, `cnn`, `resnet`), configured as
+- `builders`: the small built-in networks (`linear`, `mlp`, `cnn`, `resnet`), configured as
   `tfrecipe.models.mlp` etc.
 - `keras_app`: any `keras.applications` network as a backbone under the task's head.
 - `text`: a text classifier on raw strings (`model=text`; its vectorizer is part of the model).
@@ -11,8 +11,9 @@ plus its own options and returns an uncompiled Keras model whose output is float
 activation. A user's model is any function with this signature, named by `model._target_`.
 """
 
-from tfrecipe.models.builders import cnn, mlp, resnet
+from tfrecipe.models import ensemble as ensemble  # registers MeanOfMembers
+from tfrecipe.models.builders import cnn, linear, mlp, resnet
 from tfrecipe.models.keras_app import keras_app
 from tfrecipe.models.text import text
 
-__all__ = ["cnn", "keras_app", "mlp", "resnet", "text"]
+__all__ = ["cnn", "keras_app", "linear", "mlp", "resnet", "text"]

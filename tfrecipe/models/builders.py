@@ -51,6 +51,23 @@ def mlp(
 
 
 @config_target
+def linear(*, input_shape: Sequence[int], num_outputs: int, l2: float = 0.0) -> keras.Model:
+    """One Dense layer on the flattened (table: encoded) input: linear regression, or logistic
+    regression under a binary, multilabel or classification task, on the same preprocessing as
+    every other model. `l2`: a weight penalty (Ridge's alpha divided by the training examples
+    gives the same optimum under mean squared error)."""
+    if not (isinstance(l2, int | float) and l2 >= 0):
+        raise ValueError(f"l2 must be a number >= 0, received l2={l2!r}")
+    inputs = keras.Input(shape=tuple(input_shape))
+    x = layers.Flatten()(inputs)
+    regularizer = keras.regularizers.L2(l2) if l2 else None
+    outputs = layers.Dense(
+        num_outputs, dtype="float32", kernel_regularizer=regularizer, name="logits"
+    )(x)
+    return keras.Model(inputs, outputs, name="linear")
+
+
+@config_target
 def cnn(
     *,
     input_shape: Sequence[int],

@@ -15,7 +15,8 @@ fitted on the training split (`fitted`); each task's default monitor and the nam
 optimize.
 
 spec.py (the table, the names, no TensorFlow) · config.py (the task config it reads) · keras_objects.py (the Keras losses and metrics) ·
-checks.py (targets against a task) · fitted.py (class weights, target standardization).
+checks.py (targets against a task) · fitted.py (class weights, target standardization) ·
+positive.py (`task.positive_class`: which class is 1).
 Imports no TensorFlow at module level: the config check (`tfrecipe validate`) uses the names.
 """
 
@@ -26,6 +27,8 @@ from tfrecipe.tasks.fitted import training_targets as training_targets
 from tfrecipe.tasks.fitted import weigh_examples as weigh_examples
 from tfrecipe.tasks.keras_objects import extra_metric_name as extra_metric_name
 from tfrecipe.tasks.keras_objects import register_custom_objects as register_custom_objects
+from tfrecipe.tasks.positive import orient as orient
+from tfrecipe.tasks.positive import positive_class as positive_class
 from tfrecipe.tasks.spec import MODEL_ARGUMENTS as MODEL_ARGUMENTS
 from tfrecipe.tasks.spec import OLD_SIGNATURE_HINT as OLD_SIGNATURE_HINT
 from tfrecipe.tasks.spec import SPECS as SPECS

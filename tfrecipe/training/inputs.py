@@ -53,7 +53,7 @@ def load_data(
 ) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
     splits = factory.load_splits(
-        run.dataset, allowed_targets=run.allowed_targets, stats_cache=stats_cache
+        run.dataset, allowed_targets=run.allowed_targets, stats_cache=stats_cache, task=run.task
     )
     # the batch first: a typo'd batch size is named as such, not as the memory it would take
     check_batch_fits(run.batching, global_batch, splits.info.num_train)

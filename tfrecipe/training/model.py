@@ -27,6 +27,7 @@ def build_model(
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope (one step per
     call until `pacing.pace` decides, after the restore)."""
+    _check_fit_accumulation(run, strategy.num_replicas_in_sync)
     with model_scope(strategy):
         model = factory.build_model(
             run.model, splits, task=run.task, allowed_targets=run.allowed_targets
@@ -45,11 +46,26 @@ def build_model(
     return model
 
 
+def _check_fit_accumulation(run: schema.RunConfig, num_replicas: int) -> None:
+    """Keras 3.15's gradient accumulation fails under a strategy with several replicas (its
+    accumulate-or-apply `cond` holds a `merge_call`: "merge_call called while defining a new
+    graph"); the custom loop accumulates there."""
+    steps = run.loop.gradient_accumulation_steps
+    if run.loop.name == "fit" and steps > 1 and num_replicas > 1:
+        raise ConfigError(
+            f"loop.gradient_accumulation_steps={steps}: loop=fit accumulates with Keras' "
+            f"optimizer, which fails on {num_replicas} replicas (Keras 3.15: a merge_call inside "
+            "its cond); use loop=custom, which accumulates on any strategy"
+        )
+
+
 def initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
+    """The configured rate scaled (`batching.lr_scaling`) by the examples of one optimizer
+    update: the global batch times `loop.gradient_accumulation_steps`."""
     return optim.scaled_learning_rate(
         run.optimizer.learning_rate,
         rule=run.batching.lr_scaling,
-        global_batch_size=global_batch,
+        global_batch_size=global_batch * run.loop.gradient_accumulation_steps,
         reference_batch_size=run.batching.lr_reference_batch_size
         or run.batching.per_replica_batch_size,
     )
@@ -68,6 +84,10 @@ def run_optimizer(
         run.optimizer,
         learning_rate=schedule,
         loss_scaling=run.precision.policy == "mixed_float16",
+        # the custom loop accumulates in its own step function
+        gradient_accumulation_steps=run.loop.gradient_accumulation_steps
+        if run.loop.name == "fit"
+        else 1,
     )
 
 

@@ -13,8 +13,8 @@ def pace(run: schema.RunConfig, model: keras.Model, steps_per_epoch: int, start_
     """The run's steps per call; fit's model takes it as its `steps_per_execution` (a run
     restored mid-epoch needs calls that also divide the rest of that epoch)."""
     steps = steps_per_call(run, model, steps_per_epoch, start_step)
-    if run.loop.name == "fit":
-        model.steps_per_execution = steps
+    if run.loop.name == "fit":  # fit runs micro-batches: each call ends on an update
+        model.steps_per_execution = steps * run.loop.gradient_accumulation_steps
     return steps
 
 

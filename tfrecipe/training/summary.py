@@ -142,6 +142,30 @@ def initial_fields(
     }
 
 
+def ensemble_fields(run: schema.RunConfig, run_dir: Path) -> dict[str, Any]:
+    """summary.json of an ensemble (`ensemble.seeds` > 1) as its members start; the batch and
+    replica fields are its members' (each member's own summary.json has all of a run's)."""
+    return {
+        "status": "running",
+        "strategy": run.strategy.name,
+        "loop": run.loop.name,
+        "model": run.model.target,
+        "dataset": run.dataset.target,
+        "precision": run.precision.policy,
+        "seed": run.seed,
+        "ensemble": {"seeds": run.ensemble.seeds, "members": []},
+        "epochs_completed": 0,
+        "steps_completed": 0,
+        "resumed_from_step": None,
+        "rollbacks": [],
+        "metrics": {},
+        "test": {},
+        "examples_per_sec": None,
+        "wall_time_s": None,
+        "run_dir": str(run_dir.resolve()),
+    }
+
+
 def how_it_runs(model: keras.Model, *, steps_per_call: int) -> dict[str, Any]:
     """What the `auto` knobs picked: a run says how it ran."""
     return {

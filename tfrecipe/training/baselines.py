@@ -1,0 +1,280 @@
+"""`baseline=auto`: scikit-learn's standard baselines on the run's own split and preprocessing.
+
+What an analyst tries first, fitted where the run's model trains and scored where it is tested,
+so a run shows where it stands against them:
+
+| task           | baselines                                                               |
+|----------------|-------------------------------------------------------------------------|
+| regression     | Ridge, HistGradientBoostingRegressor, the training mean                 |
+| binary         | LogisticRegression, HistGradientBoostingClassifier, the majority class  |
+| classification | LogisticRegression, HistGradientBoostingClassifier, the majority class  |
+| multilabel     | LogisticRegression and HistGradientBoosting per label, each label's rate |
+
+The features are the model's own inputs: the rows the run's pipeline gives (`batch_transform`)
+passed through the dataset's encoders (`Splits.preprocessing`: standardized numbers, one-hot
+categories, a missing number as the training mean), adapted on the training split as the
+model's are. The scores are the task's own Keras metrics and loss (`tasks.metrics`), fed the
+baselines' probabilities as logits, so every number means what the model's number means.
+
+A streamed table gives its first `max_rows` training rows (its seeded, shuffled stream) and
+test rows; the result says how many it used (`train_rows`, `test_rows`) and `capped: true`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tfrecipe import tasks
+from tfrecipe.data.pipeline import PipelineOptions, batch_transform
+from tfrecipe.data.splits import Splits, batch
+from tfrecipe.errors import ConfigError
+
+log = logging.getLogger("tfrecipe")
+
+# The number each baseline is compared on (console, compare): what an analyst reads first.
+HEADLINE = {"regression": "r2", "binary": "auc", "classification": "accuracy",
+            "multilabel": "f1_macro"}  # fmt: skip
+# Probabilities are clipped this far from 0 and 1 before they become logits (a majority class's
+# certainty, a boosted model's 1.0) so that losses stay finite.
+_EPSILON = 1e-7
+_CHUNK_ROWS = 4096
+
+
+def check_applicable(splits: Splits, *, dataset: str) -> None:
+    """Refuses a dataset the baselines cannot be fitted on (images, raw text): they need a
+    table, i.e. named columns or one feature vector per example.
+
+    Raises:
+      ConfigError: one line naming the dataset and what its examples are.
+    """
+    features = splits.train.element_spec[0]
+    if isinstance(features, dict):
+        return
+    shape = list(features.shape)[1:] if splits.batched else list(features.shape)
+    if features.dtype.name == "string":
+        what = "raw text"
+    elif len(shape) > 1:
+        what = f"examples of shape {shape}"
+    else:
+        return
+    raise ConfigError(
+        f"baseline=auto: dataset {dataset} gives {what}; the scikit-learn baselines are "
+        "fitted on tables (named columns or one feature vector per example); use baseline=none"
+    )
+
+
+def fit_baselines(
+    splits: Splits,
+    *,
+    task: tasks.TaskConfig,
+    pipeline: PipelineOptions,
+    max_rows: int,
+    seed: int,
+    allowed_targets: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Fits the task's baselines on the training split and scores them on the test split (the
+    validation split when there is no test split).
+
+    Returns:
+      summary.json's `baselines`: `{split, metric, train_rows, test_rows, capped, models:
+      {name: {loss, metric...}}, fit_seconds: {name: s}}`.
+    """
+    split = "test" if splits.test is not None else "validation"
+    evaluated = splits.test if splits.test is not None else splits.validation
+    if evaluated is None:
+        raise ConfigError("baseline=auto: the dataset has neither a test nor a validation split")
+    encode = _encoder(splits)
+    train_x, train_y = _rows(splits.train, splits, pipeline, encode, max_rows)
+    test_x, test_y = _rows(evaluated, splits, pipeline, encode, max_rows)
+    info = splits.info
+    held_out = info.num_test if split == "test" else info.num_validation
+    width = info.num_classes if task.name == "classification" else None
+    models, seconds = {}, {}
+    for name, make in _baselines(task.name, seed).items():
+        started = time.perf_counter()
+        predict = make(train_x, train_y)
+        outputs = _as_outputs(task.name, predict(test_x), width)
+        models[name] = _score(task, outputs, test_y, allowed_targets)
+        seconds[name] = round(time.perf_counter() - started, 3)
+    return {
+        "split": split,
+        "metric": HEADLINE[task.name],
+        "train_rows": len(train_x),
+        "test_rows": len(test_x),
+        "capped": len(train_x) < info.num_train or len(test_x) < held_out,
+        "models": models,
+        "fit_seconds": seconds,
+    }
+
+
+def lines(baselines: dict[str, Any], model_metrics: dict[str, float] | None) -> list[str]:
+    """The console's last lines: each baseline's headline metric beside the model's."""
+    metric = baselines["metric"]
+    sample = (
+        f" (a capped sample: {baselines['train_rows']:,} training, "
+        f"{baselines['test_rows']:,} {baselines['split']} rows)"
+        if baselines.get("capped")
+        else ""
+    )
+    out = [f"baselines on the {baselines['split']} split, {metric}{sample}:"]
+    model = (model_metrics or {}).get(metric)
+    if model is not None:
+        out.append(f"  {'model':<24} {metric}={model:.4f}")
+    for name, scores in baselines["models"].items():
+        out.append(f"  {name:<24} {metric}={scores[metric]:.4f}")
+    return out
+
+
+# --- the data: the model's inputs as a matrix ------------------------------------------------------
+def _encoder(splits: Splits) -> Callable[[Any], np.ndarray]:
+    """Features -> the float matrix the model's first trainable layer sees."""
+    if splits.preprocessing is None:
+        return lambda x: np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    import keras
+
+    inputs, encoded = splits.preprocessing(splits.train)
+    encoder = keras.Model(inputs, encoded)
+
+    def encode(x) -> np.ndarray:
+        return np.asarray(encoder(x, training=False), dtype=np.float32)
+
+    return encode
+
+
+def _rows(dataset, splits: Splits, pipeline: PipelineOptions, encode, max_rows: int):
+    """Up to `max_rows` examples of a split: (features, targets)."""
+    batches = batch(dataset, _CHUNK_ROWS, chunks=splits.batched).map(batch_transform(pipeline))
+    xs, ys, count = [], [], 0
+    for x, y in batches.as_numpy_iterator():
+        xs.append(encode(x))
+        ys.append(y)
+        count += len(y)
+        if count >= max_rows:
+            break
+    return np.concatenate(xs)[:max_rows], np.concatenate(ys)[:max_rows]
+
+
+# --- the baselines ------------------------------------------------------------------------------
+def _baselines(task: str, seed: int) -> dict[str, Callable]:
+    """name -> fit(x, y) returning predict(x): probabilities (classes, labels) or values."""
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    def fitted(estimator, method: str):
+        def fit(x, y):
+            model = estimator().fit(x, y)
+            return getattr(model, method)
+
+        return fit
+
+    def per_label(estimator):
+        def fit(x, y):
+            predictors = [_constant_or(estimator, x, y[:, k]) for k in range(y.shape[1])]
+            return lambda x: np.stack([p(x) for p in predictors], axis=1)
+
+        return fit
+
+    logistic = lambda: LogisticRegression(max_iter=2000)  # noqa: E731
+    boosted = lambda: HistGradientBoostingClassifier(random_state=seed)  # noqa: E731
+    if task == "regression":
+        return {
+            "ridge": fitted(Ridge, "predict"),
+            "hist_gradient_boosting": _per_output(
+                lambda: HistGradientBoostingRegressor(random_state=seed)
+            ),
+            "mean": _mean,
+        }
+    if task == "multilabel":
+        return {
+            "logistic_regression": per_label(logistic),
+            "hist_gradient_boosting": per_label(boosted),
+            "label_rate": _label_rate,
+        }
+    return {
+        "logistic_regression": _classifier(logistic),
+        "hist_gradient_boosting": _classifier(boosted),
+        "majority": _majority,
+    }
+
+
+def _classifier(estimator):
+    def fit(x, y):
+        model = estimator().fit(x, y)
+        return lambda x: _full_width(model.predict_proba(x), model.classes_)
+
+    return fit
+
+
+def _full_width(probabilities: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Probabilities over class ids 0..max (a class missing from the training split: 0)."""
+    out = np.zeros((len(probabilities), int(classes.max()) + 1), dtype=np.float64)
+    out[:, classes.astype(int)] = probabilities
+    return out
+
+
+def _constant_or(estimator, x, y):
+    """P(label k) of a classifier on one label; a label constant in training is that constant."""
+    if np.unique(y).size < 2:
+        rate = float(y[0]) if len(y) else 0.0
+        return lambda x: np.full(len(x), rate)
+    model = estimator().fit(x, y.astype(int))
+    return lambda x: model.predict_proba(x)[:, list(model.classes_).index(1)]
+
+
+def _per_output(estimator):
+    def fit(x, y):
+        targets = y.reshape(len(y), -1)
+        models = [estimator().fit(x, targets[:, k]) for k in range(targets.shape[1])]
+        return lambda x: np.stack([m.predict(x) for m in models], axis=1)
+
+    return fit
+
+
+def _mean(x, y):
+    mean = y.reshape(len(y), -1).mean(axis=0)
+    return lambda x: np.tile(mean, (len(x), 1))
+
+
+def _majority(x, y):
+    """The training split's class frequencies for every example: the majority class by
+    accuracy (and a constant score: AUC 0.5)."""
+    counts = np.bincount(y.astype(int))
+    prior = counts / counts.sum()
+    return lambda x: np.tile(prior, (len(x), 1))
+
+
+def _label_rate(x, y):
+    rate = y.mean(axis=0)
+    return lambda x: np.tile(rate, (len(x), 1))
+
+
+# --- scores: the task's own metrics ----------------------------------------------------------------
+def _as_outputs(task: str, predicted: np.ndarray, width: int | None) -> np.ndarray:
+    """Predictions as the model's outputs: values, or logits of the probabilities."""
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if task == "regression":
+        return predicted.reshape(len(predicted), -1)
+    p = np.clip(predicted, _EPSILON, 1 - _EPSILON)
+    if task == "classification":
+        if width is not None and p.shape[1] < width:  # classes above the training split's
+            p = np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=_EPSILON)
+        return np.log(p)
+    if task == "binary":
+        p = p[:, 1] if p.ndim == 2 else p
+        return (np.log(p) - np.log1p(-p)).reshape(-1, 1)
+    return np.log(p) - np.log1p(-p)  # multilabel: a logit per label
+
+
+def _score(task, outputs: np.ndarray, targets: np.ndarray, allowed_targets) -> dict[str, float]:
+    outputs = outputs.astype(np.float32)
+    loss = tasks.loss(task, allowed_targets=allowed_targets)
+    scores = {"loss": float(loss(targets, outputs))}
+    for metric in tasks.metrics(task, allowed_targets=allowed_targets):
+        metric.update_state(targets, outputs)
+        scores[metric.name] = float(metric.result())
+    return scores

@@ -1,0 +1,98 @@
+"""`ensemble.seeds=N`: the members' configs, what the ensemble's summary records of them, and the
+averaged model's scores (the model itself: tfrecipe.models.ensemble)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from tfrecipe import factory
+from tfrecipe.config import schema
+from tfrecipe.models import ensemble as ensemble_model
+
+MEMBERS = "members"  # RUN_DIR/members/I: member I's run dir
+# What a member's summary holds of interest beside its test metrics.
+_MEMBER_FIELDS = ("seed", "status", "steps_completed", "epochs_completed", "wall_time_s")
+
+
+def member_config(
+    run: schema.RunConfig, config: Mapping[str, Any], index: int
+) -> tuple[schema.RunConfig, dict[str, Any]]:
+    """Member `index`'s run (seed + index, no ensemble, model.keras only, no baselines: the
+    ensemble exports and fits those) and the config its config.yaml records."""
+    seed = run.seed + index
+    member_run = run.model_copy(
+        update={
+            "seed": seed,
+            "ensemble": schema.Ensemble(seeds=1),
+            "baseline": schema.Baseline(name="none"),
+            "export": run.export.model_copy(update={"formats": ["keras"]}),
+        }
+    )
+    member = copy.deepcopy(dict(config))
+    member.update(seed=seed, ensemble={"seeds": 1}, baseline={"name": "none"})
+    member["export"] = {**member.get("export", {}), "formats": ["keras"]}
+    return member_run, member
+
+
+def record(run: schema.RunConfig, members: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """summary.json's `ensemble`: the members so far, each its seed, run dir and test metrics."""
+    return {
+        "seeds": run.ensemble.seeds,
+        "members": [
+            {
+                "run_dir": f"{MEMBERS}/{index}",
+                **{name: member.get(name) for name in _MEMBER_FIELDS},
+                "test": member.get("test") or {},
+            }
+            for index, member in enumerate(members)
+        ],
+    }
+
+
+def as_single_run(members: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The fields of a single run's summary that the members share (batch, replicas, learning
+    rate, positive class) and the ensemble's parameters (all the members')."""
+    first = members[0]
+    shared = ("num_replicas", "per_replica_batch_size", "global_batch_size", "learning_rate",
+              "positive_class")  # fmt: skip
+    fields = {name: first[name] for name in shared if name in first}
+    counts = [m.get("params") or {} for m in members]
+    fields["params"] = {
+        kind: sum(c.get(kind, 0) for c in counts) for kind in ("total", "trainable")
+    }
+    return fields
+
+
+def load(run: schema.RunConfig, run_dir: Path) -> keras.Model:
+    """The members' exported models (model.keras) as one model averaging them, compiled."""
+    factory.register_custom_objects()
+    members = [
+        keras.saving.load_model(run_dir / MEMBERS / str(index) / "model.keras", compile=False)
+        for index in range(run.ensemble.seeds)
+    ]
+    model = ensemble_model.averaged(members, task=run.task.name)
+    factory.compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
+    return model
+
+
+def scores(run: schema.RunConfig, model: keras.Model, splits) -> dict[str, dict[str, float]]:
+    """The ensemble's metrics on the test split (`test`) and the validation split (`metrics`,
+    as `val_X`), with the task's compiled loss and metrics, as a single model's."""
+
+    def evaluate(split: str) -> dict[str, float]:
+        if getattr(splits, split) is None:
+            return {}
+        data = factory.evaluation_data(
+            splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size,
+            seed=run.seed,
+        )  # fmt: skip
+        results = model.evaluate(data, verbose=0, return_dict=True)
+        return {name: float(value) for name, value in results.items()}
+
+    validation = evaluate("validation")
+    return {"test": evaluate("test"), "metrics": {f"val_{k}": v for k, v in validation.items()}}
