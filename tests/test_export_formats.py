@@ -191,13 +191,13 @@ def test_export_command_refuses_a_bad_request_in_one_line(tmp_path, capsys):
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_readme_saved_model_snippet_runs_as_written(train_run):
-    """The README's serving example, executed on a real export."""
+def test_docs_saved_model_snippet_runs_as_written(train_run):
+    """The serving example of docs/using_a_model.md, executed on a real export."""
     _, run_dir = train_run(
         "model=mlp", "model.hidden_units=[8]", "export.formats=[keras,saved_model]"
     )
-    readme = (REPO / "README.md").read_text()
-    snippet = readme.split("<!-- saved-model-snippet -->")[1].split("```python")[1].split("```")[0]
+    page = (REPO / "docs" / "using_a_model.md").read_text()
+    snippet = page.split("<!-- saved-model-snippet -->")[1].split("```python")[1].split("```")[0]
     namespace = {"path": str(run_dir / "saved_model")}
     exec(snippet, namespace)
     assert np.asarray(namespace["scores"]).shape == (2, 10)

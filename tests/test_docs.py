@@ -1,0 +1,141 @@
+"""The README stays a page a newcomer reads in ten minutes, every relative link in it and in
+docs/ leads somewhere that exists (file and heading), every `python -m tfrecipe` command they show
+passes `tfrecipe validate`, and the README's Python example runs as written."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY
+
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+MAX_README_LINES = 250
+
+# [text](target): not an image's or a code span's brackets; the target up to `)` or a space.
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes from a page's headings: lower case, punctuation but `-` and `_`
+    dropped, spaces turned into `-`; a repeated heading gets `-1`, `-2`, ..."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in _FENCE.sub("", page.read_text()).splitlines():
+        heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def _relative_links(page: Path) -> list[str]:
+    text = _CODE_SPAN.sub("", _FENCE.sub("", page.read_text()))
+    return [t for t in _LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_readme_is_short():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, (
+        f"README.md has {lines} lines (at most {MAX_README_LINES}): move the topic to a page "
+        "under docs/ and link it"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_relative_link_leads_to_a_file_and_heading(page):
+    broken = []
+    for target in _relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no file {file.relative_to(REPO)}")
+        elif anchor and (file.suffix != ".md" or anchor not in _anchors(file)):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(REPO)}")
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_the_readme_links_one_page_per_topic():
+    linked = {t.partition("#")[0] for t in _relative_links(README)}
+    topics = ["strategies", "data", "tasks_and_models", "transfer_learning", "using_a_model",
+              "fault_tolerance", "sweeps", "configuration", "benchmarks", "layout"]  # fmt: skip
+    assert {f"docs/{topic}.md" for topic in topics} <= linked
+
+
+def test_anchor_rules_match_github():
+    page = README.parent / "docs" / "data.md"
+    assert "csv-and-parquet-tables-datasetcsv-datasetparquet" in _anchors(page)
+
+
+# Commands a page shows that need what only the reader has; each page says so beside it.
+NOT_VALIDATED = {
+    "mypkg.": "your own package (the page shows its code)",
+    "recipe=mine.yaml": "the copy `tfrecipe cp` makes on the line before",
+}
+
+
+def _commands(page: Path) -> list[list[str]]:
+    """The arguments of every `python -m tfrecipe ...` in a page's bash blocks and indented
+    (4-space) code, continuation lines (`\\`) joined."""
+    shown, fence = [], None
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fence = None if fence else line[3:].strip() or "text"
+        elif fence == "bash" or (fence is None and line.startswith("    ")):
+            shown.append(line)
+        else:
+            shown.append("")
+    commands = []
+    for line in "\n".join(shown).replace("\\\n", " ").splitlines():
+        start = line.find("python -m tfrecipe ")
+        if start >= 0:
+            commands.append(shlex.split(line[start:], comments=True)[3:])
+    return commands
+
+
+def _first_job(args: list[str]) -> list[str]:
+    """A sweep's first job: `key=a,b` -> `key=a` (commas inside [...] or quotes stay)."""
+    if "-m" not in args and "--multirun" not in args:
+        return args
+    return [re.sub(r"^([^=\[\]'\"]+=)([^,\[\]'\"]+),[^\[\]'\"]*$", r"\1\2", a) for a in args]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_command_a_page_shows_validates(page, capsys):
+    """What a newcomer copies must compose and pass every check a run makes before it starts
+    (run dirs and launchers, `hydra.*`, are left to the run)."""
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    failed = []
+    for args in _commands(page):
+        if any(key in a for a in args for key in NOT_VALIDATED):
+            continue
+        try:
+            validate([a for a in _first_job(args) if not a.startswith("hydra.")])
+        except (ConfigError, Exception) as error:  # Hydra's own composition errors too
+            failed.append(f"python -m tfrecipe {shlex.join(args)}: {str(error).splitlines()[0]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.heavy
+def test_readme_python_example_trains(tmp_path, monkeypatch):
+    """The README's notebook example, run as written but tiny (its overrides + TINY)."""
+    text = README.read_text()
+    snippet = text.split("<!-- python-api-snippet -->")[1].split("```python")[1].split("```")[0]
+    line = re.search(r"^overrides = (\[.*\])$", snippet, re.M)
+    assert line, "the README's Python example sets `overrides = [...]` on one line"
+    tiny = f"overrides = {line.group(1)} + {TINY!r}"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(snippet.replace(line.group(0), tiny), namespace)
+    assert namespace["summary"]["status"] == "completed"
+    assert (tmp_path / "outputs" / "notebook" / "summary.json").is_file()
