@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, TINY
+from tests.helpers.configs import validate
 from tfrecipe.cli import commands
-from tfrecipe.config.schema import validate
 from tfrecipe.distribute import cluster
 from tfrecipe.distribute.launcher import free_ports
 from tfrecipe.errors import ConfigError

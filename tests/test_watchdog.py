@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, TINY
+from tests.helpers.configs import validate
 from tests.helpers.launch import launching
 from tfrecipe import rundir
 from tfrecipe.config.compose import compose
-from tfrecipe.config.schema import validate
 from tfrecipe.distribute import launcher
 from tfrecipe.fault import watchdog
 from tfrecipe.outcome import EXIT_STALLED
