@@ -215,11 +215,15 @@ def _task(cfg) -> dict:
             raise SystemExit(code) from None
         _note_job(run_dir, "failed", {})
         return float("nan")
+    from tfrecipe.perf.report import perf_words
+
     log.info(
-        "done: %s in %.1fs; test %s; run dir: %s",
+        "done: %s in %.1fs; test %s; %s%srun dir: %s",
         summary["status"],
         summary["wall_time_s"],
         metrics_line(summary["test"]),
+        perf_words(summary.get("perf")),
+        "; " if summary.get("perf") else "",
         run_dir,
     )
     if sweeping:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfrecipe.compat import fix_fit_under_strategy
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.perf.clock import time_train_step
 
 
 def run(
@@ -26,6 +27,8 @@ def run(
     # second one (another order: the training data reshuffle on every iteration), and weigh a
     # short batch's examples unequally when the replicas split it unevenly.
     fix_fit_under_strategy(model)
+    if options.input_clock is not None:
+        time_train_step(model, options.input_clock)  # before fit traces the step
     start_epoch, start = divmod(options.initial_step, options.steps_per_epoch)
     if start == 0:
         _fit(model, train_data, validation_data, options, callbacks, start_epoch, options.epochs)

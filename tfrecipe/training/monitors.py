@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
@@ -17,6 +18,8 @@ from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
+from tfrecipe.perf.clock import InputClock, StepClock
+from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.tracking import WandbTracker
 from tfrecipe.training.inputs import Inputs
 
@@ -29,6 +32,14 @@ class Monitors:
     history: EpochHistory
     throughput: Throughput
     tracker: WandbTracker | None
+    step_clock: StepClock  # step times and input wait (tfrecipe.perf.clock)
+    input_clock: InputClock | None  # what the loop stamps its steps with (None: it cannot)
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        """The profiler window's analysis (`logger.tensorboard.profile_batch`), once it closed."""
+        profilers = [c for c in self.callbacks if isinstance(c, StepProfiler)]
+        return profilers[0].result if profilers else None
 
 
 def build_monitors(
@@ -39,12 +50,14 @@ def build_monitors(
     run_dir: Path,
     inputs: Inputs,
     global_batch: int,
+    strategy: tf.distribute.Strategy,
     start_step: int = 0,
     resuming: bool = False,
 ) -> Monitors:
     """Args:
     config: the run's public config (secrets redacted), for W&B.
     chief: this process records the run (W&B); the others train into a scratch dir.
+    strategy: the run's; the input clock keeps one sum per replica in its scope.
     """
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
@@ -53,9 +66,14 @@ def build_monitors(
         examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
+    # Parameter servers run their steps as closures on the workers: nothing to stamp here.
+    asynchronous = run.strategy.name == "parameter_server"
+    input_clock = None if asynchronous else InputClock(strategy)
+    step_clock = StepClock(input_clock)
     callbacks = [
         history,
         throughput,
+        step_clock,
         *build_callbacks(
             run.callbacks,
             run.logger,
@@ -73,7 +91,7 @@ def build_monitors(
     tracker = _start_tracking(run.logger, config, run_dir, resume=resuming) if chief else None
     if tracker is not None:
         callbacks += tracker.callbacks()
-    return Monitors(callbacks, history, throughput, tracker)
+    return Monitors(callbacks, history, throughput, tracker, step_clock, input_clock)
 
 
 def _start_tracking(
