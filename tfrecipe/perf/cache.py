@@ -23,7 +23,9 @@ def cache_path() -> Path:
     return Path(base) / "tfrecipe" / "perf.json"
 
 
-def remembered(section: str, key: str, measure: Callable[[], float | None]) -> tuple[float | None, bool]:
+def remembered(
+    section: str, key: str, measure: Callable[[], float | None]
+) -> tuple[float | None, bool]:
     """`measure()`'s value for `key`, from the cache when it has one: (value, from_cache)."""
     path = cache_path()
     value = _read(path).get(section, {}).get(key)

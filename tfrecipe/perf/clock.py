@@ -183,7 +183,7 @@ class StepClock(keras.callbacks.Callback):
         per_replica = np.sum(np.array(waits, dtype=float), axis=0)
         if self.clock.measuring == "busy":  # the rest of the calls' time is waiting
             per_replica = seconds - per_replica
-        return [round(min(max(w / seconds, 0.0), 1.0), 4) for w in per_replica]
+        return [round(min(max(float(w) / seconds, 0.0), 1.0), 4) for w in per_replica]
 
 
 def _minus(after: list[float] | None, before: list[float] | None) -> list[float] | None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tfrecipe.perf.cache import remembered
+
 _N = 2048
 _REPEATS = 3
 

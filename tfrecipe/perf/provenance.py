@@ -136,5 +136,5 @@ def differences(provenance: Mapping[str, Any] | None, reference: Mapping[str, An
     for kind, keys in (("hw", HARDWARE_KEYS), ("versions", VERSION_KEYS)):
         changed = [k for k in keys if lookup(provenance, k) != lookup(reference, k)]
         if changed:
-            marks.append(f"{kind}:{changed[0].split('.', 1)[-1]}")
+            marks.append(f"{kind}:{changed[0].removeprefix('versions.')}")
     return " ".join(marks)

@@ -34,7 +34,9 @@ def run_provenance(task: cluster.Task, strategy: tf.distribute.Strategy) -> dict
 
 def _hosts(shape: Mapping[str, list[str]]) -> int:
     """Machines training (chief and workers), by host name; addresses are not kept."""
-    hosts = {address.rpartition(":")[0] for role in _WORKER_ROLES for address in shape.get(role, ())}
+    hosts = {
+        address.rpartition(":")[0] for role in _WORKER_ROLES for address in shape.get(role, ())
+    }
     return max(1, len(hosts))
 
 
