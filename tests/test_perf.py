@@ -230,6 +230,8 @@ def test_two_replicas_report_per_replica_and_in_total(train_run):
     assert perf["replicas"] == 2 and summary["provenance"]["replicas"] == 2
     per_replica = perf["per_replica"]
     assert len(per_replica["input_wait_fraction"]) == 2
-    assert perf["peak_flops_per_sec"] == pytest.approx(2 * per_replica["peak_flops_per_sec"])
+    assert perf["peak_flops_per_sec"] == pytest.approx(
+        2 * per_replica["peak_flops_per_sec"], rel=1e-3
+    )
     assert "shared by 2 replicas" in perf["peak_source"]
     assert perf["examples_per_sec"] == pytest.approx(2 * per_replica["examples_per_sec"], rel=1e-3)
