@@ -305,7 +305,8 @@ def _recording_end(
         raise
     finally:
         protected.close()
-    _record_perf(summary, monitors, model, measure)
+    board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
+    _record_perf(summary, monitors, model, measure, board)
     _finish(summary, monitors, model, status="completed")
 
 
@@ -314,8 +315,10 @@ def _record_perf(
     monitors: Monitors,
     model: keras.Model,
     measure: Callable[..., dict[str, Any]],
+    board: Path | None,
 ) -> None:
-    """summary.json's `perf` (where the time went) and its diagnosis, also on the console."""
+    """summary.json's `perf` (where the time went) and its diagnosis, also on the console and
+    in TensorBoard (`board`: the run's TensorBoard dir, if it logs there)."""
     perf = measure(
         model,
         clock=monitors.step_clock,
@@ -324,6 +327,8 @@ def _record_perf(
     if monitors.profile is not None:
         perf["profile"] = monitors.profile
     summary.update(perf=perf)
+    if board is not None:
+        performance.log_to_tensorboard(board, perf, step=backup.current_step(model))
     if perf["diagnosis"]:
         log.warning("perf: %s", perf["diagnosis"])
 

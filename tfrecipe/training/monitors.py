@@ -36,6 +36,10 @@ class Monitors:
     input_clock: InputClock | None  # what the loop stamps its steps with (None: it cannot)
 
     @property
+    def tensorboard(self) -> bool:
+        return any(isinstance(c, keras.callbacks.TensorBoard) for c in self.callbacks)
+
+    @property
     def profile(self) -> dict[str, Any] | None:
         """The profiler window's analysis (`logger.tensorboard.profile_batch`), once it closed."""
         profilers = [c for c in self.callbacks if isinstance(c, StepProfiler)]

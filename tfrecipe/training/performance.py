@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -119,3 +120,21 @@ def _peak(strategy: tf.distribute.Strategy, *, hosts: int) -> Peak:
     local = max(1, strategy.num_replicas_in_sync // hosts)
     share = measured.flops_per_sec / local
     return Peak(share, measured.source + (f", shared by {local} replicas" if local > 1 else ""))
+
+
+def log_to_tensorboard(log_dir: Path, perf: Mapping[str, Any], *, step: int) -> None:
+    """The perf block's numbers as `perf/*` scalars beside the run's TensorBoard logs."""
+    scalars = {
+        "examples_per_sec": perf.get("examples_per_sec"),
+        "step_time_ms_median": (perf.get("step_time_ms") or {}).get("median"),
+        "step_time_ms_p90": (perf.get("step_time_ms") or {}).get("p90"),
+        "input_wait_fraction": perf.get("input_wait_fraction"),
+        "achieved_flops_per_sec": perf.get("achieved_flops_per_sec"),
+        "mfu": perf.get("mfu"),
+    }
+    writer = tf.summary.create_file_writer(str(log_dir / "perf"))
+    with writer.as_default():
+        for name, value in scalars.items():
+            if value is not None:
+                tf.summary.scalar(f"perf/{name}", value, step=step)
+    writer.close()
