@@ -24,15 +24,19 @@ def cache_path() -> Path:
 
 
 def remembered(
-    section: str, key: str, measure: Callable[[], float | None]
+    section: str, key: str, measure: Callable[[], float | None], *, at_least: float = 0.0
 ) -> tuple[float | None, bool]:
-    """`measure()`'s value for `key`, from the cache when it has one: (value, from_cache)."""
+    """`measure()`'s value for `key`, from the cache when it has one above `at_least`:
+    (value, from_cache). Below it (a peak measured while the machine was busy, which a run
+    then beat) it is measured again and the larger value kept."""
     path = cache_path()
     value = _read(path).get(section, {}).get(key)
-    if isinstance(value, int | float) and value > 0:
+    if isinstance(value, int | float) and value > 0 and value >= at_least:
         return float(value), True
+    old = value if isinstance(value, int | float) else 0.0
     value = measure()
     if value:
+        value = max(value, old)
         data = _read(path)  # another process may have added its entries meanwhile
         data.setdefault(section, {})[key] = value
         with contextlib.suppress(OSError):  # a read-only home: measured again next time

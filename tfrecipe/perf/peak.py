@@ -81,10 +81,13 @@ def machine_key(cpu: Mapping[str, object], tf_version: str, threads: int) -> str
     return hashlib.sha256(f"{platform.node()}|{text}".encode()).hexdigest()[:16]
 
 
-def cpu_peak(dtype: str, *, key: str) -> Peak:
+def cpu_peak(dtype: str, *, key: str, at_least: float = 0.0) -> Peak:
     """The CPU's measured matmul FLOP/s in `dtype` (float32, bfloat16, float16), from the
-    per-machine cache when it has this machine's, else measured now and cached."""
-    figure, cached = remembered("peak", f"{key}:{dtype}", lambda: calibrate(dtype))
+    per-machine cache when it has this machine's, else measured now and cached. `at_least`: a
+    rate the run reached; a cached peak below it was measured on a busy machine: again."""
+    figure, cached = remembered(
+        "peak", f"{key}:{dtype}", lambda: calibrate(dtype), at_least=at_least
+    )
     return Peak(figure, f"calibration:{dtype} matmul" + (" (cached)" if cached else ""))
 
 

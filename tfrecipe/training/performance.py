@@ -63,7 +63,8 @@ def perf_fields(
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
     step_flops = _step_flops(model, element_spec, per_replica_batch, asynchronous=asynchronous)
-    device_peak = _peak(strategy, hosts=hosts)
+    reached = examples_per_sec * step_flops / global_batch if examples_per_sec and step_flops else 0
+    device_peak = _peak(strategy, hosts=hosts, reached=reached)
     wait = clock.input_wait_fractions()
     note = None
     if wait is None:
@@ -99,9 +100,10 @@ def _step_flops(
         return None
 
 
-def _peak(strategy: tf.distribute.Strategy, *, hosts: int) -> Peak:
+def _peak(strategy: tf.distribute.Strategy, *, hosts: int, reached: float) -> Peak:
     """One replica's peak FLOP/s in the compute dtype: the GPU/TPU table, else the CPU's
-    calibration shared by the replicas on it."""
+    calibration shared by the replicas on it (calibrated again when the run's total FLOP/s,
+    `reached`, beat the cached one: that was measured on a busy machine)."""
     dtype = keras.mixed_precision.global_policy().compute_dtype
     kinds = device_kinds(strategy)
     if "GPU" in kinds:
@@ -113,7 +115,7 @@ def _peak(strategy: tf.distribute.Strategy, *, hosts: int) -> Peak:
         return peak.tpu_peak(os.environ.get("TPU_ACCELERATOR_TYPE", "TPU"), dtype)
     cpu = provenance.cpu()
     key = peak.machine_key(cpu, tf.__version__, threads=cpu["count"] or 1)
-    measured = peak.cpu_peak(dtype, key=key)
+    measured = peak.cpu_peak(dtype, key=key, at_least=reached / hosts)
     if measured.flops_per_sec is None:
         return measured
     # The replicas on one machine (logical CPUs, local workers) share its CPU.
