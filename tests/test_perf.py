@@ -245,3 +245,18 @@ def test_a_peak_the_run_beat_is_measured_again_and_the_larger_kept(tmp_path, mon
     assert cache.remembered("peak", "k", lambda: 90.0, at_least=60.0) == (90.0, False)
     assert cache.remembered("peak", "k", lambda: 70.0, at_least=95.0) == (90.0, False)
     assert cache.remembered("peak", "k", lambda: 1.0) == (90.0, True)
+
+
+def test_allreduce_time_from_device_descriptions():
+    """A ring all-reduce moves 2(n-1)/n of the gradients over each GPU's link."""
+    gradients = 100e6  # 25M float32 weights
+    assert peak.allreduce_seconds(gradients, 8, "NVIDIA H100 80GB HBM3") == pytest.approx(
+        2 * 7 / 8 * gradients / 450e9
+    )
+    assert peak.allreduce_seconds(gradients, 2, "Tesla T4") == pytest.approx(gradients / 16e9)
+    # PCIe H100s are not NVLink ones; one GPU all-reduces nothing; an unknown link is not guessed
+    assert peak.allreduce_seconds(gradients, 2, "NVIDIA H100 PCIe") == pytest.approx(
+        gradients / 64e9
+    )
+    assert peak.allreduce_seconds(gradients, 1, "NVIDIA H100 80GB HBM3") is None
+    assert peak.allreduce_seconds(gradients, 4, "Some Future GPU") is None

@@ -46,6 +46,35 @@ TPU_PEAKS: dict[str, dict[str, float]] = {  # per chip
 }
 
 
+# Per-GPU all-reduce bandwidth in bytes/s, one direction (NVLink where the part has it, else
+# PCIe x16): what a ring all-reduce across GPUs of one machine can move per GPU.
+GPU_LINKS: dict[str, float] = {
+    "H200": 450e9,  # NVLink 4: 900 GB/s both directions
+    "H100 PCIe": 64e9,  # PCIe 5
+    "H100": 450e9,
+    "A100": 300e9,  # NVLink 3 (SXM)
+    "V100": 150e9,  # NVLink 2
+    "L40S": 32e9,  # PCIe 4
+    "L4": 32e9,
+    "A10G": 32e9,
+    "A10": 32e9,
+    "T4": 16e9,  # PCIe 3
+}
+
+
+def allreduce_seconds(num_bytes: float, num_gpus: int, device_name: str) -> float | None:
+    """A ring all-reduce's time (NCCL's algorithm within a machine) for `num_bytes` of gradients
+    over `num_gpus` GPUs named like `device_name`: each GPU sends and receives
+    2·(n-1)/n of the bytes over its link (latency not counted). None: one GPU, or a GPU not in
+    GPU_LINKS."""
+    if num_gpus < 2:
+        return None
+    for key in sorted(GPU_LINKS, key=len, reverse=True):
+        if key.lower() in device_name.lower():
+            return 2 * (num_gpus - 1) / num_gpus * num_bytes / GPU_LINKS[key]
+    return None
+
+
 @dataclass(frozen=True)
 class Peak:
     """Peak FLOP/s of one replica's device for a dtype, and where the figure comes from."""

@@ -83,8 +83,24 @@ def perf_fields(
         peak_source=device_peak.source,
         num_replicas=replicas,
     )
+    allreduce = _allreduce_ms(model)
+    if allreduce is not None:  # an estimate from the link's bandwidth, named as one
+        block["allreduce_ms_estimate"] = allreduce
     block["overhead_s"] = round(time.perf_counter() - started, 3)
     return block
+
+
+def _allreduce_ms(model: keras.Model) -> float | None:
+    """The estimated time of one step's gradient all-reduce across this machine's GPUs (the
+    trainable weights, in their variables' dtype), from GPU_LINKS; None off multi-GPU runs."""
+    strategy = model.distribute_strategy
+    if "GPU" not in device_kinds(strategy) or strategy.num_replicas_in_sync < 2:
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    num_bytes = sum(v.numpy().nbytes for v in model.trainable_variables)
+    seconds = peak.allreduce_seconds(num_bytes, strategy.num_replicas_in_sync, name)
+    return None if seconds is None else round(1000 * seconds, 4)
 
 
 def _step_flops(
