@@ -68,11 +68,14 @@ def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch,
     strategy = model.distribute_strategy
     step = getattr(model.train_step, "__wrapped_step__", model.train_step)
 
-    # The step as Keras compiles it for fit: a function of its own (Grappler optimizes it as
-    # one), called from the loop.
-    one_step = tf.function(
-        lambda data: strategy.run(step, args=(data,)), jit_compile=model.jit_compile
-    )
+    if strategy is tf.distribute.get_strategy():  # no strategy: the step as it is
+
+        def one_step(data):
+            return step(data)
+    else:
+
+        def one_step(data):
+            return strategy.run(step, args=(data,))
 
     @tf.function
     def loop(n):

@@ -2,11 +2,13 @@
 
 - Step time: the wall time of each `tf.function` call (the batch hooks around it, as fit and
   the custom loop call them), divided by the steps it ran.
-- Input wait: seconds the step waited on its input, stamped in the graph. In fit, the step
-  (`model.train_step`, replica context) stamps when its batch has arrived and when it ended: the
-  wait is from the later of the previous step's end and the call's start (the host stamps it) to
-  the batch's arrival. In the custom loop the graph stamps `next(iterator)` itself. Per replica:
-  each replica keeps its own sum (a sync-on-read variable, read locally, no collective).
+- Input wait: seconds the steps waited on their input, stamped in the graph. In fit, the step
+  (`model.train_step`, replica context) stamps when its batch has arrived and when its weights
+  were updated; the calls' time outside their steps is the wait (for input, and for the loop
+  around the steps; measured: a metrics-only end stamp would come after the forward pass and
+  count the backward pass as waiting). In the custom loop the graph stamps `next(iterator)`
+  itself. Per replica: each replica keeps its own sum (a sync-on-read variable, read locally,
+  no collective, so any worker of a cluster can read its own).
 
 Both count the steady state only: the epochs after the first (the first traces the graph), or
 with a single epoch its calls after the first.
