@@ -263,3 +263,12 @@ def test_allreduce_time_from_device_descriptions():
     )
     assert peak.allreduce_seconds(gradients, 1, "NVIDIA H100 80GB HBM3") is None
     assert peak.allreduce_seconds(gradients, 4, "Some Future GPU") is None
+
+
+def test_a_deterministic_run_says_why_it_has_no_input_wait(train_run):
+    """TensorFlow refuses clock ops under op determinism: the run trains, and says so."""
+    summary, _ = train_run("deterministic=true", "model=mlp", "model.hidden_units=[16]")
+    perf = summary["perf"]
+    assert perf["input_wait_fraction"] is None
+    assert "deterministic=true" in perf["input_wait_note"]
+    assert perf["step_time_ms"]["median"] > 0 and perf["flops_per_example"] > 0

@@ -263,6 +263,7 @@ def _train_steps(
         global_batch=global_batch,
         hosts=summary["provenance"]["hosts"],
         asynchronous=run.strategy.name == "parameter_server",
+        deterministic=run.deterministic,
     )
     with _recording_end(summary, monitors, model, protected, measure):
         _run_loop(

@@ -70,9 +70,10 @@ def build_monitors(
         examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
-    # Parameter servers run their steps as closures on the workers: nothing to stamp here.
-    asynchronous = run.strategy.name == "parameter_server"
-    input_clock = None if asynchronous else InputClock(strategy)
+    # Parameter servers run their steps as closures on the workers: nothing to stamp here; with
+    # op determinism on, TensorFlow refuses clock ops in a graph.
+    stamped = run.strategy.name != "parameter_server" and not run.deterministic
+    input_clock = InputClock(strategy) if stamped else None
     step_clock = StepClock(input_clock)
     callbacks = [
         history,

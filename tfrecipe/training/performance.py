@@ -51,6 +51,7 @@ def perf_fields(
     global_batch: int,
     hosts: int,
     asynchronous: bool,
+    deterministic: bool = False,
 ) -> dict[str, Any]:
     """The `perf` block (report.perf_block), with `overhead_s`: what measuring it cost here.
 
@@ -58,6 +59,7 @@ def perf_fields(
       element_spec: the training data's (distributed) element spec: FLOPs are counted on it.
       hosts: machines training together (replicas on one CPU share its peak).
       asynchronous: parameter servers: the loop does not stamp its steps (no input wait).
+      deterministic: op determinism is on: no clock op in the graph (no input wait).
     """
     started = time.perf_counter()
     strategy = model.distribute_strategy
@@ -68,10 +70,11 @@ def perf_fields(
     wait = clock.input_wait_fractions()
     note = None
     if wait is None:
-        note = (
-            "not measured: " + ("parameter servers train asynchronously" if asynchronous
+        note = "not measured: " + (
+            "parameter servers train asynchronously" if asynchronous
+            else "deterministic=true (TensorFlow refuses clock ops in a graph)" if deterministic
             else "XLA (jit_compile) has no clock op" if model.jit_compile
-            else "no steady-state steps")
+            else "no steady-state steps"
         )  # fmt: skip
     block = report.perf_block(
         examples_per_sec=examples_per_sec,
