@@ -18,6 +18,7 @@ from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
+from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.tracking import WandbTracker
@@ -71,8 +72,13 @@ def build_monitors(
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
     # Parameter servers run their steps as closures on the workers: nothing to stamp here; with
-    # op determinism on, TensorFlow refuses clock ops in a graph.
-    stamped = run.strategy.name != "parameter_server" and not run.deterministic
+    # op determinism on, TensorFlow refuses clock ops in a graph. TPUs compile the step whole,
+    # with no clock op.
+    stamped = (
+        run.strategy.name != "parameter_server"
+        and not run.deterministic
+        and "TPU" not in device_kinds(strategy)
+    )
     input_clock = InputClock(strategy) if stamped else None
     step_clock = StepClock(input_clock)
     callbacks = [
