@@ -44,6 +44,10 @@ class StepProfiler(keras.callbacks.Callback):
         self._trace: tf.profiler.experimental.Trace | None = None
         self._profiling = False
 
+    @property
+    def calls_seen(self) -> int:
+        return self._call
+
     def on_train_batch_begin(self, batch, logs=None):
         if self._call == self.first:
             tf.profiler.experimental.start(str(self.log_dir))

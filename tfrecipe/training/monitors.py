@@ -44,7 +44,13 @@ class Monitors:
     def profile(self) -> dict[str, Any] | None:
         """The profiler window's analysis (`logger.tensorboard.profile_batch`), once it closed."""
         profilers = [c for c in self.callbacks if isinstance(c, StepProfiler)]
-        return profilers[0].result if profilers else None
+        if not profilers:
+            return None
+        profiler = profilers[0]
+        if profiler.result is None:  # the window was never reached
+            return {"error": f"the run ended after {profiler.calls_seen} calls, before call "
+                    f"{profiler.first} (logger.tensorboard.profile_batch)"}  # fmt: skip
+        return profiler.result
 
 
 def build_monitors(
