@@ -202,12 +202,15 @@ def test_default_run_reports_where_its_time_goes(train_run):
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, caplog):
     """A map that sleeps per example: the steps wait most of the time; the run says so in one
-    line. fit also profiles two calls: xprof sees the steps (their
-    time above 0) and the input they waited for."""
+    line. fit also profiles two calls of the first epoch (outside the steady state the perf
+    block measures): xprof sees the steps (their time above 0) and the input they waited for.
+    (The custom loop's window is written too, but xprof finds no step in it: docs/performance.md.)
+    """
+    profiled = ["logger=[tensorboard]", "logger.tensorboard.profile_batch=2",
+                "logger.tensorboard.profile_steps=2"]  # fmt: skip
     options = (
-        ["logger=[tensorboard]", "logger.tensorboard.profile_batch=2",
-         "logger.tensorboard.profile_steps=2", "batching.steps_per_execution=1"]
-        if loop == "fit" else ["loop.steps_per_loop=1"]
+        [*profiled, "batching.steps_per_execution=1"] if loop == "fit"
+        else ["loop.steps_per_loop=1"]
     )  # fmt: skip
     summary, run_dir = train_run(f"loop={loop}", "loop.steps_per_epoch=6", *SLOW_INPUT, *options)
     perf = summary["perf"]
