@@ -258,7 +258,7 @@ def _train_steps(
     )
     measure = functools.partial(
         performance.perf_fields,
-        element_spec=inputs.train.element_spec,
+        element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
         per_replica_batch=per_replica_batch,
         global_batch=global_batch,
         hosts=summary["provenance"]["hosts"],
