@@ -124,6 +124,8 @@ class StepClock(keras.callbacks.Callback):
         self.calls: list[tuple[int, int, float]] = []  # (epoch, steps, seconds)
         self._epoch_training: list[tuple[int, float, list[float] | None]] = []
         self._epoch = 0
+        # a single epoch's calls after its first: (seconds, wait per replica)
+        self._single: tuple[float, list[float] | None] | None = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -175,7 +177,7 @@ class StepClock(keras.callbacks.Callback):
         if len(self._epoch_training) > 1:
             seconds = sum(s for _, s, _ in self._epoch_training[1:])
             waits = [w for _, _, w in self._epoch_training[1:]]
-        elif getattr(self, "_single", None):
+        elif self._single is not None:
             seconds, wait = self._single
             waits = [wait]
         else:
