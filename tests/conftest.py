@@ -5,12 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One cache of the CPU's matmul peak and the steps' FLOPs (tfrecipe.perf.cache) for the whole
+# test session, its xdist workers and the processes they start: runs calibrate once, not once
+# per test, and never touch the user's cache.
+os.environ.setdefault(
+    "TFRECIPE_PERF_CACHE",
+    str(
+        Path(tempfile.gettempdir())
+        / f"tfrecipe-perf-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.json"
+    ),
+)
 
 # Small and fast, still the real code paths: 2 short epochs on the bundled digits. (Nothing
 # model-specific here: tests switch models.)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -314,7 +315,13 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     assert accuracy == pytest.approx(summary["test"]["accuracy"], abs=1e-6)
 
     # The log, and the console: the config tree and a progress bar per epoch.
-    assert "done: completed" in (run_dir / "tfrecipe.log").read_text()
+    done = [
+        line for line in (run_dir / "tfrecipe.log").read_text().splitlines() if "done: " in line
+    ]
+    assert "done: completed" in done[-1]
+    # its last line says where the time went: throughput, step time, input wait, FLOP/s, MFU
+    assert re.search(r"perf [\d.e+]+ ex/s, step [\d.]+ ms \(p90 [\d.]+\), input wait \d+%, "
+                     r"[\d.]+ GFLOP/s of [\d.]+ \(MFU [\d.]+%\)", done[-1]), done[-1]  # fmt: skip
     assert "config" in result.stdout and "├── model" in result.stdout
     assert "_target_: tfrecipe.models.cnn" in result.stdout
     assert f"Epoch 1/{epochs}" in result.stdout and f"Epoch {epochs}/{epochs}" in result.stdout

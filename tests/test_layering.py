@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.callbacks",
         "tfrecipe.tracking",
         "tfrecipe.factory",
+        "tfrecipe.perf",
     ),
     # a run, assembled
     ("tfrecipe.training", "tfrecipe.train"),

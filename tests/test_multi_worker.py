@@ -52,6 +52,12 @@ def assert_chief_wrote_a_complete_run(run_dir: Path, loop: str, tmp_path: Path) 
     assert result["steps_completed"] == 2 * 3  # loop.epochs=2 x loop.steps_per_epoch=3
     assert result["global_batch_size"] == 2 * 16
     assert result["run_dir"] == str(run_dir.resolve())  # written by the chief, not a scratch dir
+    # Where it ran: the cluster's shape on one machine, no addresses; the chief's own steps timed.
+    ran = result["provenance"]
+    assert sum(ran["cluster"].values()) == 2 and (ran["hosts"], ran["replicas"]) == (1, 2)
+    assert "127.0.0.1" not in json.dumps(ran)
+    assert result["perf"]["replicas"] == 2
+    assert 0 <= result["perf"]["input_wait_fraction"] <= 1
     for name in ("history.csv", "curves.png", "model.keras", "config.yaml", "tfrecipe.log"):
         assert (run_dir / name).is_file(), name
     # The other worker kept Hydra's and its own files out of the run dir, and deleted its scratch.

@@ -32,6 +32,9 @@ def test_offline_run_logs_resolved_config_and_summary(train_run):
     assert logged["metrics"]["val_loss"] == pytest.approx(summary["metrics"]["val_loss"])
     assert logged["steps_completed"] == summary["steps_completed"] == 6
     assert "epoch/loss" in logged  # per-epoch metrics from WandbMetricsLogger
+    # where the time went and where it ran, as in summary.json
+    assert logged["perf"]["mfu"] == pytest.approx(summary["perf"]["mfu"])
+    assert logged["provenance"]["cpu"] == summary["provenance"]["cpu"]
     assert wandb_records.exit_code(run_dir) == 0
 
 

@@ -20,6 +20,7 @@ from tfrecipe.fault import disk
 from tfrecipe.fault.backup import current_step
 from tfrecipe.models.export import export_model
 from tfrecipe.optim import averaged_weights, current_learning_rate
+from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.rundir import write_history
 from tfrecipe.tasks import best_row
 
@@ -279,9 +280,15 @@ def build_callbacks(
                 log_dir=str(run_dir / "tensorboard"),
                 update_freq=tb.update_freq,
                 histogram_freq=tb.histogram_freq,
-                profile_batch=tb.profile_batch,
+                profile_batch=0,  # Keras' marker gives xprof no step: StepProfiler's does
             )
         )
+        if tb.profile_batch:
+            callbacks.append(
+                StepProfiler(
+                    run_dir / "tensorboard", first=tb.profile_batch, calls=tb.profile_steps
+                )
+            )
     for name, node in spec.extra.items():
         callbacks.append(
             instantiate(

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ from tfrecipe.outcome import (
     check_resume_batch,
     ensure_fresh_run_dir,
 )
+from tfrecipe.perf.clock import InputClock
 from tfrecipe.precision import set_precision
-from tfrecipe.training import baselines, lr_find, pacing, protection
+from tfrecipe.training import baselines, lr_find, pacing, performance, protection
 from tfrecipe.training import ensemble as ensembles
 from tfrecipe.training import inputs as data
 from tfrecipe.training import model as models
@@ -239,6 +241,7 @@ def _train_steps(
         started=started,
     )
     summary.update(summaries.how_it_runs(model, steps_per_call=steps_per_call))
+    summary.update(provenance=performance.run_provenance(task, strategy))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(phases, warm, inputs.class_weight))
     if run.task.name == "binary":  # what auc, precision and recall are about
@@ -270,6 +273,7 @@ def _train_steps(
         run_dir=dirs.run_dir,
         inputs=inputs,
         global_batch=global_batch,
+        strategy=strategy,
         start_step=start_step,
         resuming=resumed is not None,
         watchdog=watchdog.build_watchdog(
@@ -288,7 +292,16 @@ def _train_steps(
         steps_per_epoch=steps_per_epoch,
         save_at_start=resumed is None,
     )
-    with _recording_end(summary, monitors, model, protected):
+    measure = functools.partial(
+        performance.perf_fields,
+        element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
+        per_replica_batch=per_replica_batch,
+        global_batch=global_batch,
+        hosts=summary["provenance"]["hosts"],
+        asynchronous=run.strategy.name == "parameter_server",
+        deterministic=run.deterministic,
+    )
+    with _recording_end(summary, monitors, model, protected, measure):
         _run_loop(
             run, model, inputs, summary, monitors, protected, start_step, policy,
             steps_per_call=steps_per_call, phases=phases,
@@ -411,7 +424,11 @@ def _claim_run_dir(dirs: _Dirs, *, resume: str) -> None:
 
 @contextlib.contextmanager
 def _recording_end(
-    summary: RunSummary, monitors: Monitors, model: keras.Model, protected: Protection
+    summary: RunSummary,
+    monitors: Monitors,
+    model: keras.Model,
+    protected: Protection,
+    measure: Callable[..., dict[str, Any]],
 ) -> Iterator[None]:
     """Records how training ended (summary.json, W&B) and stops the fault-tolerance watch; an
     unexpected exception leaves as a TrainingError."""
@@ -432,7 +449,32 @@ def _recording_end(
         raise
     finally:
         protected.close()
+    board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
+    _record_perf(summary, monitors, model, measure, board)
     _finish(summary, monitors, model, status="completed")
+
+
+def _record_perf(
+    summary: RunSummary,
+    monitors: Monitors,
+    model: keras.Model,
+    measure: Callable[..., dict[str, Any]],
+    board: Path | None,
+) -> None:
+    """summary.json's `perf` (where the time went) and its diagnosis, also on the console and
+    in TensorBoard (`board`: the run's TensorBoard dir, if it logs there)."""
+    perf = measure(
+        model,
+        clock=monitors.step_clock,
+        examples_per_sec=monitors.throughput.examples_per_sec(),
+    )
+    if monitors.profile is not None:
+        perf["profile"] = monitors.profile
+    summary.update(perf=perf)
+    if board is not None:
+        performance.log_to_tensorboard(board, perf, step=backup.current_step(model))
+    if perf["diagnosis"]:
+        log.warning("perf: %s", perf["diagnosis"])
 
 
 def _finish(
@@ -486,7 +528,7 @@ def _run_loop(
 ) -> None:
     """Trains with the configured loop (again from a backup after each rollback; in two phases
     with `loop.finetune`), then evaluates the test split and exports the model."""
-    options = _loop_options(run, inputs, steps_per_call)
+    options = _loop_options(run, inputs, steps_per_call, monitors.input_clock)
     loop = _loop_of(run)
     if phases is not None:
         loop = finetune.TwoPhaseLoop(loop, phases, on_switch=protected.follow_optimizer)
@@ -521,7 +563,9 @@ def _run_loop(
         plotting.join()
 
 
-def _loop_options(run: schema.RunConfig, inputs: Inputs, steps_per_call: int) -> LoopOptions:
+def _loop_options(
+    run: schema.RunConfig, inputs: Inputs, steps_per_call: int, input_clock: InputClock | None
+) -> LoopOptions:
     return LoopOptions(
         epochs=run.loop.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
@@ -530,6 +574,7 @@ def _loop_options(run: schema.RunConfig, inputs: Inputs, steps_per_call: int) ->
         steps_per_loop=steps_per_call,
         gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
         train_data_from=inputs.train_from,
+        input_clock=input_clock,
     )
 
 

@@ -2,7 +2,8 @@
 
 Reads every run directory under the given directories (a multirun dir or run dirs), prints one
 row per run (the overrides that differ between runs, status, final metrics, examples/sec, wall
-time) sorted by a metric, and writes `compare.csv` plus `compare.png` (learning curves overlaid).
+time, step time, input wait and MFU, and where runs ran on other hardware or versions, how)
+sorted by a metric, and writes `compare.csv` plus `compare.png` (learning curves overlaid).
 A sweep dir's sweep.json (tfrecipe.cli.sweep_report) gives the default sort, the best job (marked
 * in the table) and the command that reruns it.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
 import textwrap
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,15 @@ from omegaconf import OmegaConf
 from tfrecipe import files, reading
 from tfrecipe.cli.sweep_report import read_report
 from tfrecipe.errors import ConfigError
+from tfrecipe.perf.provenance import differences
 from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 
 # The metrics of runs that logged none (e.g. failed before an epoch): the default task's.
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 _THROUGHPUT = ("examples_per_sec", "wall_time_s")
 _BASELINE = "baseline_"
+# summary.json's perf block, where runs have one: column -> (key, lower is better)
+_PERF = {"step_ms": "step_time_ms", "input_wait": "input_wait_fraction", "mfu": "mfu"}
 
 
 def _higher_is_better(name: str) -> bool:
@@ -37,7 +43,7 @@ def _higher_is_better(name: str) -> bool:
     val_/test_); everything else sorts ascending."""
     from tfrecipe.tasks import monitor_mode
 
-    return name == "examples_per_sec" or monitor_mode(name.removeprefix("test_")) == "max"
+    return name in ("examples_per_sec", "mfu") or monitor_mode(name.removeprefix("test_")) == "max"
 
 
 def columns(runs: list[Run]) -> list[str]:
@@ -52,7 +58,7 @@ def columns(runs: list[Run]) -> list[str]:
     test = [f"test_{m}" for m in (tested or {"accuracy": None}) if m != "loss"]
     return [
         "loss", *train, "val_loss", *val, *test, *_baseline_columns(runs), *_best_columns(runs),
-        *_THROUGHPUT,
+        *_THROUGHPUT, *(_PERF if any(run.summary.get("perf") for run in runs) else ()),
     ]  # fmt: skip
 
 
@@ -95,6 +101,10 @@ class Run:
             return (best.get("metrics") or {}).get(metric.removeprefix("best_"))
         if metric.startswith(_BASELINE):
             return self._baseline_value(metric.removeprefix(_BASELINE))
+        if metric in _PERF:
+            value = (self.summary.get("perf") or {}).get(_PERF[metric])
+            value = value.get("median") if isinstance(value, dict) else value
+            return float(value) if isinstance(value, int | float) else None
         return summary_value(self.summary, metric)
 
     def _baseline_value(self, name_metric: str) -> float | None:
@@ -161,12 +171,30 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
     return sorted(runs, key=key)
 
 
+def ran_elsewhere(runs: list[Run]) -> dict[Path, str]:
+    """Per run, how its provenance differs from the one most runs share (`hw:cpu.model`,
+    `versions:tensorflow`, "?" without provenance); empty when all ran alike."""
+    signatures = [json.dumps(_comparable(run.summary.get("provenance")), sort_keys=True)
+                  for run in runs]  # fmt: skip
+    common = json.loads(Counter(signatures).most_common(1)[0][0])
+    marks = {run.path: differences(run.summary.get("provenance"), common) for run in runs}
+    return marks if any(marks.values()) else {}
+
+
+def _comparable(found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What decides whether speeds compare: hardware and versions (not the git commit)."""
+    if not found:
+        return None
+    return {key: found.get(key) for key in ("versions", "cpu", "gpus", "hosts", "replicas")}
+
+
 def table(
     runs: list[Run], keys: list[str], *, best: frozenset[Path] = frozenset()
 ) -> tuple[list[str], list[list[str]]]:
     """The header and a row per run; a sweep's best job (`best`: run dirs) is marked *."""
     shown = columns(runs)
-    header = ["run", *keys, "status", *shown]
+    elsewhere = ran_elsewhere(runs)
+    header = ["run", *keys, "status", *shown, *(["ran on"] if elsewhere else [])]
     rows = []
     common = _common_parent([run.path for run in runs])
     for run in runs:
@@ -178,6 +206,7 @@ def table(
                 *(run.overrides.get(k, "") for k in keys),
                 run.summary.get("status", "?"),
                 *("" if v is None else f"{v:.4g}" for v in values),
+                *([elsewhere[run.path] or "same"] if elsewhere else []),
             ]
         )
     return header, rows
@@ -335,6 +364,11 @@ def main(args: list[str]) -> None:
     Console(width=max(120, 14 * len(header))).print(view)
     for report in sweeps:  # the winner as the sweep named it, and how to train it again
         print(sweep_winner(report))
+    if "ran on" in header:
+        print(
+            "ran on: runs marked hw:/versions: ran on other hardware or package versions than "
+            "most (summary.json's provenance); their speeds do not compare"
+        )
 
     out = options.out or options.dirs[0]
     out.mkdir(parents=True, exist_ok=True)

@@ -267,12 +267,16 @@ def _task(cfg) -> dict:
         _note_job(run_dir, "failed", {})
         return float("nan")
     positive = summary.get("positive_class")  # binary: the class auc, precision, recall are of
+    from tfrecipe.perf.report import perf_words
+
     log.info(
-        "done: %s in %.1fs; test%s %s; run dir: %s",
+        "done: %s in %.1fs; test%s %s; %s%srun dir: %s",
         summary["status"],
         summary["wall_time_s"],
         f" (positive class {positive})" if positive is not None else "",
         metrics_line(summary["test"]),
+        perf_words(summary.get("perf")),
+        "; " if summary.get("perf") else "",
         run_dir,
     )
     if summary.get("baselines"):  # where the model stands against them: the last lines

@@ -116,6 +116,7 @@ ENV_DOORS = (
     Door("TF_CONFIG", NETWORK, "distribute.cluster.check_environment"),
     Door("MLFLOW_TRACKING_URI", NETWORK, "tracking.mlflow_run (your environment's choice)"),
     Door("TFRECIPE_SWEEP_KEYS", NAME, "tracking.hparams: names of HParams keys only"),
+    Door("TFRECIPE_PERF_CACHE, XDG_CACHE_HOME", WRITE, "perf.cache: through files.write_atomic"),
 )
 
 # Files tfrecipe reads from a run dir or from the user, and what guards each.
@@ -218,6 +219,10 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     },
     "tfrecipe/models/warm_start.py": {"model.save_weights": "a temporary file it reads back"},
     "tfrecipe/rundir.py": {"os.environ[]=": "the run dir's lock holder, for its tasks"},
+    "tfrecipe/perf/provenance.py": {
+        "subprocess.run": "git rev-parse/status in the current directory: fixed argv, no shell, "
+        "hooks and fsmonitor off",
+    },
     "tfrecipe/tracking/mlflow_run.py": {
         "subprocess.run": "git rev-parse HEAD in the current directory: fixed argv, no shell",
         "open(a)": "a lock file of its own in SWEEP_DIR/mlflow (nothing written to it)",

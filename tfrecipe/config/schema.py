@@ -401,6 +401,7 @@ class TensorBoardLogger(_Schema):
     update_freq: Literal["epoch", "batch"] | PositiveInt = "epoch"
     histogram_freq: NonNegativeInt = 0
     profile_batch: NonNegativeInt = 0
+    profile_steps: PositiveInt = 5
 
 
 class WandbLogger(_Schema):

@@ -42,6 +42,7 @@ from tfrecipe import optim
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.perf.clock import InputClock
 
 Logs = dict[str, Any]
 Evaluator = Callable[..., dict[str, float]]
@@ -100,11 +101,24 @@ def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
 
 
 def _make_train_function(
-    model: keras.Model, objective: Objective, gradient_accumulation_steps: int
+    model: keras.Model,
+    objective: Objective,
+    gradient_accumulation_steps: int,
+    clock: InputClock | None = None,
+    steps_per_loop: int = 0,
 ) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
     """`train_steps(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
-    `tf.function` call (a graph loop, so Python runs once per call, not once per step)."""
+    `tf.function` call (a graph loop, so Python runs once per call, not once per step; at
+    `steps_per_loop=1` a single step without a loop); with a `clock`, each `next(iterator)` is
+    timed in the graph (outside XLA's step)."""
     strategy = model.distribute_strategy
+    if clock is None:
+        read = next
+    else:
+        clock.measuring = "waited"
+
+        def read(iterator):
+            return clock.timed_next(lambda: next(iterator))
 
     def replica_step(micro_batches, global_examples):
         _train_replica_step(model, objective, micro_batches, global_examples)
@@ -117,10 +131,16 @@ def _make_train_function(
     @tf.function
     def train_steps(iterator, num_steps):
         for _ in tf.range(num_steps):
-            step([next(iterator) for _ in range(gradient_accumulation_steps)])
+            step([read(iterator) for _ in range(gradient_accumulation_steps)])
         return objective.results()
 
-    return train_steps
+    @tf.function
+    def train_step(iterator, num_steps):
+        # One step per call: no graph loop (the profiler's xprof finds no step inside one).
+        step([read(iterator) for _ in range(gradient_accumulation_steps)])
+        return objective.results()
+
+    return train_step if steps_per_loop == 1 else train_steps
 
 
 def _make_test_function(
@@ -229,7 +249,13 @@ def run(
     optimizer step and `options.steps_per_loop` steps per `tf.function` call."""
     optim.build_optimizer_variables(model)
     objective = objectives.build(model)
-    train_steps = _make_train_function(model, objective, options.gradient_accumulation_steps)
+    train_steps = _make_train_function(
+        model,
+        objective,
+        options.gradient_accumulation_steps,
+        options.input_clock,
+        options.steps_per_loop,
+    )
     validate = None
     if validation_data is not None:
         validate = _evaluator(model, steps_per_loop=options.steps_per_loop)

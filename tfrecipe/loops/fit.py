@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfrecipe.compat import fix_fit_under_strategy
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.perf.clock import time_train_step
 
 
 def run(
@@ -32,6 +33,8 @@ def run(
     # second one (another order: the training data reshuffle on every iteration), and weigh a
     # short batch's examples unequally when the replicas split it unevenly.
     fix_fit_under_strategy(model)
+    if options.input_clock is not None:
+        time_train_step(model, options.input_clock)  # before fit traces the step
     accumulate = options.gradient_accumulation_steps
     if accumulate > 1:
         callbacks = [OptimizerSteps(callbacks, model, accumulate)]

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from tfrecipe.perf.clock import InputClock
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopOptions:
@@ -21,6 +23,7 @@ class LoopOptions:
       initial_step // steps_per_epoch, at its step initial_step % steps_per_epoch.
     train_data_from: step -> the training data from that step on; loop=fit needs it to continue
       a run restored mid-epoch (its second `fit` starts at the next epoch's first step).
+    input_clock: stamps the steps' wait on input (tfrecipe.perf.clock), or None.
     """
 
     epochs: int
@@ -31,3 +34,4 @@ class LoopOptions:
     gradient_accumulation_steps: int = 1
     initial_step: int = 0
     train_data_from: Callable[[int], Any] | None = None
+    input_clock: InputClock | None = None

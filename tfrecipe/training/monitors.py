@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
@@ -17,7 +18,10 @@ from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.distribute import evaluator
+from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.fault.watchdog import StallWatchdog
+from tfrecipe.perf.clock import InputClock, StepClock
+from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.tracking import Tracker
 from tfrecipe.training.inputs import Inputs
 
@@ -30,7 +34,26 @@ class Monitors:
     history: EpochHistory
     throughput: Throughput
     trackers: list[Tracker]
+    step_clock: StepClock  # step times and input wait (tfrecipe.perf.clock)
+    input_clock: InputClock | None  # what the loop stamps its steps with (None: it cannot)
+
     watchdog: StallWatchdog | None = None
+
+    @property
+    def tensorboard(self) -> bool:
+        return any(isinstance(c, keras.callbacks.TensorBoard) for c in self.callbacks)
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        """The profiler window's analysis (`logger.tensorboard.profile_batch`), once it closed."""
+        profilers = [c for c in self.callbacks if isinstance(c, StepProfiler)]
+        if not profilers:
+            return None
+        profiler = profilers[0]
+        if profiler.result is None:  # the window was never reached
+            return {"error": f"the run ended after {profiler.calls_seen} calls, before call "
+                    f"{profiler.first} (logger.tensorboard.profile_batch)"}  # fmt: skip
+        return profiler.result
 
 
 def build_monitors(
@@ -41,6 +64,7 @@ def build_monitors(
     run_dir: Path,
     inputs: Inputs,
     global_batch: int,
+    strategy: tf.distribute.Strategy,
     start_step: int = 0,
     resuming: bool = False,
     watchdog: StallWatchdog | None = None,
@@ -49,6 +73,7 @@ def build_monitors(
     config: the run's public config (secrets redacted), for W&B.
     chief: this process records the run (W&B); the others train into a scratch dir.
     watchdog: the progress watchdog (tfrecipe.fault.watchdog), when it is on.
+    strategy: the run's; the input clock keeps one sum per replica in its scope.
     """
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
@@ -57,9 +82,20 @@ def build_monitors(
         examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
+    # Parameter servers run their steps as closures on the workers: nothing to stamp here; with
+    # op determinism on, TensorFlow refuses clock ops in a graph. TPUs compile the step whole,
+    # with no clock op.
+    stamped = (
+        run.strategy.name != "parameter_server"
+        and not run.deterministic
+        and "TPU" not in device_kinds(strategy)
+    )
+    input_clock = InputClock(strategy) if stamped else None
+    step_clock = StepClock(input_clock)
     callbacks = [
         history,
         throughput,
+        step_clock,
         *build_callbacks(
             run.callbacks,
             run.logger,
@@ -81,7 +117,7 @@ def build_monitors(
     )
     for tracker in trackers:
         callbacks += tracker.callbacks()
-    return Monitors(callbacks, history, throughput, trackers, watchdog)
+    return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
 
 
 def _start_tracking(

@@ -27,6 +27,10 @@ def steps_per_call(
     )
     if run.strategy.name == "parameter_server":
         return 1  # ClusterCoordinator schedules one step per closure
+    if run.logger.tensorboard is not None and run.logger.tensorboard.profile_batch:
+        # xprof finds no step in a call that loops over several (measured: "steps": 0 at 2 per
+        # call, in both loops): a profiled run takes one step per call.
+        return 1
     replicas = model.distribute_strategy.num_replicas_in_sync
     if requested == "auto" and run.loop.name == "fit" and replicas > 1:
         # Keras 3.15's multi-step fit fails across replicas (TF 2.21, MirroredStrategy: "You

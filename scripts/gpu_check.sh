@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU readiness in one go: the default job on one GPU, mirrored across all GPUs, in
+# mixed_float16 and in mixed_bfloat16, each printing its perf line (summary.json's perf block:
+# examples/s, step time, input wait, FLOP/s against the GPU table's peak, MFU).
+#
+#     bash scripts/gpu_check.sh                 # 5 epochs each, run dirs under $OUT or a temp dir
+#     EPOCHS=10 bash scripts/gpu_check.sh model=resnet dataset=synthetic   # extra overrides
+#
+# No figures recorded in docs/benchmarks.md come from this script yet: it was written without a
+# GPU machine and has not been run on one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+EPOCHS=${EPOCHS:-5}
+ROOT=${OUT:-$(mktemp -d)}/gpu_check
+mkdir -p "$ROOT"
+
+"$PYTHON" - <<'PY'
+import tensorflow as tf
+gpus = tf.config.list_physical_devices("GPU")
+print(f"GPUs: {len(gpus)}")
+for gpu in gpus:
+    print(" ", tf.config.experimental.get_device_details(gpu))
+print("built with CUDA", tf.sysconfig.get_build_info().get("cuda_version"))
+if not gpus:
+    raise SystemExit("gpu_check: TensorFlow sees no GPU")
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+
+run() {  # run NAME OVERRIDES...: one job, then its perf line
+    local name=$1
+    shift
+    echo "== $name: $*"
+    "$PYTHON" -m tfrecipe "loop.epochs=$EPOCHS" loop.verbose=0 "hydra.run.dir=$ROOT/$name" "$@" \
+        2>&1 | tail -n 2
+    "$PYTHON" - "$ROOT/$name/summary.json" <<'PY'
+import json, sys
+summary = json.load(open(sys.argv[1]))
+perf = summary.get("perf") or {}
+keys = ("examples_per_sec", "step_time_ms", "input_wait_fraction", "flops_per_example",
+        "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas")
+print(json.dumps({"status": summary["status"], "precision": summary["precision"],
+                  "jit_compile": summary.get("jit_compile"),
+                  **{k: perf.get(k) for k in keys}}))
+PY
+}
+
+run default "$@"
+run mirrored strategy=mirrored "$@"
+run mixed_float16 precision=mixed_float16 "$@"
+run mixed_bfloat16 precision=mixed_bfloat16 "$@"
+echo "run dirs: $ROOT"

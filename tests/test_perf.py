@@ -1,0 +1,273 @@
+"""Where a run's time goes (tfrecipe.perf): the perf block, its diagnosis, the profiler window,
+the peak table and calibration cache, provenance, and how `compare` shows them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfrecipe.perf import cache, peak, provenance, report
+
+PERF_KEYS = {
+    "examples_per_sec", "step_time_ms", "input_wait_fraction", "flops_per_example",
+    "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas",
+    "per_replica", "diagnosis",
+}  # fmt: skip
+SLOW_INPUT = (
+    "dataset._target_=tests.helpers.slow_input.slow_digits",
+    "+dataset.seconds_per_example=0.004",
+    "pipeline.cache=null",
+    "pipeline.shuffle_buffer=32",  # the sleeping map feeds the shuffle buffer
+    "allowed_targets=[tests.helpers]",
+)
+
+
+# --- pure functions: no training ---
+
+
+def test_perf_block_totals_and_per_replica():
+    block = report.perf_block(
+        examples_per_sec=1000.0,
+        step_time_ms={"median": 5.0, "p90": 6.0},
+        input_wait=[0.1, 0.3],
+        input_wait_note=None,
+        flops_per_example=2e6,
+        peak_per_replica=5e9,
+        peak_source="calibration:float32 matmul",
+        num_replicas=2,
+    )
+    assert set(block) >= PERF_KEYS
+    assert block["achieved_flops_per_sec"] == 2e9
+    assert block["peak_flops_per_sec"] == 1e10
+    assert block["mfu"] == 0.2
+    assert block["input_wait_fraction"] == 0.2
+    assert block["per_replica"] == {
+        "examples_per_sec": 500.0,
+        "achieved_flops_per_sec": 1e9,
+        "peak_flops_per_sec": 5e9,
+        "input_wait_fraction": [0.1, 0.3],
+    }
+    assert block["diagnosis"] is None  # 20% is not over the line
+
+
+def test_diagnosis_names_what_to_try_only_when_input_bound():
+    assert report.diagnosis(0.05) is None
+    line = report.diagnosis(0.45)
+    assert "\n" not in line
+    assert "45%" in line
+    for remedy in ("cache", "num_parallel_calls", "prefetch", "steps_per_execution", "hooks"):
+        assert remedy in line
+
+
+def test_perf_words_on_the_console_line():
+    words = report.perf_words(
+        {"examples_per_sec": 1234.5, "step_time_ms": {"median": 5.1, "p90": 6.0},
+         "input_wait_fraction": 0.03, "achieved_flops_per_sec": 2.6e10,
+         "peak_flops_per_sec": 1.4e11, "mfu": 0.186}
+    )  # fmt: skip
+    assert words == (
+        "perf 1234 ex/s, step 5.1 ms (p90 6), input wait 3%, 26 GFLOP/s of 140 (MFU 18.6%)"
+    )
+    assert report.perf_words(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("description", "dtype", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12),
+        ("NVIDIA H100 PCIe", "bfloat16", 756e12),
+        ("NVIDIA H200", "float16", 989e12),
+        ("NVIDIA A100-SXM4-40GB", "float32", 19.5e12),
+        ("Tesla T4", "float16", 65e12),
+        ("Tesla V100-SXM2-16GB", "bfloat16", None),  # no bf16 tensor cores: said, not guessed
+        ("Some Future GPU", "float32", None),
+    ],
+)
+def test_gpu_peak_table_from_device_descriptions(description, dtype, expected):
+    found = peak.gpu_peak(description, dtype)
+    assert found.flops_per_sec == expected
+    assert found.source.startswith("table:" if expected else "none:")
+
+
+def test_tpu_peak_table():
+    assert peak.tpu_peak("v4-8", "float32").flops_per_sec == 275e12
+    assert peak.tpu_peak("v5litepod-16", "bfloat16").flops_per_sec == 197e12
+    assert peak.tpu_peak("TPU", "bfloat16").flops_per_sec is None
+
+
+def test_cache_measures_once_and_writes_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "perf.json"
+    monkeypatch.setenv(cache.CACHE_ENV, str(path))
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 123.0
+
+    assert cache.remembered("peak", "m:float32", measure) == (123.0, False)
+    assert cache.remembered("peak", "m:float32", measure) == (123.0, True)
+    assert len(calls) == 1
+    assert json.loads(path.read_text())["peak"]["m:float32"] == 123.0
+    assert [p.name for p in tmp_path.iterdir()] == ["perf.json"]  # no temporary left behind
+    path.write_text("{not json")  # a damaged cache is measured again, then replaced
+    assert cache.remembered("peak", "m:float32", measure) == (123.0, False)
+    assert json.loads(path.read_text())["peak"]["m:float32"] == 123.0
+
+
+def test_provenance_differences():
+    base = {
+        "versions": {"tensorflow": "2.21.0", "keras": "3.15.1"},
+        "cpu": {"model": "AMD EPYC", "flags": ["avx512_bf16"], "count": 2},
+        "gpus": [], "hosts": 1, "replicas": 1,
+    }  # fmt: skip
+    other_cpu = {**base, "cpu": {**base["cpu"], "model": "Intel Xeon"}}
+    other_tf = {**base, "versions": {**base["versions"], "tensorflow": "2.22.0"}}
+    assert provenance.differences(base, base) == ""
+    assert provenance.differences(other_cpu, base) == "hw:cpu.model"
+    assert provenance.differences(other_tf, base) == "versions:tensorflow"
+    assert provenance.differences(None, base) == "?"
+
+
+def test_profiler_verdict_reads_xprof_tables():
+    from tfrecipe.perf.profiler import verdict
+
+    steps = {
+        "cols": [{"id": "stepnum"}, {"id": "stepTimeMs"}],
+        "rows": [{"c": [{"v": "train 5"}, {"v": 10.0}]}, {"c": [{"v": "train 6"}, {"v": 12.0}]}],
+        "p": {"input_conclusion": "Your program is HIGHLY input-bound because 48.4% of the "
+              "total step time sampled is waiting for input."},
+    }  # fmt: skip
+    found = verdict([{}, steps])
+    assert found["steps"] == 2
+    assert found["step_time_ms"] == 11.0
+    assert found["input_percent"] == 48.4
+    assert "HIGHLY input-bound" in found["verdict"]
+
+
+def test_compare_shows_perf_and_marks_runs_from_other_hardware(tmp_path):
+    from tfrecipe.cli.compare import find_runs, table
+
+    base = {
+        "versions": {"tensorflow": "2.21.0"},
+        "cpu": {"model": "AMD EPYC", "flags": [], "count": 2},
+        "gpus": [], "hosts": 1, "replicas": 1, "git": {"sha": "a", "dirty": False},
+    }  # fmt: skip
+    ran = {
+        "a": base,
+        "b": {**base, "git": {"sha": "b", "dirty": True}},  # another commit: still comparable
+        "c": {**base, "cpu": {**base["cpu"], "model": "Intel Xeon"}},
+    }
+    for name, found in ran.items():
+        (tmp_path / name).mkdir()
+        summary = {
+            "status": "completed", "metrics": {"loss": 0.1}, "examples_per_sec": 100.0,
+            "perf": {"step_time_ms": {"median": 4.0, "p90": 5.0}, "input_wait_fraction": 0.02,
+                     "mfu": 0.19},
+            "provenance": found,
+        }  # fmt: skip
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    header, rows = table(find_runs([tmp_path]), [])
+    shown = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert shown["a"]["step_ms"] == "4" and shown["a"]["input_wait"] == "0.02"
+    assert shown["a"]["mfu"] == "0.19"
+    assert [shown[name]["ran on"] for name in "abc"] == ["same", "same", "hw:cpu.model"]
+
+
+# --- real runs ---
+
+
+def test_default_run_reports_where_its_time_goes(train_run):
+    """The default job (2 of its epochs): every perf figure, little input wait, provenance."""
+    summary, _ = train_run("loop.epochs=2", "loop.verbose=0", tiny=False)
+    perf = summary["perf"]
+    assert set(perf) >= PERF_KEYS
+    assert perf["examples_per_sec"] == pytest.approx(summary["examples_per_sec"], rel=1e-3)
+    assert 0 < perf["step_time_ms"]["median"] <= perf["step_time_ms"]["p90"]
+    assert perf["input_wait_fraction"] <= 0.10, perf
+    assert perf["diagnosis"] is None
+    # the default CNN: 3.0 MFLOP forward (2 x MACs), a training step about 3x that
+    assert 8e6 < perf["flops_per_example"] < 10e6
+    assert perf["achieved_flops_per_sec"] > 0 and perf["peak_flops_per_sec"] > 0
+    assert perf["peak_source"].startswith("calibration:float32")
+    assert perf["mfu"] == pytest.approx(
+        perf["achieved_flops_per_sec"] / perf["peak_flops_per_sec"], rel=1e-2
+    )
+    ran = summary["provenance"]
+    assert ran["versions"]["tensorflow"] and ran["versions"]["keras"]
+    assert ran["cpu"]["model"] and ran["cpu"]["count"] >= 1
+    assert (ran["hosts"], ran["replicas"], ran["gpus"], ran["cluster"]) == (1, 1, [], None)
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, caplog):
+    """A map that sleeps per example: the steps wait most of the time; the run says so in one
+    line. Both loops profile two calls of the first epoch (outside the steady state the perf
+    block measures), one step per call: xprof sees the steps (their time above 0) and the
+    input they waited for."""
+    summary, run_dir = train_run(
+        f"loop={loop}", "loop.steps_per_epoch=6", *SLOW_INPUT, "logger=[tensorboard]",
+        "logger.tensorboard.profile_batch=2", "logger.tensorboard.profile_steps=2",
+    )  # fmt: skip
+    assert summary["steps_per_execution"] == 1  # a profiled run: xprof sees no step in a loop
+    perf = summary["perf"]
+    assert perf["input_wait_fraction"] >= 0.3, perf
+    assert "input-bound" in perf["diagnosis"]
+    assert any("input-bound" in r.getMessage() for r in caplog.records)
+    profile = perf["profile"]
+    assert profile["steps"] == 2 and profile["step_time_ms"] > 0, profile
+    assert profile["input_percent"] >= 20, profile
+    assert "input-bound" in profile["verdict"]
+    assert (run_dir / "tensorboard" / profile["trace"]).is_file()
+    assert list((run_dir / "tensorboard" / "perf").glob("events.out.tfevents.*"))
+
+
+def test_two_replicas_report_per_replica_and_in_total(train_run):
+    """Mirrored on two logical CPUs of one machine: each replica's wait is measured; they
+    share the CPU's peak, so the total peak is the machine's."""
+    summary, _ = train_run("strategy=mirrored", "strategy.logical_cpus=2", "loop=custom")
+    perf = summary["perf"]
+    assert perf["replicas"] == 2 and summary["provenance"]["replicas"] == 2
+    per_replica = perf["per_replica"]
+    assert len(per_replica["input_wait_fraction"]) == 2
+    assert perf["peak_flops_per_sec"] == pytest.approx(
+        2 * per_replica["peak_flops_per_sec"], rel=1e-3
+    )
+    assert "shared by 2 replicas" in perf["peak_source"]
+    assert perf["examples_per_sec"] == pytest.approx(2 * per_replica["examples_per_sec"], rel=1e-3)
+
+
+def test_a_peak_the_run_beat_is_measured_again_and_the_larger_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "perf.json"))
+    assert cache.remembered("peak", "k", lambda: 50.0) == (50.0, False)  # a busy machine
+    assert cache.remembered("peak", "k", lambda: 40.0, at_least=45.0) == (50.0, True)
+    # beaten, but measured within the hour: not again (each calibration costs seconds)
+    assert cache.remembered("peak", "k", lambda: 90.0, at_least=60.0) == (50.0, True)
+    monkeypatch.setattr(cache, "RECHECK_AFTER_S", 0)
+    assert cache.remembered("peak", "k", lambda: 90.0, at_least=60.0) == (90.0, False)
+    assert cache.remembered("peak", "k", lambda: 70.0, at_least=95.0) == (90.0, False)
+    assert cache.remembered("peak", "k", lambda: 1.0) == (90.0, True)
+
+
+def test_allreduce_time_from_device_descriptions():
+    """A ring all-reduce moves 2(n-1)/n of the gradients over each GPU's link."""
+    gradients = 100e6  # 25M float32 weights
+    assert peak.allreduce_seconds(gradients, 8, "NVIDIA H100 80GB HBM3") == pytest.approx(
+        2 * 7 / 8 * gradients / 450e9
+    )
+    assert peak.allreduce_seconds(gradients, 2, "Tesla T4") == pytest.approx(gradients / 16e9)
+    # PCIe H100s are not NVLink ones; one GPU all-reduces nothing; an unknown link is not guessed
+    assert peak.allreduce_seconds(gradients, 2, "NVIDIA H100 PCIe") == pytest.approx(
+        gradients / 64e9
+    )
+    assert peak.allreduce_seconds(gradients, 1, "NVIDIA H100 80GB HBM3") is None
+    assert peak.allreduce_seconds(gradients, 4, "Some Future GPU") is None
+
+
+def test_a_deterministic_run_says_why_it_has_no_input_wait(train_run):
+    """TensorFlow refuses clock ops under op determinism: the run trains, and says so."""
+    summary, _ = train_run("deterministic=true", "model=mlp", "model.hidden_units=[16]")
+    perf = summary["perf"]
+    assert perf["input_wait_fraction"] is None
+    assert "deterministic=true" in perf["input_wait_note"]
+    assert perf["step_time_ms"]["median"] > 0 and perf["flops_per_example"] > 0

@@ -1,0 +1,196 @@
+"""Step times and input wait, measured while training runs.
+
+- Step time: the wall time of each `tf.function` call (the batch hooks around it, as fit and
+  the custom loop call them), divided by the steps it ran.
+- Input wait: seconds the steps waited on their input, stamped in the graph. In fit, the step
+  (`model.train_step`, replica context) stamps when its batch has arrived and when its weights
+  were updated; the calls' time outside their steps is the wait (for input, and for the loop
+  around the steps; measured: a metrics-only end stamp would come after the forward pass and
+  count the backward pass as waiting). In the custom loop the graph stamps `next(iterator)`
+  itself. Per replica: each replica keeps its own sum (a sync-on-read variable, read locally,
+  no collective, so any worker of a cluster can read its own).
+
+Both count the steady state only: the epochs after the first (the first traces the graph), or
+with a single epoch its calls after the first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class InputClock:
+    """Seconds each replica computed its steps (fit) or waited for its input (the custom loop),
+    summed in the graph (see the module docstring).
+
+    Args:
+      strategy: the run's strategy; the sums live in its scope, one per replica.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        on_read = {
+            "synchronization": tf.VariableSynchronization.ON_READ,
+            "aggregation": tf.VariableAggregation.SUM,
+            "trainable": False,
+            "dtype": tf.float64,
+        }
+        with strategy.scope():
+            self.waited = tf.Variable(0.0, name="input_wait_s", **on_read)
+            self.busy = tf.Variable(0.0, name="step_busy_s", **on_read)
+        self.measuring: str | None = None  # "busy" (fit) or "waited" (custom loop): what is summed
+
+    def timed_step(
+        self, step: Callable[[Any], Any], data: Any, updated: Callable[[], list[tf.Tensor]]
+    ) -> Any:
+        """`step(data)` in replica context, its time from its batch's arrival to its update
+        added to the replica's `busy` sum (the rest of a call's time is waiting: input, loop).
+
+        `updated()` reads the weights after the step: the reads follow the step's assignments
+        (the graph orders ops on one variable as written), so the end stamp follows the update;
+        the outputs (metrics) alone are ready after the forward pass.
+        """
+        with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+            arrived = tf.timestamp()
+        with tf.control_dependencies([arrived]):
+            outputs = step(data)
+        done = [*tf.nest.flatten(outputs, expand_composites=True), *updated()]
+        with tf.control_dependencies(done):
+            self.busy.assign_add(tf.timestamp() - arrived)
+        return outputs
+
+    def timed_next(self, next_batch: Callable[[], Any]) -> Any:
+        """`next_batch()` with its wait added to every replica's sum (cross-replica context: the
+        custom loop, where one `next` feeds all replicas)."""
+        before = tf.timestamp()
+        with tf.control_dependencies([before]):
+            batch = next_batch()
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            waited = tf.timestamp() - before
+        for value in _components(self.waited):
+            with tf.device(value.device):
+                value.assign_add(waited)
+        return batch
+
+    def seconds(self) -> list[float]:
+        """Each local replica's sum so far (no collective: read on this worker only)."""
+        summed = self.busy if self.measuring == "busy" else self.waited
+        return [float(value.numpy()) for value in _components(summed)]
+
+
+def _components(variable: tf.Variable) -> tuple[tf.Variable, ...]:
+    values = getattr(variable, "values", None)
+    return tuple(values) if values is not None else (variable,)
+
+
+def time_train_step(model: keras.Model, clock: InputClock) -> bool:
+    """Makes fit's step stamp its input's arrival and its end (before fit traces it). Not under
+    XLA (`jit_compile`), which has no clock op: returns False, and the wait is not measured."""
+    if model.jit_compile:
+        return False
+    step = model.train_step
+    clock.measuring = "busy"
+    if getattr(step, "_tfrecipe_clock", None) is clock:
+        return True
+
+    def timed_step(data):
+        return clock.timed_step(
+            step, data, lambda: [tf.convert_to_tensor(v) for v in model.trainable_variables]
+        )
+
+    timed_step._tfrecipe_clock = clock
+    timed_step.__wrapped_step__ = step  # what FLOPs are counted on
+    model.train_step = timed_step
+    model.train_function = None  # traced again, with the stamps
+    return True
+
+
+class StepClock(keras.callbacks.Callback):
+    """Times each call (`on_train_batch_begin` to `_end`) and reads the input clock at the
+    steady state's edges; validation is not counted.
+
+    Args:
+      clock: the run's input clock, or None where the loop cannot stamp its steps.
+    """
+
+    def __init__(self, clock: InputClock | None):
+        super().__init__()
+        self.clock = clock
+        self.calls: list[tuple[int, int, float]] = []  # (epoch, steps, seconds)
+        self._epoch_training: list[tuple[int, float, list[float] | None]] = []
+        self._epoch = 0
+        # a single epoch's calls after its first: (seconds, wait per replica)
+        self._single: tuple[float, list[float] | None] | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_seconds = 0.0
+        self._epoch_first: tuple[float, list[float] | None] | None = None
+        self._epoch_wait = self._wait()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first_step = batch
+        self._call_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        seconds = time.perf_counter() - self._call_start
+        self.calls.append((self._epoch, batch + 1 - self._first_step, seconds))
+        self._epoch_seconds += seconds
+        if self._epoch_first is None:  # a single epoch's steady state starts here
+            self._epoch_first = (self._epoch_seconds, self._wait())
+
+    def on_epoch_end(self, epoch, logs=None):
+        wait = self._wait()
+        self._epoch_training.append((epoch, self._epoch_seconds, _minus(wait, self._epoch_wait)))
+        if len(self._epoch_training) == 1 and self._epoch_first is not None:
+            first_seconds, first_wait = self._epoch_first
+            self._single = (self._epoch_seconds - first_seconds, _minus(wait, first_wait))
+
+    def _wait(self) -> list[float] | None:
+        return self.clock.seconds() if self.clock is not None and self.clock.measuring else None
+
+    def steady_calls(self) -> list[tuple[int, float]]:
+        """(steps, seconds) of the steady state's calls."""
+        epochs = {epoch for epoch, _, _ in self.calls}
+        if len(epochs) > 1:
+            first = min(epochs)
+            return [(n, s) for epoch, n, s in self.calls if epoch != first]
+        return [(n, s) for _, n, s in self.calls[1:]]
+
+    def step_times_ms(self) -> dict[str, float] | None:
+        """Median and p90 of the steady state's step times (a call's time over its steps)."""
+        per_step = [1000 * s / n for n, s in self.steady_calls() if n > 0]
+        if not per_step:
+            return None
+        return {
+            "median": round(float(np.median(per_step)), 3),
+            "p90": round(float(np.percentile(per_step, 90)), 3),
+        }
+
+    def input_wait_fractions(self) -> list[float] | None:
+        """Per local replica, the steady state's share of training time spent waiting on input."""
+        if len(self._epoch_training) > 1:
+            seconds = sum(s for _, s, _ in self._epoch_training[1:])
+            waits = [w for _, _, w in self._epoch_training[1:]]
+        elif self._single is not None:
+            seconds, wait = self._single
+            waits = [wait]
+        else:
+            return None
+        if any(w is None for w in waits) or seconds <= 0:
+            return None
+        per_replica = np.sum(np.array(waits, dtype=float), axis=0)
+        if self.clock.measuring == "busy":  # the rest of the calls' time is waiting
+            per_replica = seconds - per_replica
+        return [round(min(max(float(w) / seconds, 0.0), 1.0), 4) for w in per_replica]
+
+
+def _minus(after: list[float] | None, before: list[float] | None) -> list[float] | None:
+    if after is None or before is None:
+        return None
+    return [a - b for a, b in zip(after, before, strict=True)]
