@@ -42,6 +42,7 @@ class _Invocation:
     run_dir: Path | None = None
     run_dir_existed: bool = True
     job_dir: Path | None = None  # the dir Hydra made for the job (also when nothing pre-checked)
+    made_manifest: bool = False  # this invocation began the run dir's manifest (tfrecipe.files)
     cluster = None  # the validated `cluster` config of a single run (schema.Cluster)
     sweep = None  # a sweep's plan (sweep_report.SweepPlan): where it writes, what picks its best
 
@@ -101,7 +102,6 @@ def _precheck(argv: list[str]) -> list[str]:
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
-    _claim_hydra_files(run_dir)
     if is_chief_process():
         from tfrecipe.config.changes import check_resume_unchanged
         from tfrecipe.rundir import public_config
@@ -113,6 +113,7 @@ def _precheck(argv: list[str]) -> list[str]:
     from tfrecipe.fault.preemption import stop_if_signalled
 
     stop_if_signalled()  # a signal while it started: recorded in the run dir now held
+    _claim_hydra_files(run_dir)  # every check passed: Hydra writes there next
     # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
     return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
 
@@ -130,6 +131,7 @@ def _claim_hydra_files(run_dir: Path) -> None:
             "run dir and Hydra would overwrite it; choose a new or empty hydra.run.dir"
         )
     if files.is_held(run_dir):
+        _Invocation.made_manifest = not (run_dir / files.MANIFEST).exists()
         files.claim(run_dir, [".hydra"])
 
 
@@ -653,8 +655,13 @@ def _discard_new_run_dir() -> None:
 
 def _discard_hydra_files(job_dir: Path) -> None:
     """The dir was there before, or nothing pre-checked it (--config-dir, --config-name): remove
-    only what Hydra wrote for the job, and the dir when that leaves it empty."""
+    only what Hydra wrote for the job (and the manifest this invocation began), and the dir when
+    that leaves it empty."""
+    from tfrecipe import files
+
     shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
+    if _Invocation.made_manifest:
+        (job_dir / files.MANIFEST).unlink(missing_ok=True)
     for log_file in job_dir.glob("*.log"):
         if log_file.stat().st_size == 0:
             log_file.unlink()
