@@ -50,7 +50,9 @@ def test_help_lists_the_subcommands_and_help_is_the_same(tmp_path):
     help_text = _stdout_of("--help", cwd=tmp_path)
     for command in SUBCOMMANDS:
         assert f"tfrecipe {command} " in help_text or f"tfrecipe {command}\n" in help_text, command
-    assert "model: cnn, keras_app, linear, mlp, resnet, text" in help_text and "recipe: " in help_text
+    assert (
+        "model: cnn, keras_app, linear, mlp, resnet, text" in help_text and "recipe: " in help_text
+    )
     assert "task: binary, classification, multilabel, regression" in help_text
     assert _stdout_of("help", cwd=tmp_path) == help_text
 
