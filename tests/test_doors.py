@@ -269,3 +269,69 @@ def test_evaluate_refuses_a_run_dir_another_process_is_writing(tmp_path, capsys)
         holder.stdin.close()
         holder.wait(timeout=30)
     assert list(run_dir.iterdir()) == []
+
+
+# --- a file door that is a link to /dev/zero is refused or skipped, never read --------------------
+def _read_config(run_dir):
+    from tfrecipe.cli.evaluate import load_run_config
+
+    return load_run_config(run_dir, [])
+
+
+def _read_model(run_dir):
+    from tfrecipe import reading  # predict.read_run's and evaluate's check before Keras opens it
+
+    return reading.check_archive(run_dir / "model.keras", what="model.keras")
+
+
+def _read_signature(run_dir):
+    from tfrecipe import signature
+
+    return signature.read(run_dir)
+
+
+def _read_fingerprint(run_dir):
+    from tfrecipe.data import fingerprint
+
+    return fingerprint.load(run_dir)
+
+
+def _read_stalls(run_dir):
+    from tfrecipe.fault.watchdog import recorded_stalls
+
+    assert recorded_stalls(run_dir) == [], "a linked stall record is skipped"
+
+
+def _read_summary(run_dir):
+    from tfrecipe import rundir
+
+    assert rundir.read_summary(run_dir) is None, "an unreadable summary reads as none"
+
+
+# file door -> (the name in the run dir, what reads it the way tfrecipe does)
+FILE_READERS = {
+    "RUN_DIR/config.yaml": ("config.yaml", _read_config),
+    "RUN_DIR/model.keras": ("model.keras", _read_model),
+    "RUN_DIR/signature.json": ("signature.json", _read_signature),
+    "RUN_DIR/data_fingerprint.json": ("data_fingerprint.json", _read_fingerprint),
+    "RUN_DIR/stall-TASK.txt": ("stall-worker-1.txt", _read_stalls),
+    "RUN_DIR/summary.json": ("summary.json", _read_summary),
+}
+_FILE_PROBES = [d.key for d in doors.FILE_DOORS if "non_regular" in d.probes]
+
+
+def test_every_file_door_with_a_probe_has_a_reader_here():
+    assert sorted(_FILE_PROBES) == sorted(FILE_READERS)
+
+
+@pytest.mark.parametrize("door", _FILE_PROBES)
+def test_a_file_door_linked_to_dev_zero_is_refused_not_read(door, tmp_path):
+    """Each read would never end (or exhaust memory) if it followed the link."""
+    name, read = FILE_READERS[door]
+    run_dir = tmp_path / "received"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to("/dev/zero")
+    try:
+        read(run_dir)
+    except (ConfigError, ValueError) as refused:
+        assert name.split("-")[0] in str(refused) or "/dev/zero" in str(refused), refused

@@ -212,11 +212,13 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     Raises:
       ConfigError: the file is there but not a fingerprint (damaged or edited).
     """
+    from tfrecipe import reading
+
     path = Path(run_dir) / FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    try:
-        saved = json.loads(path.read_text())
+    try:  # through the reader: a link to a device or a huge file is refused, not read
+        saved = reading.read_json(path, what="a run's data fingerprint")
         if saved.get("version") != _VERSION or not isinstance(saved.get("files"), dict):
             raise ValueError("not a data fingerprint")
     except (OSError, ValueError, AttributeError) as error:

@@ -31,7 +31,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import rundir
+from tfrecipe import reading, rundir
 from tfrecipe.fault import backup
 from tfrecipe.outcome import ATTEMPT_ENV, EXIT_STALLED
 
@@ -200,14 +200,18 @@ def _record_in_summary(run_dir: Path, record: dict[str, Any], message: str) -> N
     rundir.write_summary(run_dir, summary)
 
 
+_STACK_FILE_BYTES = 16 * 1024 * 1024  # every thread's stack: far less
+
+
 def recorded_stalls(run_dir: Path, earlier: object = None) -> list[dict[str, Any]]:
     """The stalls of this run: those summary.json already lists (`earlier`) and those the stack
     files in `run_dir` record (a file is data: a record that does not read as one is skipped)."""
     found = []
     for path in sorted(run_dir.glob("stall-*.txt")):
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-            with path.open(encoding="utf-8") as file:
-                first = file.readline()
+            # through the reader: a link to /dev/zero or a FIFO planted there is skipped, not read
+            text = reading.read_text(path, limit=_STACK_FILE_BYTES, what="a stall record")
+            first = text.partition("\n")[0]
             if first.startswith(_HEADER):
                 record = _checked(json.loads(first[len(_HEADER) :]))
                 if record is not None and record["stack_file"] == path.name:
