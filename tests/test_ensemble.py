@@ -53,6 +53,11 @@ def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run
 
     again = train(compose([*TINY, *RUN]), run_dir=run_dir)
     assert again["status"] == "completed"
+    # `tfrecipe evaluate` loads the ensemble's model.keras as a single model's.
+    from tfrecipe.cli.evaluate import evaluate_run
+
+    evaluated = evaluate_run(run_dir)["metrics"]
+    assert evaluated["auc"] == pytest.approx(again["test"]["auc"], abs=1e-5)
     assert (run_dir / "members/0/model.keras").stat().st_mtime_ns == kept
     assert again["test"] == pytest.approx(summary["test"], abs=1e-6)  # the same seeds, again
 

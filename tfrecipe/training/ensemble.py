@@ -76,7 +76,11 @@ def load(run: schema.RunConfig, run_dir: Path) -> keras.Model:
         for index in range(run.ensemble.seeds)
     ]
     model = ensemble_model.averaged(members, task=run.task.name)
-    factory.compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
+    # An optimizer it never steps: a model.keras compiled without one does not load again
+    # (Keras' compile_from_config builds the optimizer), and `tfrecipe evaluate` loads it.
+    factory.compile_model(
+        model, task=run.task, optimizer="sgd", allowed_targets=run.allowed_targets
+    )
     return model
 
 
