@@ -100,23 +100,21 @@ def replace_with(path: Path) -> Iterator[Path]:
     0700) beside `path`. On success it is renamed into place (an existing folder is replaced
     only once the new one is whole); on failure nothing is left."""
     path = _absolute(path)
-    root = check_writable(path)
+    check_writable(path)  # before the work of filling it
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield scratch / path.name
-        put(scratch / path.name, path, _checked=root)
+        put(scratch / path.name, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-_UNCHECKED = object()
-
-
-def put(written: Path, path: Path, *, _checked=_UNCHECKED) -> None:
+def put(written: Path, path: Path) -> None:
     """Moves a finished file or folder into place at `path` (same file system), under the
     writer's rules; an existing folder goes only once the new one is in its place."""
-    root = check_writable(path) if _checked is _UNCHECKED else _checked
+    path = _absolute(path)
+    root = check_writable(path)
     if path.is_dir() and not path.is_symlink():
         aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
         os.replace(path, aside / path.name)
@@ -136,7 +134,9 @@ def check_writable(path: Path) -> Path | None:
         raise NotOurs(f"{path}: a symbolic link; tfrecipe does not write through links")
     if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO, a device
         raise NotOurs(f"{path}: not a regular file; tfrecipe will not write to it")
-    root = next((r for r in _held if path.is_relative_to(r) and path != r), None)
+    # The innermost held dir decides (an ensemble's member runs sit inside its run dir).
+    holding = [r for r in _held if path.is_relative_to(r) and path != r]
+    root = max(holding, key=lambda r: len(r.parts), default=None)
     if root is not None and path.exists() and not is_owned(path, root):
         raise NotOurs(
             f"{path}: already there and not written by this run (not in {root / MANIFEST}); "
