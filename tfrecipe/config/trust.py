@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from tfrecipe.config.command_line import CommandLine
@@ -81,10 +81,6 @@ class Trust:
     def gave(self, key: str, value: Any) -> bool:
         """Whether the command line set `key`, or a node holding it, to `value`."""
         return self.command_line.gave(key, value)
-
-    def granted_entries(self, allowed: Iterable[Any]) -> list[str]:
-        """The entries of a config's `allowed_targets` this trust grants, in their order."""
-        return [entry for entry in allowed if self.grants_prefix(entry)]
 
 
 Trust.NOTHING = Trust()

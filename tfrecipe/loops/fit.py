@@ -142,23 +142,14 @@ class OptimizerSteps(_Relay):
             self.inner.on_train_batch_end((batch + 1) // self.accumulate - 1, logs)
 
 
-class OneTrainingRun(keras.callbacks.Callback):
+class OneTrainingRun(_Relay):
     """Relays every hook of several `fit` calls to `callbacks`, except that they see only the
     first `on_train_begin` and the `on_train_end` of the call marked `last`."""
 
     def __init__(self, callbacks: list[keras.callbacks.Callback], model, *, last: bool):
-        super().__init__()
-        self.inner = keras.callbacks.CallbackList(callbacks, model=model)
+        super().__init__(callbacks, model)
         self.last = last
         self._begun = False
-
-    def set_model(self, model):
-        super().set_model(model)
-        self.inner.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.inner.set_params(params)
 
     def on_train_begin(self, logs=None):
         if not self._begun:
@@ -171,30 +162,6 @@ class OneTrainingRun(keras.callbacks.Callback):
 
     def end(self) -> None:
         self.inner.on_train_end(None)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.inner.on_epoch_begin(epoch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.inner.on_epoch_end(epoch, logs)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.inner.on_train_batch_begin(batch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.inner.on_train_batch_end(batch, logs)
-
-    def on_test_begin(self, logs=None):
-        self.inner.on_test_begin(logs)
-
-    def on_test_end(self, logs=None):
-        self.inner.on_test_end(logs)
-
-    def on_test_batch_begin(self, batch, logs=None):
-        self.inner.on_test_batch_begin(batch, logs)
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.inner.on_test_batch_end(batch, logs)
 
 
 def evaluate(
