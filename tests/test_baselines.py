@@ -181,17 +181,15 @@ def test_positive_class_relabels_and_every_output_names_it(train_run):
     """churned = no/yes: by default yes is 1; positive_class=no makes `no` class 1: its
     targets flip, the names swap, the summary and the signature say so; a class the data do
     not have is refused naming the ones they have."""
-    from tfrecipe import factory
     from tfrecipe.config import schema
+    from tfrecipe.training.dataset import load_splits
 
     spec = schema.Target.model_validate(
         {"_target_": "tfrecipe.data.tabular.csv", "path": str(CUSTOMERS), "label": "churned",
          "features": ["age", "income", "visits", "city", "plan"], "categorical": ["city", "plan"]}
     )  # fmt: skip
-    plain = factory.load_splits(spec, allowed_targets=[], task=_task("binary"))
-    flipped = factory.load_splits(
-        spec, allowed_targets=[], task=_task("binary", positive_class="no")
-    )
+    plain = load_splits(spec, allowed_targets=[], task=_task("binary"))
+    flipped = load_splits(spec, allowed_targets=[], task=_task("binary", positive_class="no"))
     assert plain.info.class_names == ("no", "yes") and flipped.info.class_names == ("yes", "no")
     np.testing.assert_array_equal(flipped.info.targets, 1 - plain.info.targets)
     ys = [np.concatenate([y for _, y in s.test.batch(500).as_numpy_iterator()])
@@ -203,4 +201,4 @@ def test_positive_class_relabels_and_every_output_names_it(train_run):
     signature = json.loads((run_dir / "signature.json").read_text())
     assert signature["outputs"] == ["yes", "no"] and signature["positive_class"] == "no"
     with pytest.raises(ConfigError, match=r"task.positive_class.*maybe.*classes are no, yes"):
-        factory.load_splits(spec, allowed_targets=[], task=_task("binary", positive_class="maybe"))
+        load_splits(spec, allowed_targets=[], task=_task("binary", positive_class="maybe"))

@@ -122,14 +122,15 @@ def test_settings_that_would_fail_late_are_refused_by_the_config_check(
 
 def test_a_freeze_pattern_that_happens_to_match_every_layer_is_refused_when_built(compose_cfg):
     """What a pattern matches is known once the model is built: before anything trains."""
-    from tfrecipe import factory
+    from tfrecipe.models.build import build_model
+    from tfrecipe.training.dataset import load_splits
 
     run = validate(
         compose_cfg("model=mlp", "model.freeze=dense|logits", "model.freeze_random=true")
     )
-    splits = factory.load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, allowed_targets=[])
     with pytest.raises(ConfigError, match=r"freezes all 3 layers that have weights"):
-        factory.build_model(run.model, splits, task=run.task, allowed_targets=[])
+        build_model(run.model, splits, task=run.task, allowed_targets=[])
 
 
 def test_tfrecipes_builders_are_allowed_by_the_mark_where_they_are_defined(compose_cfg):

@@ -390,39 +390,55 @@ def test_every_loop_is_called_the_same_way():
 def test_auto_steps_per_call_divide_the_epoch_and_stay_one_for_large_models(
     num_params, steps_per_epoch, expected
 ):
-    from tfrecipe.factory import steps_per_call
-
-    assert (
-        steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == expected
+    assert _steps_per_call("auto", num_params=num_params, steps_per_epoch=steps_per_epoch) == (
+        expected
     )
-    assert steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+    assert _steps_per_call(7, num_params=num_params, steps_per_epoch=steps_per_epoch) == 7
+
+
+def _steps_per_call(
+    requested, *, hook_intervals=(), short_last_call=False, replicas=1, **numbers
+) -> int:
+    """`RunPlan.steps_per_call` of a plan that requests `requested` (`short_last_call`: the
+    custom loop's, which ends an epoch with a shorter call)."""
+    from tfrecipe.training.plan import RunPlan
+
+    plan = RunPlan(
+        loop="custom" if short_last_call else "fit",
+        in_cluster=False,
+        precision="float32",
+        periodic_backups=False,
+        backup_every_n_steps=100,
+        max_rollbacks=0,
+        hook_intervals=tuple(hook_intervals),
+        requested_steps_per_call=requested,
+        one_step_per_call=None,
+        gradient_accumulation_steps=1,
+    )
+    return plan.steps_per_call(replicas=replicas, **numbers)
 
 
 def test_auto_steps_per_call_of_a_loop_that_ends_epochs_short_divide_the_hooks_only():
-    from tfrecipe.factory import steps_per_call
-
     # MNIST's 422-step epochs (54,000 / 128) and a step log every 10 steps
-    assert steps_per_call("auto", num_params=1, steps_per_epoch=422, hook_intervals=(10,)) == 2
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=422, hook_intervals=(10,)) == 2
     short = {"num_params": 1, "steps_per_epoch": 422, "start_step": 7, "short_last_call": True}
-    assert steps_per_call("auto", **short, hook_intervals=(10,)) == 10
-    assert steps_per_call("auto", **short) == 32  # no step hooks: the most per call
-    assert steps_per_call("auto", **(short | {"num_params": 5_000_000})) == 1
+    assert _steps_per_call("auto", **short, hook_intervals=(10,)) == 10
+    assert _steps_per_call("auto", **short) == 32  # no step hooks: the most per call
+    assert _steps_per_call("auto", **(short | {"num_params": 5_000_000})) == 1
 
 
 def test_auto_steps_per_call_also_divide_the_rest_of_a_restored_epoch():
-    from tfrecipe.factory import steps_per_call
-
     # resumed at step 46 of 20-step epochs: 14 steps left in epoch 3, then whole epochs
-    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=46) == 2
-    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=40) == 20
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=46) == 2
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, start_step=40) == 20
 
 
 def test_auto_steps_per_call_keep_the_steps_hooks_were_asked_for():
-    from tfrecipe.factory import steps_per_call
-
     # backups every 3 steps in 5-step epochs: one step per call; a step log every 10 of 20: 10
-    assert steps_per_call("auto", num_params=1, steps_per_epoch=5, hook_intervals=(3,)) == 1
-    assert steps_per_call("auto", num_params=1, steps_per_epoch=20, hook_intervals=(10,)) == 10
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=5, hook_intervals=(3,)) == 1
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, hook_intervals=(10,)) == 10
+    # fit's multi-step calls fail across replicas (Keras 3.15): one step per call there
+    assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, replicas=2) == 1
 
 
 def test_summary_says_how_the_run_ran(train_run):

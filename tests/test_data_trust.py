@@ -124,8 +124,8 @@ def test_csv_label_ids_in_the_billions_count_no_list_and_the_head_check_refuses_
 ):
     """The probe: a label of 2000000000 built a 2e9-long count list before any check."""
     from tests.helpers.configs import validate
-    from tfrecipe import factory
     from tfrecipe.data import tabular
+    from tfrecipe.training.dataset import check_targets
 
     path = _labels_csv(tmp_path / "ids.csv", ["0", "1", "2000000000"] * 20)
     splits, peak = _peak_bytes(lambda: tabular.csv(path=str(path), label="y", stream=False))
@@ -133,7 +133,7 @@ def test_csv_label_ids_in_the_billions_count_no_list_and_the_head_check_refuses_
     run = validate(compose_cfg("dataset=csv", f"dataset.path={path}", "dataset.label=y",
                                       "model=mlp"))  # fmt: skip
     with pytest.raises(ConfigError, match=r"2000000001 classes .* of memory is available"):
-        factory.check_targets(run.dataset, splits.info, task=run.task, global_batch=32)
+        check_targets(run.dataset, splits.info, task=run.task, global_batch=32)
 
 
 # --- a label only in the test file ----------------------------------------------------------------

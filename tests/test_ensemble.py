@@ -18,8 +18,8 @@ RUN = ["recipe=breast_cancer_binary", "baseline=none", "ensemble.seeds=2", "loop
 def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run, tmp_path):
     import keras
 
-    from tfrecipe import factory
     from tfrecipe.data.bundled import breast_cancer
+    from tfrecipe.models.build import register_custom_objects
 
     summary, run_dir = train_run(*RUN)
     members = summary["ensemble"]["members"]
@@ -29,7 +29,7 @@ def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run
     assert summary["positive_class"] == "1"
     assert json.loads((run_dir / "signature.json").read_text())["outputs"] == ["0", "1"]
 
-    factory.register_custom_objects()
+    register_custom_objects()
     ensemble = keras.saving.load_model(run_dir / "model.keras", compile=False)
     parts = [keras.saving.load_model(run_dir / m["run_dir"] / "model.keras", compile=False)
              for m in members]  # fmt: skip

@@ -51,7 +51,6 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.fault",
         "tfrecipe.callbacks",
         "tfrecipe.tracking",
-        "tfrecipe.factory",
         "tfrecipe.perf",
     ),
     # a run, assembled

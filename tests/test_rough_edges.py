@@ -186,7 +186,7 @@ def test_evaluate_export_and_predict_load_tensorflow_off_the_console():
         "from tfrecipe.cli.console import quiet_start_up\n"
         "with quiet_start_up():\n"
         "    assert 'tensorflow' not in sys.modules\n"
-        "    from tfrecipe import factory  # imports TensorFlow, as evaluate's module does\n"
+        "    from tfrecipe.models import build  # imports TensorFlow, as evaluate's module does\n"
         "import tensorflow as tf\n"
         "print(tf.constant(2).numpy() * 21, tf.__spec__.loader.is_package('tensorflow'))\n"
         "os.write(2, b'after\\n')\n"

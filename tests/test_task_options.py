@@ -20,10 +20,11 @@ DIABETES = ["task=regression", "dataset=diabetes", "model=mlp", "model.hidden_un
 
 def _training_counts(compose_cfg, *overrides: str) -> np.ndarray:
     from tests.helpers.configs import validate
-    from tfrecipe import factory, tasks
+    from tfrecipe import tasks
+    from tfrecipe.training.dataset import load_splits
 
     run = validate(compose_cfg(*overrides, tiny=False))
-    splits = factory.load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, allowed_targets=[])
     return np.bincount(tasks.training_targets(splits.train).reshape(-1))
 
 
@@ -90,8 +91,8 @@ def test_standardized_targets_start_at_the_mean_and_stay_in_original_units(train
     import keras
 
     from tests.helpers.configs import validate
-    from tfrecipe import factory
     from tfrecipe.config.compose import compose
+    from tfrecipe.training.dataset import load_splits
 
     few_steps = [
         *DIABETES,
@@ -102,7 +103,7 @@ def test_standardized_targets_start_at_the_mean_and_stay_in_original_units(train
     scaled, scaled_dir = train_run(*few_steps, "task.standardize_targets=true")
     plain, plain_dir = train_run(*few_steps)
     run = validate(compose(DIABETES))
-    splits = factory.load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, allowed_targets=[])
     features, targets = next(iter(splits.test.batch(1000)))
     mean = float(np.mean(targets))  # about 150 (disease progression, 25 to 346)
     predict = {

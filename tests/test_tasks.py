@@ -71,12 +71,13 @@ def test_each_task_trains_the_same_on_two_mirrored_replicas(train_run, task):
 
 def test_the_head_follows_the_task(compose_cfg):
     from tests.helpers.configs import validate
-    from tfrecipe import factory
+    from tfrecipe.models.build import build_model
+    from tfrecipe.training.dataset import load_splits
 
     for task, (targets, _) in TASKS.items():
         run = validate(compose_cfg(*SYNTHETIC, f"task={task}", targets))
-        splits = factory.load_splits(run.dataset, allowed_targets=[])
-        model = factory.build_model(run.model, splits, task=run.task, allowed_targets=[])
+        splits = load_splits(run.dataset, allowed_targets=[])
+        model = build_model(run.model, splits, task=run.task, allowed_targets=[])
         width = {"classification": 4, "binary": 1, "multilabel": 4, "regression": 1}[task]
         assert model.output_shape == (None, width)
         assert model.layers[-1].dtype_policy.compute_dtype == "float32"

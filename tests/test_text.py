@@ -61,7 +61,7 @@ def test_text_folder_trains_through_the_cli_and_model_keras_takes_raw_strings(cl
 
     import keras
 
-    from tfrecipe.factory import register_custom_objects
+    from tfrecipe.models.build import register_custom_objects
 
     register_custom_objects()
     model = keras.saving.load_model(run_dir / "model.keras")
@@ -137,7 +137,7 @@ def test_texts_without_a_token_train_and_predict_finite_numbers(train_run, tmp_p
 
     import keras
 
-    from tfrecipe.factory import register_custom_objects
+    from tfrecipe.models.build import register_custom_objects
 
     register_custom_objects()
     model = keras.saving.load_model(run_dir / "model.keras")

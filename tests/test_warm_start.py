@@ -142,7 +142,7 @@ def test_a_missing_path_exits_2_naming_it(cli, tmp_path):
 def test_digits_classes_picks_and_relabels_digits(compose_cfg):
     from tfrecipe.config import schema
     from tfrecipe.errors import ConfigError
-    from tfrecipe.factory import load_splits
+    from tfrecipe.training.dataset import load_splits
 
     run = schema.validate(compose_cfg("dataset.classes=[7,2]"), trust=Trust.NOTHING)
     splits = load_splits(run.dataset, allowed_targets=[])

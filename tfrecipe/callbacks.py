@@ -115,7 +115,7 @@ def step_row(
     """A step log's row after the call that ends step `batch` of `epoch` (0-based), when that
     is a multiple of `every_n_steps` steps into the epoch (else None): the optimizer step, the
     epoch (1-based), the next step's learning rate and the call's logs. Steps per call divide
-    `every_n_steps` (tfrecipe.training.pacing.hook_intervals), so calls end on those steps."""
+    `every_n_steps` (tfrecipe.training.plan.RunPlan.hook_intervals), so calls end on those steps."""
     if (batch + 1) % every_n_steps:
         return None
     row = {
@@ -245,18 +245,7 @@ def build_callbacks(
     if spec.terminate_on_nan.enabled:
         callbacks.append(keras.callbacks.TerminateOnNaN())
     if spec.model_checkpoint.enabled:
-        checkpoint = spec.model_checkpoint
-        mode = _mode(checkpoint.monitor, checkpoint.mode)
-        best = best_row(earlier_epochs, checkpoint.monitor, mode)
-        callbacks.append(RoomForWeights(run_dir))  # runs first: before h5py writes
-        callbacks.append(
-            BestCheckpoint(
-                run_dir / "best.weights.h5",
-                monitor=checkpoint.monitor,
-                mode=mode,
-                best_so_far=None if best is None else best[checkpoint.monitor],
-            )
-        )
+        callbacks += _best_checkpoint(spec.model_checkpoint, run_dir, earlier_epochs)
     if spec.export.every_n_epochs:
         periodic = [f for f in export_formats if f in schema.PERIODIC_EXPORT_FORMATS]
         callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs, periodic or ["keras"]))
@@ -271,6 +260,39 @@ def build_callbacks(
                 restore_best_weights=es.restore_best_weights,
             )
         )
+    callbacks += _logger_callbacks(logger, run_dir)
+    for name, node in spec.extra.items():
+        callbacks.append(
+            instantiate(
+                node.model_dump(by_alias=True),
+                key=f"callbacks.extra.{name}",
+                allowed=allowed_targets,
+            )
+        )
+    return callbacks
+
+
+def _best_checkpoint(
+    checkpoint, run_dir: Path, earlier_epochs: Sequence[Mapping[str, float]]
+) -> list[keras.callbacks.Callback]:
+    """`callbacks.model_checkpoint`: best.weights.h5, with the best of the epochs a resumed run
+    already trained to beat."""
+    mode = _mode(checkpoint.monitor, checkpoint.mode)
+    best = best_row(earlier_epochs, checkpoint.monitor, mode)
+    return [
+        RoomForWeights(run_dir),  # runs first: before h5py writes
+        BestCheckpoint(
+            run_dir / "best.weights.h5",
+            monitor=checkpoint.monitor,
+            mode=mode,
+            best_so_far=None if best is None else best[checkpoint.monitor],
+        ),
+    ]
+
+
+def _logger_callbacks(logger: schema.Logger, run_dir: Path) -> list[keras.callbacks.Callback]:
+    """steps.csv and TensorBoard (with its step profiler), as `logger` switches them on."""
+    callbacks: list[keras.callbacks.Callback] = []
     if logger.csv:
         callbacks.append(StepCSVLogger(run_dir / "steps.csv", logger.csv.every_n_steps))
     if logger.tensorboard:
@@ -289,12 +311,4 @@ def build_callbacks(
                     run_dir / "tensorboard", first=tb.profile_batch, calls=tb.profile_steps
                 )
             )
-    for name, node in spec.extra.items():
-        callbacks.append(
-            instantiate(
-                node.model_dump(by_alias=True),
-                key=f"callbacks.extra.{name}",
-                allowed=allowed_targets,
-            )
-        )
     return callbacks

@@ -14,9 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-from tfrecipe import factory, rundir
+from tfrecipe import rundir
 from tfrecipe.cli.evaluate import load_run_config
 from tfrecipe.errors import ConfigError
+from tfrecipe.training.dataset import load_splits
 
 
 def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
@@ -29,7 +30,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
     if summary is None:
         raise ConfigError(f"baseline: {run_dir} holds no summary.json (is it a tfrecipe run dir?)")
     rundir.lock_run_dir(run_dir)  # refused while a run trains there: its summary is the run's
-    splits = factory.load_splits(
+    splits = load_splits(
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics

@@ -228,10 +228,10 @@ def validate(args: list[str]) -> None:
     recipe, overrides = _split([a for a in args if a not in ("-m", "--multirun")])
     # With Hydra's node: what Hydra itself would instantiate is checked too.
     cfg = configs.compose([*recipe, *overrides], return_hydra_config=True)
-    problems = []
+    problems, run = [], None
     trust = Trust.from_command_line(overrides)
     try:
-        validate_schema(cfg, trust=trust)
+        run = validate_schema(cfg, trust=trust)
     except ConfigError as error:
         problems += error.problems
     reported = {p.slot for p in problems}
@@ -242,6 +242,9 @@ def validate(args: list[str]) -> None:
         raise ConfigError(problems)
     print(f"valid: {' '.join(args) or 'the default config'}")
     print(f"  {VALIDATED}")
+    from tfrecipe.training.plan import RunPlan  # no TensorFlow: what the run will decide
+
+    print("plan:" + "".join(f"\n  {line}" for line in RunPlan.from_config(run).lines()))
 
 
 def _sweep_problems(recipe: list[str], overrides: list[str], trust: Trust) -> list[Problem]:

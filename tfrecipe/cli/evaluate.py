@@ -17,10 +17,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe import factory, reading, rundir
+from tfrecipe import reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
+from tfrecipe.models.build import build_model, compile_model, register_custom_objects
+from tfrecipe.training.dataset import evaluation_data, load_splits
 
 
 def load_run_config(
@@ -69,7 +71,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
             reading.check_archive(path, what="the model file")
         except reading.UnreadableFile as error:
             raise ConfigError(f"evaluate: --model={which}: {error}") from None
-        factory.register_custom_objects()  # the task's own metrics, named in the saved model
+        register_custom_objects()  # the task's own metrics, named in the saved model
         try:
             return keras.saving.load_model(path)
         except Exception as error:  # not a zip, a truncated file, unknown layers: not loadable
@@ -83,9 +85,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
         reading.check_file(weights, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
     except reading.UnreadableFile as error:
         raise ConfigError(f"evaluate: --model=best: {error}") from None
-    model = factory.build_model(
-        run.model, splits, task=run.task, allowed_targets=run.allowed_targets
-    )
+    model = build_model(run.model, splits, task=run.task, allowed_targets=run.allowed_targets)
     try:
         model.load_weights(weights)
     except Exception as error:  # a damaged file, or weights of another model
@@ -93,7 +93,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
             f"evaluate: --model=best: {weights} does not load into the run's model "
             f"({_first_line(error)})"
         ) from None
-    factory.compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
+    compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
     return model
 
 
@@ -106,7 +106,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     dataset = run.dataset.model_dump(by_alias=True)  # the data the run was trained on, or allowed
     check_evaluated_data(run_dir, dataset, allowed=run.resume_allow_changes)
 
-    splits = factory.load_splits(
+    splits = load_splits(
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
@@ -117,7 +117,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
     model = _load_model(run, run_dir, which, splits)
-    data = factory.evaluation_data(
+    data = evaluation_data(
         splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size, seed=run.seed
     )
     try:

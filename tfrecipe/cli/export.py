@@ -86,9 +86,10 @@ def _run_config(run_dir: Path, overrides: list[str]):
 
 
 def _export(options, run, run_files) -> dict:
-    from tfrecipe import factory, rundir
+    from tfrecipe import rundir
     from tfrecipe.cli.predict import load_model
     from tfrecipe.models import export
+    from tfrecipe.training.dataset import load_splits
 
     rundir.lock_run_dir(options.run_dir)  # refuses a run dir a run is writing
     out = Path(EXPORTS, options.model)
@@ -105,7 +106,7 @@ def _export(options, run, run_files) -> dict:
         quantize=options.quantize,
         representative_examples=spec.litert.representative_examples,
     )
-    splits = factory.load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
+    splits = load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
     try:
         report = export.export_run(
             model,

@@ -281,9 +281,9 @@ def load_model(run: Run):
     """
     import keras
 
-    from tfrecipe import factory
+    from tfrecipe.models.build import register_custom_objects
 
-    factory.register_custom_objects()
+    register_custom_objects()
     path = run.model_files[0]
     try:
         model = keras.saving.load_model(path, compile=False)

@@ -375,10 +375,9 @@ def export_run(
     """`export_all` with the examples of a run's splits: its test split (else validation, else
     training) to compare on, training examples to calibrate int8 on, the test split to score a
     quantized model on."""
-    from tfrecipe import factory
 
     def first(dataset, limit: int) -> list[Features]:
-        return factory.feature_batches(
+        return _feature_batches(
             dataset, pipeline, batch_size=batch_size, limit=limit, chunks=splits.batched
         )
 
@@ -389,7 +388,7 @@ def export_run(
     if "litert" in options.formats and options.quantize != "none":
         representative = first(splits.train, options.representative_examples)
         if splits.test is not None:
-            score = factory.scorer(
+            score = _scorer(
                 splits.test, pipeline, task=task, batch_size=batch_size, chunks=splits.batched
             )
     return export_all(
@@ -429,3 +428,38 @@ def export_model(model, run_dir: Path, formats: Collection[str], *, epoch: int |
         save_model(model, run_dir / f"model{suffix}.keras")
     if "saved_model" in formats:
         export_saved_model(model, run_dir / f"saved_model{suffix}")
+
+
+def _feature_batches(
+    dataset, options, *, batch_size: int, limit: int, chunks: bool = False
+) -> list:
+    """The first `limit` examples' features of a split (`chunks`: a streamed table's), as NumPy
+    batches normalized as the model takes them (`batch_transform`): what exports are checked
+    and calibrated on."""
+    from tfrecipe.data.pipeline import batch_transform
+    from tfrecipe.data.splits import batch
+
+    normalize = batch_transform(options)
+    batches = batch(dataset, batch_size, chunks=chunks).take(-(-limit // batch_size))
+    return list(batches.map(lambda x, y: normalize(x, y)[0]).as_numpy_iterator())
+
+
+def _scorer(dataset, options, *, task, batch_size: int, chunks: bool = False):
+    """`score(predict) -> {metric: value}`: the task's metrics (`tasks.metrics`) of a predict
+    function (features -> model outputs) on a whole split, e.g. an exported model's runtime."""
+    from tfrecipe import tasks
+    from tfrecipe.data.pipeline import batch_transform
+    from tfrecipe.data.splits import batch
+
+    normalize = batch_transform(options)
+    batches = batch(dataset, batch_size, chunks=chunks).map(normalize)
+
+    def score(predict) -> dict[str, float]:
+        metrics = tasks.metrics(task)
+        for x, y in batches.as_numpy_iterator():
+            outputs = np.asarray(predict(x), dtype=np.float32)
+            for metric in metrics:
+                metric.update_state(y, outputs.reshape(len(y), -1))
+        return {metric.name: float(metric.result()) for metric in metrics}
+
+    return score

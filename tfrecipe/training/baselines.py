@@ -112,6 +112,15 @@ def fit_baselines(
     }
 
 
+def fit_logged(splits: Splits, **kwargs: Any) -> dict[str, Any]:
+    """`fit_baselines` on a run's splits (the whole table's, not a worker's share), with the
+    time it took on the console."""
+    started = time.perf_counter()
+    fitted = fit_baselines(splits, **kwargs)
+    log.info("baselines fitted in %.1fs", time.perf_counter() - started)
+    return fitted
+
+
 def lines(baselines: dict[str, Any], model_metrics: dict[str, float] | None) -> list[str]:
     """The console's last lines: each baseline's headline metric beside the model's."""
     metric = baselines["metric"]

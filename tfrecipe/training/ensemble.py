@@ -4,15 +4,25 @@ averaged model's scores (the model itself: tfrecipe.models.ensemble)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from tfrecipe import factory
+from tfrecipe import rundir, signature
 from tfrecipe.config import schema
+from tfrecipe.data.tabular import StatsCache
 from tfrecipe.models import ensemble as ensemble_model
+from tfrecipe.models.build import compile_model, register_custom_objects
+from tfrecipe.training import summary as summaries
+from tfrecipe.training.dataset import evaluation_data, load_splits
+from tfrecipe.training.process import Dirs
+from tfrecipe.training.summary import RunSummary
+
+log = logging.getLogger("tfrecipe")
 
 MEMBERS = "members"  # RUN_DIR/members/I: member I's run dir
 # What a member's summary holds of interest beside its test metrics.
@@ -70,7 +80,7 @@ def as_single_run(members: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 def load(run: schema.RunConfig, run_dir: Path) -> keras.Model:
     """The members' exported models (model.keras) as one model averaging them, compiled."""
-    factory.register_custom_objects()
+    register_custom_objects()
     members = [
         keras.saving.load_model(run_dir / MEMBERS / str(index) / "model.keras", compile=False)
         for index in range(run.ensemble.seeds)
@@ -78,9 +88,7 @@ def load(run: schema.RunConfig, run_dir: Path) -> keras.Model:
     model = ensemble_model.averaged(members, task=run.task.name)
     # An optimizer it never steps: a model.keras compiled without one does not load again
     # (Keras' compile_from_config builds the optimizer), and `tfrecipe evaluate` loads it.
-    factory.compile_model(
-        model, task=run.task, optimizer="sgd", allowed_targets=run.allowed_targets
-    )
+    compile_model(model, task=run.task, optimizer="sgd", allowed_targets=run.allowed_targets)
     return model
 
 
@@ -91,7 +99,7 @@ def scores(run: schema.RunConfig, model: keras.Model, splits) -> dict[str, dict[
     def evaluate(split: str) -> dict[str, float]:
         if getattr(splits, split) is None:
             return {}
-        data = factory.evaluation_data(
+        data = evaluation_data(
             splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size,
             seed=run.seed,
         )  # fmt: skip
@@ -100,3 +108,74 @@ def scores(run: schema.RunConfig, model: keras.Model, splits) -> dict[str, dict[
 
     validation = evaluate("validation")
     return {"test": evaluate("test"), "metrics": {f"val_{k}": v for k, v in validation.items()}}
+
+
+def train_ensemble(
+    config: Mapping[str, Any],
+    run: schema.RunConfig,
+    dirs: Dirs,
+    attempt: dict[str, RunSummary],
+    *,
+    train_member: Callable[[Mapping[str, Any], schema.RunConfig, Dirs], dict[str, Any]],
+    export: Callable[[keras.Model, Path, Any], dict[str, Any]],
+    fit_baselines: Callable[[Any], dict[str, Any]] | None,
+) -> RunSummary:
+    """`ensemble.seeds=N`: N member runs (RUN_DIR/members/I, seed + I; a completed member is
+    kept, an interrupted one resumes from its own backup), then one model averaging them,
+    evaluated, exported and recorded as a single run's.
+
+    Args:
+      train_member: trains a member's run into its dirs; returns its summary.
+      export: `export(model, run_dir, splits)`: the exports' summary.
+      fit_baselines: `fit_baselines(splits)`, when the run fits baselines.
+    """
+    started = time.perf_counter()
+    dirs.claim(config, resume=run.resume, allowed=run.resume_allow_changes)
+    summary = RunSummary(
+        dirs.run_dir, summaries.ensemble_fields(run, dirs.run_dir), started=started
+    )
+    summary.start(config, chief=dirs.chief)
+    attempt["summary"] = summary
+    members = _train_members(config, run, dirs, summary, train_member)
+    first = dirs.run_dir / MEMBERS / "0"
+    splits = load_splits(
+        run.dataset, allowed_targets=run.allowed_targets,
+        stats_cache=StatsCache(first, chief=False), task=run.task,
+    )  # fmt: skip
+    summary.update(as_single_run(members))
+    if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
+        signature.write(dirs.run_dir, signature.read(first))
+    model = load(run, dirs.run_dir)
+    scored = scores(run, model, splits)  # test, and val_ metrics
+    summary.update(test=scored["test"])
+    summary.update(exports=export(model, dirs.run_dir, splits))
+    if fit_baselines is not None:
+        summary.update(baselines=fit_baselines(splits))
+    summary.finish(
+        "completed",
+        rows=[],
+        steps_completed=sum(m["steps_completed"] for m in members),
+        examples_per_sec=None,
+    )
+    summary.update(
+        metrics=scored["metrics"], epochs_completed=max(m["epochs_completed"] for m in members)
+    )
+    summary.write()
+    return summary
+
+
+def _train_members(config, run: schema.RunConfig, dirs: Dirs, summary: RunSummary, train_member):
+    """Each member's summary, trained unless an earlier attempt completed it."""
+    members = []
+    for index in range(run.ensemble.seeds):
+        member_dir = dirs.run_dir / MEMBERS / str(index)
+        member_run, member_cfg = member_config(run, config, index)
+        done = rundir.read_summary(member_dir)
+        if not (done and done.get("status") == "completed"):
+            log.info("ensemble: member %d of %d (seed %d)", index + 1, run.ensemble.seeds,
+                     member_run.seed)  # fmt: skip
+            done = train_member(member_cfg, member_run, Dirs(member_dir, member_dir))
+        members.append(done)
+        summary.update(ensemble=record(run, members))
+        summary.write()
+    return members

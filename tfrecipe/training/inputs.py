@@ -9,14 +9,16 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import factory, tasks
+from tfrecipe import tasks
 from tfrecipe.config import schema
 from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.distribute import input_shard
-from tfrecipe.data.pipeline import batch_transform, prepare
+from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.data.splits import DatasetInfo, Splits
 from tfrecipe.data.tabular import StatsCache
 from tfrecipe.errors import ConfigError
+from tfrecipe.training.dataset import check_targets, load_splits
+from tfrecipe.training.plan import RunPlan
 
 
 def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
@@ -49,20 +51,25 @@ class Inputs:
 
 
 def load_data(
-    run: schema.RunConfig, global_batch: int, *, stats_cache: StatsCache
+    spec: schema.Target,
+    *,
+    task: schema.Task,
+    batching: schema.Batching,
+    loop: schema.Loop,
+    global_batch: int,
+    allowed_targets: list[str],
+    stats_cache: StatsCache,
 ) -> tuple[Splits, int]:
     """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
-    splits = factory.load_splits(
-        run.dataset, allowed_targets=run.allowed_targets, stats_cache=stats_cache, task=run.task
-    )
+    splits = load_splits(spec, allowed_targets=allowed_targets, stats_cache=stats_cache, task=task)
     # the batch first: a typo'd batch size is named as such, not as the memory it would take
-    check_batch_fits(run.batching, global_batch, splits.info.num_train)
-    factory.check_targets(run.dataset, splits.info, task=run.task, global_batch=global_batch)
+    check_batch_fits(batching, global_batch, splits.info.num_train)
+    check_targets(spec, splits.info, task=task, global_batch=global_batch)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
-    steps_per_epoch = run.loop.steps_per_epoch or math.ceil(
-        _steps_in(splits.info.num_train, global_batch, run.batching.drop_remainder)
-        / run.loop.gradient_accumulation_steps
+    steps_per_epoch = loop.steps_per_epoch or math.ceil(
+        _steps_in(splits.info.num_train, global_batch, batching.drop_remainder)
+        / loop.gradient_accumulation_steps
     )
     return splits, steps_per_epoch
 
@@ -87,14 +94,21 @@ def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int
 
 
 def build_inputs(
-    run: schema.RunConfig,
-    strategy: tf.distribute.Strategy,
     splits: Splits,
+    strategy: tf.distribute.Strategy,
+    *,
+    task: schema.Task,
+    pipeline: PipelineOptions,
+    drop_remainder: bool,
+    seed: int,
+    plan: RunPlan,
     steps_per_epoch: int,
     global_batch: int,
     start_step: int = 0,
 ) -> Inputs:
-    class_weight = tasks.class_weights(run.task, splits.train, splits.info, chunks=splits.batched)
+    """The splits distributed with the strategy, training's from `start_step` on (this worker's
+    share of a streamed table), weighted by class with `task.class_weight`."""
+    class_weight = tasks.class_weights(task, splits.train, splits.info, chunks=splits.batched)
     shard = input_shard(strategy)
     if splits.for_worker is not None:  # a streamed table: each worker reads its own share
         splits = splits.for_worker(*shard)
@@ -105,29 +119,29 @@ def build_inputs(
         if dataset is None:
             return None
         training = split == "train"
-        batch_map = batch_transform(run.pipeline)
+        batch_map = batch_transform(pipeline)
         if training and class_weight is not None:  # (x, y, w): Keras' sample-weight form
             batch_map = tasks.weigh_examples(class_weight, after=batch_map)
         dataset = prepare(
             dataset,
-            run.pipeline,
+            pipeline,
             split=split,
             training=training,
-            seed=run.seed,
+            seed=seed,
             chunks=splits.batched,
         )
         return distribute_dataset(
             strategy,
             dataset,
             global_batch_size=global_batch,
-            drop_remainder=run.batching.drop_remainder and training,
+            drop_remainder=drop_remainder and training,
             # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
-            auto_shard_policy=run.pipeline.auto_shard_policy,
+            auto_shard_policy=pipeline.auto_shard_policy,
             batch_map=batch_map,
             # A restored run continues the same seeded stream where the backup was taken.
-            skip=start * run.loop.gradient_accumulation_steps,
+            skip=start * plan.gradient_accumulation_steps,
             chunks=splits.batched,
             num_rows=rows.get(split) if shard[1] == 1 else None,
         )

@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from tfrecipe import factory
 from tfrecipe.config import schema
 from tfrecipe.distribute.strategy import model_scope
 from tfrecipe.loops.options import LoopOptions
+from tfrecipe.training.plan import RunPlan
+
+log = logging.getLogger("tfrecipe")
 
 PLOT = "lr_find.png"
 CURVE = "lr_find.csv"
@@ -77,17 +81,24 @@ class _SweepCallback(keras.callbacks.Callback):
 
 
 def find_learning_rate(
-    run: schema.RunConfig,
+    spec: schema.LRFind,
     model: keras.Model,
     loop,
     train_data,
     *,
+    optimizer: schema.Optimizer,
+    plan: RunPlan,
+    recompile: Callable[..., None],
     run_dir: Path,
     chief: bool,
 ) -> dict[str, Any]:
     """Runs the sweep with `loop` on `train_data` (a fresh stream), puts the model back as it
-    was, writes lr_find.png and lr_find.csv (the chief) and returns summary.json's `lr_find`."""
-    spec = run.loop.lr_find
+    was, writes lr_find.png and lr_find.csv (the chief) and returns summary.json's `lr_find`.
+
+    Args:
+      optimizer: the `optimizer` group, whose optimizer the sweep steps.
+      recompile: `recompile(model, optimizer, steps_per_execution=N)` compiles as the run does.
+    """
     sweep = Sweep(steps=spec.steps, min_lr=spec.min_lr, max_lr=spec.max_lr)
     weights = model.get_weights()
     run_optimizer, steps_per_execution = model.optimizer, model.steps_per_execution
@@ -95,51 +106,43 @@ def find_learning_rate(
     from tfrecipe import optim
 
     with model_scope(strategy):
-        optimizer = optim.build_optimizer(
-            run.optimizer,
+        swept = optim.build_optimizer(
+            optimizer,
             learning_rate=sweep.min_lr,
-            loss_scaling=run.precision.policy == "mixed_float16",
-            gradient_accumulation_steps=run.loop.gradient_accumulation_steps
-            if run.loop.name == "fit"
-            else 1,
+            loss_scaling=plan.precision == "mixed_float16",
+            gradient_accumulation_steps=plan.optimizer_accumulation_steps(),
         )
-        _compile(run, model, optimizer, steps_per_execution=1)
-    recorder = _SweepCallback(sweep, _inner(optimizer))
+        recompile(model, swept, steps_per_execution=1)
+    recorder = _SweepCallback(sweep, _inner(swept))
     options = LoopOptions(
         epochs=sweep.steps,
         steps_per_epoch=1,
         verbose=0,
         steps_per_loop=1,
-        gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
     )
     try:
         loop.run(model, train_data, None, options=options, callbacks=[recorder])
     finally:
         model.set_weights(weights)  # the model as it was before the sweep
         with model_scope(strategy):
-            _compile(run, model, run_optimizer, steps_per_execution=steps_per_execution)
+            recompile(model, run_optimizer, steps_per_execution=steps_per_execution)
         model.stop_training = False
     result = suggest(recorder.rates, recorder.losses)
     result.update(steps=len(recorder.rates), min_lr=sweep.min_lr, max_lr=sweep.max_lr)
     if chief:
         _write(run_dir, recorder.rates, recorder.losses, result)
         result.update(plot=PLOT, curve=CURVE)
+    log.info(
+        "lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
+        result["suggested_learning_rate"], result["min_loss_learning_rate"], result["steps"],
+        run_dir / PLOT,
+    )  # fmt: skip
     return result
 
 
 def _inner(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)
-
-
-def _compile(run: schema.RunConfig, model, optimizer, *, steps_per_execution: int) -> None:
-    factory.compile_model(
-        model,
-        task=run.task,
-        optimizer=optimizer,
-        steps_per_execution=steps_per_execution,
-        jit_compile=run.batching.jit_compile,
-        allowed_targets=run.allowed_targets,
-    )
 
 
 def smoothed(losses: list[float]) -> np.ndarray:

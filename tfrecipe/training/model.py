@@ -1,14 +1,15 @@
 """The run's model under the strategy: built, compiled with its optimizer, warm-started, set
-up for two-phase fine-tuning; and what its outputs need (export formats, the signature)."""
+up for two-phase fine-tuning, paced (steps per call); and what its outputs need (export formats, the signature)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from tfrecipe import factory, optim, signature, tasks
+from tfrecipe import optim, signature, tasks
 from tfrecipe.config import schema
 from tfrecipe.data.splits import Splits
 from tfrecipe.distribute.strategy import model_scope
@@ -16,42 +17,44 @@ from tfrecipe.errors import ConfigError
 from tfrecipe.loops import finetune
 from tfrecipe.models import batch_norm, warm_start
 from tfrecipe.models import export as exports
+from tfrecipe.models.build import build_model, compile_model
+from tfrecipe.training.plan import RunPlan
 
 
-def build_model(
-    run: schema.RunConfig,
-    strategy: tf.distribute.Strategy,
+def build_compiled(
+    spec: schema.Target,
     splits: Splits,
-    steps_per_epoch: int,
-    global_batch: int,
+    strategy: tf.distribute.Strategy,
+    *,
+    task: schema.Task,
+    batching: schema.Batching,
+    new_optimizer: Callable[[], keras.optimizers.Optimizer],
+    plan: RunPlan,
+    allowed_targets: list[str],
 ) -> keras.Model:
     """Model, optimizer, loss and metrics, created under the strategy's scope (one step per
-    call until `pacing.pace` decides, after the restore)."""
-    _check_fit_accumulation(run, strategy.num_replicas_in_sync)
+    call until `pace` decides, after the restore)."""
+    _check_fit_accumulation(plan, strategy.num_replicas_in_sync)
     with model_scope(strategy):
-        model = factory.build_model(
-            run.model, splits, task=run.task, allowed_targets=run.allowed_targets
-        )
-        if run.batching.fused_batch_norm:
+        model = build_model(spec, splits, task=task, allowed_targets=allowed_targets)
+        if batching.fused_batch_norm:
             batch_norm.fuse(model)
-        total_steps = steps_per_epoch * run.loop.epochs
-        optimizer = run_optimizer(run, global_batch, total_steps=total_steps)
-        factory.compile_model(
+        compile_model(
             model,
-            task=run.task,
-            optimizer=optimizer,
-            jit_compile=run.batching.jit_compile,
-            allowed_targets=run.allowed_targets,
+            task=task,
+            optimizer=new_optimizer(),
+            jit_compile=batching.jit_compile,
+            allowed_targets=allowed_targets,
         )
     return model
 
 
-def _check_fit_accumulation(run: schema.RunConfig, num_replicas: int) -> None:
+def _check_fit_accumulation(plan: RunPlan, num_replicas: int) -> None:
     """Keras 3.15's gradient accumulation fails under a strategy with several replicas (its
     accumulate-or-apply `cond` holds a `merge_call`: "merge_call called while defining a new
     graph"); the custom loop accumulates there."""
-    steps = run.loop.gradient_accumulation_steps
-    if run.loop.name == "fit" and steps > 1 and num_replicas > 1:
+    steps = plan.optimizer_accumulation_steps()
+    if steps > 1 and num_replicas > 1:
         raise ConfigError(
             f"loop.gradient_accumulation_steps={steps}: loop=fit accumulates with Keras' "
             f"optimizer, which fails on {num_replicas} replicas (Keras 3.15: a merge_call inside "
@@ -59,36 +62,54 @@ def _check_fit_accumulation(run: schema.RunConfig, num_replicas: int) -> None:
         )
 
 
-def initial_learning_rate(run: schema.RunConfig, global_batch: int) -> float:
+def pace(model: keras.Model, plan: RunPlan, steps_per_epoch: int, start_step: int) -> int:
+    """The run's steps per call (`RunPlan.steps_per_call`), decided once, after the restore (a
+    run restored mid-epoch needs calls that also divide the rest of that epoch); fit's model
+    takes it as its `steps_per_execution`."""
+    steps = plan.steps_per_call(
+        num_params=model.count_params(),
+        replicas=model.distribute_strategy.num_replicas_in_sync,
+        steps_per_epoch=steps_per_epoch,
+        start_step=start_step,
+    )
+    execution = plan.steps_per_execution(steps)
+    if execution is not None:  # fit runs micro-batches: each call ends on an update
+        model.steps_per_execution = execution
+    return steps
+
+
+def initial_learning_rate(
+    learning_rate: float, batching: schema.Batching, *, global_batch: int, plan: RunPlan
+) -> float:
     """The configured rate scaled (`batching.lr_scaling`) by the examples of one optimizer
     update: the global batch times `loop.gradient_accumulation_steps`."""
     return optim.scaled_learning_rate(
-        run.optimizer.learning_rate,
-        rule=run.batching.lr_scaling,
-        global_batch_size=global_batch * run.loop.gradient_accumulation_steps,
-        reference_batch_size=run.batching.lr_reference_batch_size
-        or run.batching.per_replica_batch_size,
+        learning_rate,
+        rule=batching.lr_scaling,
+        global_batch_size=global_batch * plan.gradient_accumulation_steps,
+        reference_batch_size=batching.lr_reference_batch_size or batching.per_replica_batch_size,
     )
 
 
-def run_optimizer(
-    run: schema.RunConfig, global_batch: int, *, total_steps: int
-) -> keras.optimizers.Optimizer:
-    """The run's optimizer: its scaled learning rate on its schedule, loss scaling with float16."""
-    schedule = optim.learning_rate_schedule(
-        run.optimizer,
-        learning_rate=initial_learning_rate(run, global_batch),
-        total_steps=total_steps,
-    )
-    return optim.build_optimizer(
-        run.optimizer,
-        learning_rate=schedule,
-        loss_scaling=run.precision.policy == "mixed_float16",
-        # the custom loop accumulates in its own step function
-        gradient_accumulation_steps=run.loop.gradient_accumulation_steps
-        if run.loop.name == "fit"
-        else 1,
-    )
+def optimizer_factory(
+    spec: schema.Optimizer, *, learning_rate: float, total_steps: int, plan: RunPlan
+) -> Callable[[], keras.optimizers.Optimizer]:
+    """Makes the run's optimizer (call it in the strategy's scope): its scaled learning rate on
+    its schedule, loss scaling with float16."""
+
+    def new_optimizer() -> keras.optimizers.Optimizer:
+        schedule = optim.learning_rate_schedule(
+            spec, learning_rate=learning_rate, total_steps=total_steps
+        )
+        return optim.build_optimizer(
+            spec,
+            learning_rate=schedule,
+            loss_scaling=plan.precision == "mixed_float16",
+            # the custom loop accumulates in its own step function
+            gradient_accumulation_steps=plan.optimizer_accumulation_steps(),
+        )
+
+    return new_optimizer
 
 
 def check_export_formats(formats, model: keras.Model) -> None:
@@ -110,30 +131,31 @@ def check_export_formats(formats, model: keras.Model) -> None:
 
 
 def two_phases(
-    run: schema.RunConfig,
+    spec: schema.Finetune,
     strategy: tf.distribute.Strategy,
     model: keras.Model,
+    *,
+    task: schema.Task,
+    jit_compile: bool | str,
+    new_optimizer: Callable[[], keras.optimizers.Optimizer],
     steps_per_epoch: int,
-    global_batch: int,
 ) -> finetune.TwoPhases | None:
     """`loop.finetune`'s switch: phase two's optimizer and compile are the run's own."""
-    spec = run.loop.finetune
     if spec.unfreeze_at_epoch is None:
         return None
 
-    def new_optimizer() -> keras.optimizers.Optimizer:
+    def scoped_optimizer() -> keras.optimizers.Optimizer:
         with model_scope(strategy):
-            total_steps = steps_per_epoch * run.loop.epochs
-            return run_optimizer(run, global_batch, total_steps=total_steps)
+            return new_optimizer()
 
     def compile_with(optimizer: keras.optimizers.Optimizer) -> None:
         with model_scope(strategy):
-            factory.compile_model(
+            compile_model(
                 model,
-                task=run.task,
+                task=task,
                 optimizer=optimizer,
                 steps_per_execution=model.steps_per_execution,
-                jit_compile=run.batching.jit_compile,
+                jit_compile=jit_compile,
             )
 
     plan = finetune.Plan(spec.unfreeze_at_epoch, spec.learning_rate_factor, spec.unfreeze)
@@ -141,7 +163,7 @@ def two_phases(
         model,
         plan,
         steps_per_epoch=steps_per_epoch,
-        new_optimizer=new_optimizer,
+        new_optimizer=scoped_optimizer,
         compile_with=compile_with,
     )
 
@@ -158,14 +180,21 @@ def warm_start_from(
         return warm_start.init_from(model, path)
 
 
-def describe(run: schema.RunConfig, splits: Splits, model: keras.Model) -> dict[str, Any]:
+def describe(
+    splits: Splits,
+    model: keras.Model,
+    *,
+    task: schema.Task,
+    dataset: schema.Target,
+    normalize,
+) -> dict[str, Any]:
     """What predictions need (signature.json): class names, target encoding, input columns."""
     return signature.describe(
-        task=run.task,
-        num_outputs=tasks.num_outputs(run.task, splits.info),
+        task=task,
+        num_outputs=tasks.num_outputs(task, splits.info),
         class_names=splits.info.class_names,
         feature_names=splits.info.feature_names,
         features=splits.train.element_spec[0],
-        label=(run.dataset.model_extra or {}).get("label"),
-        normalize=run.pipeline.normalize,
+        label=(dataset.model_extra or {}).get("label"),
+        normalize=normalize,
     )

@@ -24,6 +24,7 @@ from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.tracking import Tracker
 from tfrecipe.training.inputs import Inputs
+from tfrecipe.training.plan import RunPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Monitors:
 
 def build_monitors(
     run: schema.RunConfig,
+    plan: RunPlan,
     *,
     config: Mapping[str, Any],
     chief: bool,
@@ -79,18 +81,10 @@ def build_monitors(
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
     history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
-        examples_per_step=global_batch * run.loop.gradient_accumulation_steps,
+        examples_per_step=global_batch * plan.gradient_accumulation_steps,
         examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
     )
-    # Parameter servers run their steps as closures on the workers: nothing to stamp here; with
-    # op determinism on, TensorFlow refuses clock ops in a graph. TPUs compile the step whole,
-    # with no clock op.
-    stamped = (
-        run.strategy.name != "parameter_server"
-        and not run.deterministic
-        and "TPU" not in device_kinds(strategy)
-    )
-    input_clock = InputClock(strategy) if stamped else None
+    input_clock = _input_clock(plan, strategy, deterministic=run.deterministic)
     step_clock = StepClock(input_clock)
     callbacks = [
         history,
@@ -118,6 +112,17 @@ def build_monitors(
     for tracker in trackers:
         callbacks += tracker.callbacks()
     return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
+
+
+def _input_clock(
+    plan: RunPlan, strategy: tf.distribute.Strategy, *, deterministic: bool
+) -> InputClock | None:
+    """What the loop stamps its steps with. Parameter servers run their steps as closures on the
+    workers: nothing to stamp here; with op determinism on, TensorFlow refuses clock ops in a
+    graph. TPUs compile the step whole, with no clock op."""
+    if plan.parameter_servers or deterministic or "TPU" in device_kinds(strategy):
+        return None
+    return InputClock(strategy)
 
 
 def _start_tracking(

@@ -12,7 +12,10 @@ from tfrecipe import optim
 from tfrecipe.config import schema
 from tfrecipe.fault import backup, preemption
 from tfrecipe.fault.recovery import Recovery
+from tfrecipe.fault.recovery import candidates as candidates  # the backups a resume reads
+from tfrecipe.fault.recovery import restore as restore  # a resume's restore
 from tfrecipe.outcome import BACKUP_DIR
+from tfrecipe.training.plan import RunPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +33,18 @@ class Protection:
 
 
 def recovery_policy(
-    run: schema.RunConfig, model: keras.Model, backup_dir: Path, steps_per_epoch: int
+    spec: schema.TerminateOnNaN,
+    *,
+    resume: str,
+    model: keras.Model,
+    backup_dir: Path,
+    steps_per_epoch: int,
 ) -> Recovery:
     """`callbacks.terminate_on_nan`'s policy; built before a restore, which sets a float rate's
     variable to the backup's, so it reads the rate as configured."""
     return Recovery(
-        spec=run.callbacks.terminate_on_nan,
-        resume=run.resume,
+        spec=spec,
+        resume=resume,
         backup_dir=backup_dir,
         base_learning_rate=optim.base_learning_rate(model.optimizer),
         steps_per_epoch=steps_per_epoch,
@@ -44,28 +52,27 @@ def recovery_policy(
 
 
 def fault_tolerance(
-    run: schema.RunConfig,
+    plan: RunPlan,
+    spec: schema.Backup,
     *,
-    in_cluster: bool,
     model: keras.Model,
     run_dir: Path,
     steps_per_epoch: int,
-    save_at_start: bool,
+    resumed: bool,
 ) -> Protection:
-    """Backups (periodic when `callbacks.backup.enabled`, default: multi-worker runs and runs
-    that roll back) and the SIGTERM watcher that saves one on preemption.
+    """Backups (periodic as the plan says: `RunPlan.periodic_backups`) and the SIGTERM watcher
+    that saves one on preemption.
 
     Args:
-      in_cluster: this process is a cluster task (multi-worker, parameter servers).
-      save_at_start: with rollbacks, also back up the state training starts from.
+      spec: `callbacks.backup`, for how many backups to keep.
+      resumed: the run restored a backup (a fresh run that rolls back also backs up the state
+        training starts from).
     """
-    spec = run.callbacks.backup
-    rolls_back = run.callbacks.terminate_on_nan.max_rollbacks > 0
     options = backup.BackupOptions(
-        periodic=spec.enabled if spec.enabled is not None else in_cluster or rolls_back,
-        every_n_steps=spec.every_n_steps,
+        periodic=plan.periodic_backups,
+        every_n_steps=plan.backup_every_n_steps,
         max_to_keep=spec.max_to_keep,
-        save_at_start=rolls_back and save_at_start,
+        save_at_start=plan.save_at_start(resumed=resumed),
     )
     manager = backup.make_manager(
         backup.training_state(model), run_dir / BACKUP_DIR, options.max_to_keep
@@ -75,7 +82,7 @@ def fault_tolerance(
     watcher = preemption.watch(
         save=callback.save,
         cluster_resolver=getattr(model.distribute_strategy, "cluster_resolver", None),
-        parameter_servers=run.strategy.name == "parameter_server",
+        parameter_servers=plan.parameter_servers,
         current_step=lambda: backup.current_step(model),
     )
     if watcher is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import keras
 from tfrecipe import rundir, tasks
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
-from tfrecipe.fault import disk
+from tfrecipe.fault import disk, preemption
 from tfrecipe.models import batch_norm
 from tfrecipe.models.freeze import param_counts
 
@@ -83,6 +83,31 @@ class RunSummary:
             self.fields["examples_per_sec"] = examples_per_sec
         disk.settle(self.run_dir)  # frees the reserve: the summary fits however full the disk is
         self.write()
+
+
+@contextlib.contextmanager
+def recording_unfinished(run_dir: Path, *, chief: bool) -> Iterator[dict[str, RunSummary]]:
+    """However the run in `run_dir` ends, summary.json says how: also after a failure, SIGTERM
+    or Ctrl-C before training began (a config error writes nothing). Yields the attempt, whose
+    "summary" the run sets once the run dir holds it. The command line locks the run dir for
+    the whole process; a lock taken here (train() called directly, a sweep's job) is given back
+    when the run ends."""
+    attempt: dict[str, RunSummary] = {}
+    locked_before = rundir.holds_run_dir(run_dir)
+    with preemption.signals_preempt():
+        try:
+            yield attempt
+        except ConfigError:
+            raise
+        except BaseException as error:
+            summary = attempt.get("summary")
+            if summary is None or summary.status == "running":  # not recorded by finish()
+                status = "preempted" if isinstance(error, preemption.Preempted) else "failed"
+                record_unfinished(run_dir, summary, status, error, chief=chief)
+            raise
+        finally:
+            if not locked_before:
+                rundir.unlock_run_dir(run_dir)
 
 
 def record_unfinished(

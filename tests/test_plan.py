@@ -1,0 +1,112 @@
+"""`RunPlan` (tfrecipe/training/plan.py): what a run decides from its config, once, before
+TensorFlow: the loop, backups and rollbacks, hook intervals, steps per call, precision."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers.configs import validate
+
+from tfrecipe.training.plan import RunPlan
+
+
+def _plan(compose_cfg, *overrides: str) -> RunPlan:
+    return RunPlan.from_config(validate(compose_cfg(*overrides)))
+
+
+def test_the_plan_is_made_without_tensorflow():
+    script = (
+        "import sys\n"
+        "from tfrecipe.config.compose import compose\n"
+        "from tfrecipe.config import schema\n"
+        "from tfrecipe.config.trust import Trust\n"
+        "from tfrecipe.training.plan import RunPlan\n"
+        "run = schema.validate(compose(['loop=custom', 'logger=none']), trust=Trust.from_command_line([]))\n"
+        "plan = RunPlan.from_config(run)\n"
+        "print(plan.loop, plan.steps_per_call(num_params=1, replicas=1, steps_per_epoch=8))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["custom 32", "[]"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "loop", "in_cluster"),
+    [
+        ((), "fit", False),
+        (("loop=custom",), "custom", False),
+        (("strategy=multi_worker_mirrored", "cluster=tf_config"), "fit", True),
+        (("strategy=parameter_server", "loop=custom", "cluster=tf_config"), "parameter_server",
+         True),
+    ],
+)  # fmt: skip
+def test_the_plan_picks_the_loop_and_says_whether_the_run_is_in_a_cluster(
+    compose_cfg, overrides, loop, in_cluster
+):
+    plan = _plan(compose_cfg, *overrides)
+    assert (plan.loop, plan.in_cluster) == (loop, in_cluster)
+    assert plan.parameter_servers == (loop == "parameter_server")
+
+
+def test_auto_precision_is_float32_on_a_cluster_and_kept_on_one_process(compose_cfg):
+    assert _plan(compose_cfg, "precision=auto").precision == "auto"
+    clustered = ("precision=auto", "strategy=multi_worker_mirrored", "cluster=tf_config")
+    assert _plan(compose_cfg, *clustered).precision == "float32"
+    assert _plan(compose_cfg, "precision=mixed_bfloat16").precision == "mixed_bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "periodic", "backup_interval_kept"),
+    [
+        ((), False, False),  # one process, no rollbacks: a backup on preemption only
+        (("strategy=multi_worker_mirrored", "cluster=tf_config"), True, True),
+        (("callbacks.terminate_on_nan.max_rollbacks=2",), True, True),
+        (("callbacks.backup.enabled=true",), True, True),
+        (("strategy=multi_worker_mirrored", "cluster=tf_config", "callbacks.backup.enabled=false"),
+         False, False),
+    ],
+)  # fmt: skip
+def test_one_rule_decides_periodic_backups_and_the_steps_they_keep(
+    compose_cfg, overrides, periodic, backup_interval_kept
+):
+    plan = _plan(compose_cfg, "callbacks.backup.every_n_steps=7", *overrides)
+    assert plan.periodic_backups == periodic
+    assert (7 in plan.hook_intervals) == backup_interval_kept
+    if periodic:  # a call of several steps ends on each backup's step
+        assert plan.steps_per_call(num_params=1, replicas=1, steps_per_epoch=14) in (1, 7)
+
+
+def test_a_fresh_run_that_rolls_back_backs_up_its_first_step(compose_cfg):
+    plan = _plan(compose_cfg, "callbacks.terminate_on_nan.max_rollbacks=2")
+    assert plan.max_rollbacks == 2
+    assert plan.save_at_start(resumed=False) and not plan.save_at_start(resumed=True)
+    assert not _plan(compose_cfg).save_at_start(resumed=False)
+
+
+def test_profiled_and_parameter_server_runs_take_one_step_per_call(compose_cfg):
+    numbers = {"num_params": 1, "replicas": 1, "steps_per_epoch": 8}
+    assert _plan(compose_cfg, "logger=none").steps_per_call(**numbers) == 8
+    profiled = _plan(compose_cfg, "logger=tensorboard", "logger.tensorboard.profile_batch=2")
+    assert profiled.one_step_per_call and profiled.steps_per_call(**numbers) == 1
+    fixed = _plan(compose_cfg, "batching.steps_per_execution=4")
+    assert fixed.steps_per_call(**numbers) == 4
+    assert (
+        fixed.steps_per_execution(4) == 4
+        and _plan(compose_cfg, "loop=custom").steps_per_execution(4) is None
+    )
+
+
+def test_validate_prints_the_plan(capsys):
+    from tfrecipe.cli.commands import validate as validate_command
+
+    validate_command(["callbacks.terminate_on_nan.max_rollbacks=1", "loop=custom"])
+    out = capsys.readouterr().out
+    plan = out[out.index("plan:") :].splitlines()
+    assert plan[0] == "plan:"
+    assert plan[1] == "  loop: custom (one process)"
+    assert "backups: every 100 steps; rollbacks on NaN/Inf: up to 1" in plan[3]

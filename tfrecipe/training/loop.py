@@ -1,0 +1,243 @@
+"""The loop that trains a run, as the plan picks it (fit, custom, parameter servers' custom
+loop), driven from a backup again after each rollback; then the test split and the exports;
+and how training ended, recorded (summary.json, the trackers) however it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from tfrecipe import optim, rundir, tasks
+from tfrecipe.callbacks import progress_verbosity
+from tfrecipe.config import schema
+from tfrecipe.data import table_stream
+from tfrecipe.data.pipeline import PipelineOptions
+from tfrecipe.errors import DataError
+from tfrecipe.fault import backup
+from tfrecipe.fault.preemption import Preempted
+from tfrecipe.fault.recovery import Recovery
+from tfrecipe.loops import custom, finetune, fit, parameter_server
+from tfrecipe.loops.options import LoopOptions
+from tfrecipe.models import export as exports
+from tfrecipe.outcome import TrainingError
+from tfrecipe.perf.clock import InputClock
+from tfrecipe.training import lr_find, performance
+from tfrecipe.training.inputs import Inputs
+from tfrecipe.training.monitors import Monitors
+from tfrecipe.training.plan import RunPlan
+from tfrecipe.training.protection import Protection
+from tfrecipe.training.summary import RunSummary
+
+log = logging.getLogger("tfrecipe")
+
+# The loop of each of the plan's loop kinds.
+_LOOPS = {"fit": fit, "custom": custom, "parameter_server": parameter_server}
+
+
+def loop_of(plan: RunPlan):
+    """The loop that trains a run (parameter servers: their ClusterCoordinator loop)."""
+    return _LOOPS[plan.loop]
+
+
+def options(
+    spec: schema.Loop,
+    *,
+    progress: bool,
+    inputs: Inputs,
+    steps_per_call: int,
+    input_clock: InputClock | None,
+) -> LoopOptions:
+    """The loop's options (`progress`: `callbacks.progress.enabled`)."""
+    return LoopOptions(
+        epochs=spec.epochs,
+        steps_per_epoch=inputs.steps_per_epoch,
+        validation_freq=spec.validation_freq,
+        verbose=progress_verbosity(spec.verbose, enabled=progress),
+        steps_per_loop=steps_per_call,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        train_data_from=inputs.train_from,
+        input_clock=input_clock,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exporting:
+    """What exporting a trained model needs: `export`, and its examples prepared as training's
+    (`batch_size` per replica)."""
+
+    spec: schema.Export
+    pipeline: PipelineOptions
+    task: schema.Task
+    batch_size: int
+
+    def export(self, model: keras.Model, run_dir: Path, splits) -> dict[str, Any]:
+        """Every format of `export.formats`, each checked against Keras on held-out examples
+        (tfrecipe.models.export); model.keras whatever the formats: `tfrecipe evaluate` reads
+        it. `splits`: the undistributed splits."""
+        try:
+            return exports.export_run(
+                model,
+                run_dir,
+                exports.options_from(self.spec),
+                splits=splits,
+                pipeline=self.pipeline,
+                task=self.task,
+                batch_size=self.batch_size,
+            )
+        except exports.ExportError as error:
+            raise TrainingError(f"export failed: {error}") from None
+
+
+def train_model(
+    plan: RunPlan,
+    model: keras.Model,
+    inputs: Inputs,
+    *,
+    options: LoopOptions,
+    summary: RunSummary,
+    monitors: Monitors,
+    protected: Protection,
+    policy: Recovery,
+    start_step: int,
+    phases: finetune.TwoPhases | None,
+):
+    """Trains with the plan's loop (again from a backup after each rollback; in two phases with
+    `loop.finetune`); the model ends on its averaged weights with `optimizer.ema`. Returns the
+    loop, which evaluates the test split."""
+    loop = loop_of(plan)
+    if phases is not None:
+        loop = finetune.TwoPhaseLoop(loop, phases, on_switch=protected.follow_optimizer)
+    callbacks = [*monitors.callbacks, *protected.callbacks]
+    unused = [inputs.train]  # the first attempt's data, from start_step on
+
+    def train_from(step: int) -> None:
+        # After a rollback: the seeded stream from the restored step on, as a resumed run reads it.
+        data = unused.pop() if unused else inputs.train_from(step)
+        at_step = dataclasses.replace(options, initial_step=step)
+        loop.run(model, data, inputs.validation, options=at_step, callbacks=callbacks)
+
+    policy.train(
+        model,
+        train_from,
+        start_step=start_step,
+        history=monitors.history,
+        rollbacks=summary["rollbacks"],
+        on_rollback=summary.write,
+    )
+    optim.use_averaged_weights(model)  # optimizer.ema: test and export the average
+    return loop
+
+
+def test_and_export(
+    loop,
+    model: keras.Model,
+    inputs: Inputs,
+    summary: RunSummary,
+    exporting: Exporting,
+    *,
+    rows: list[dict[str, float]],
+) -> None:
+    """The test split's scores and the exports, while the curves of the epochs' `rows` are
+    plotted beside them."""
+    plotting = rundir.plot_curves_in_background(
+        summary.run_dir, rows, tasks.main_metric(exporting.task)
+    )
+    try:
+        if inputs.test is not None:
+            summary.update(test=loop.evaluate(model, inputs.test))
+        summary.update(exports=exporting.export(model, summary.run_dir, inputs.splits))
+    finally:
+        plotting.join()
+
+
+def find_learning_rate(
+    spec: schema.LRFind, plan: RunPlan, model: keras.Model, inputs: Inputs, **kwargs: Any
+) -> dict[str, Any]:
+    """`loop.lr_find`: the range test with the run's loop on a fresh stream of its training
+    data; the model is put back as it was (`kwargs`: `lr_find.find_learning_rate`'s)."""
+    return lr_find.find_learning_rate(
+        spec, model, loop_of(plan), inputs.train_from(0), plan=plan, **kwargs
+    )
+
+
+@contextlib.contextmanager
+def recording_end(
+    summary: RunSummary,
+    monitors: Monitors,
+    model: keras.Model,
+    protected: Protection,
+    measure: Callable[..., dict[str, Any]],
+) -> Iterator[None]:
+    """Records how training ended (summary.json, the trackers) and stops the fault-tolerance
+    watch; an unexpected exception leaves as a TrainingError, a streamed table's bad cell as a
+    DataError."""
+    try:
+        yield
+    except BaseException as error:
+        if monitors.watchdog is not None:  # what follows is the failure's handling, not a stall
+            monitors.watchdog.stop()
+        bad_cell = table_stream.data_error(error)
+        if bad_cell is not None:  # a streamed table's bad cell: the data's fault, exit 2
+            error = DataError(f"dataset: {bad_cell}")
+        status = "preempted" if isinstance(error, Preempted) else "failed"
+        _finish(summary, monitors, model, status=status, error=error)
+        if isinstance(error, DataError):
+            raise error from None
+        if isinstance(error, Exception) and not isinstance(error, TrainingError | Preempted):
+            raise TrainingError(summary["error"]) from error
+        raise
+    finally:
+        protected.close()
+    board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
+    _record_perf(summary, monitors, model, measure, board)
+    _finish(summary, monitors, model, status="completed")
+
+
+def _record_perf(
+    summary: RunSummary,
+    monitors: Monitors,
+    model: keras.Model,
+    measure: Callable[..., dict[str, Any]],
+    board: Path | None,
+) -> None:
+    """summary.json's `perf` (where the time went) and its diagnosis, also on the console and
+    in TensorBoard (`board`: the run's TensorBoard dir, if it logs there)."""
+    perf = measure(
+        model,
+        clock=monitors.step_clock,
+        examples_per_sec=monitors.throughput.examples_per_sec(),
+    )
+    if monitors.profile is not None:
+        perf["profile"] = monitors.profile
+    summary.update(perf=perf)
+    if board is not None:
+        performance.log_to_tensorboard(board, perf, step=backup.current_step(model))
+    if perf["diagnosis"]:
+        log.warning("perf: %s", perf["diagnosis"])
+
+
+def _finish(
+    summary: RunSummary,
+    monitors: Monitors,
+    model: keras.Model,
+    *,
+    status: str,
+    error: BaseException | None = None,
+) -> None:
+    """Writes the final summary.json (also after a failure) and finishes the tracked runs (W&B,
+    MLflow, HParams)."""
+    summary.finish(
+        status,
+        rows=monitors.history.rows,
+        steps_completed=backup.current_step(model),
+        examples_per_sec=monitors.throughput.examples_per_sec() if error is None else None,
+        error=error,
+    )
+    for tracker in monitors.trackers:
+        tracker.finish(summary.fields)

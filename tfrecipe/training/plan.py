@@ -1,0 +1,168 @@
+"""`RunPlan`: what a run decides from its config (the same in each task of its cluster), once,
+before TensorFlow is imported (`tfrecipe validate` prints it): the loop, backups and rollbacks, the
+step intervals of per-step hooks, the steps per `tf.function` call, the precision policy.
+
+Nothing else decides these: the stages read them from the plan. What needs the built model
+(its parameter count, the replicas, the steps per epoch, the restored step) comes to
+`RunPlan.steps_per_call` as plain numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tfrecipe.config import schema
+
+# A model below this many parameters takes a small fraction of a millisecond per example, so a
+# training step costs about as much as the Python (callbacks, dispatch) around it: several steps
+# per call pay that once. Above it one step per call loses nothing and keeps hooks per step.
+SMALL_MODEL_PARAMS = 1_000_000
+MAX_STEPS_PER_CALL = 32
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """What the run decided, each in one place.
+
+    Attributes:
+      loop: "fit", "custom", or "parameter_server" (a ClusterCoordinator's custom loop).
+      in_cluster: this process is a cluster task (multi-worker, parameter servers).
+      precision: the dtype policy set before any layer is built.
+      periodic_backups: back up every `backup_every_n_steps` optimizer steps.
+      max_rollbacks: NaN/Inf rollbacks allowed (0: none; they need backups).
+      hook_intervals: the step intervals per-step hooks were asked for (backups, step logs):
+        a call of several steps ends on each of their steps.
+      requested_steps_per_call: `batching.steps_per_execution` (fit) or `loop.steps_per_loop`.
+      one_step_per_call: why every call takes one step whatever was requested, or None.
+      gradient_accumulation_steps: micro-batches per optimizer step.
+    """
+
+    loop: str
+    in_cluster: bool
+    precision: str
+    periodic_backups: bool
+    backup_every_n_steps: int
+    max_rollbacks: int
+    hook_intervals: tuple[int, ...]
+    requested_steps_per_call: int | str
+    one_step_per_call: str | None
+    gradient_accumulation_steps: int
+
+    @classmethod
+    def from_config(cls, run: schema.RunConfig) -> RunPlan:
+        """The plan of `run`, the same in every process of its cluster. Each process of a
+        cluster (`cluster` other than none) is one of its tasks: a TF_CONFIG without a task
+        type is refused (`cluster.parse_tf_config`), so the config says it before joining."""
+        in_cluster = run.cluster.name != "none"
+        backup, rollbacks = run.callbacks.backup, run.callbacks.terminate_on_nan.max_rollbacks
+        # Periodic backups by default where a process may be lost (a cluster) or training rolls
+        # back to the last backup.
+        periodic = backup.enabled if backup.enabled is not None else in_cluster or rollbacks > 0
+        backed_up = periodic or rollbacks > 0
+        loop = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
+        return cls(
+            loop=loop,
+            in_cluster=in_cluster,
+            # auto on a cluster: float32, since workers on different machines could pick
+            # differently.
+            precision="float32"
+            if run.precision.policy == "auto" and in_cluster
+            else run.precision.policy,
+            periodic_backups=periodic,
+            backup_every_n_steps=backup.every_n_steps,
+            max_rollbacks=rollbacks,
+            hook_intervals=_hook_intervals(run.logger, backup.every_n_steps if backed_up else None),
+            requested_steps_per_call=run.batching.steps_per_execution
+            if loop == "fit"
+            else run.loop.steps_per_loop,
+            one_step_per_call=_one_step_per_call(loop, run.logger),
+            gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
+        )
+
+    @property
+    def parameter_servers(self) -> bool:
+        return self.loop == "parameter_server"
+
+    def save_at_start(self, *, resumed: bool) -> bool:
+        """A fresh run that rolls back keeps its first step's state: a rollback before the first
+        periodic backup."""
+        return self.max_rollbacks > 0 and not resumed
+
+    def optimizer_accumulation_steps(self) -> int:
+        """The micro-batches Keras' optimizer accumulates: fit's; the custom loop accumulates in
+        its own step function."""
+        return self.gradient_accumulation_steps if self.loop == "fit" else 1
+
+    def steps_per_call(
+        self, *, num_params: int, replicas: int, steps_per_epoch: int, start_step: int = 0
+    ) -> int:
+        """The loop's steps per `tf.function` call (fit: steps_per_execution, custom:
+        steps_per_loop), with "auto" resolved: for a small model the largest number up to
+        MAX_STEPS_PER_CALL that divides every hook interval and, unless the loop ends an epoch
+        with a shorter call (the custom loop), `steps_per_epoch` and the steps left in the
+        epoch a restored run starts in (fit's last call of an epoch would otherwise run past
+        the epoch on endless data); else 1. It depends on the config, the model and the
+        restored step only, so every replica and worker picks the same."""
+        requested = self.requested_steps_per_call
+        if self.one_step_per_call is not None:
+            return 1
+        if requested == "auto" and self.loop == "fit" and replicas > 1:
+            # Keras 3.15's multi-step fit fails across replicas (TF 2.21, MirroredStrategy: "You
+            # must feed a value for placeholder tensor 'while/cond/Placeholder'").
+            return 1
+        if requested != "auto":
+            return int(requested)
+        if num_params >= SMALL_MODEL_PARAMS:
+            return 1
+        short_last_call = self.loop == "custom"
+        epoch = () if short_last_call else (steps_per_epoch, start_step % steps_per_epoch)
+        period = math.gcd(*epoch, *self.hook_intervals) or MAX_STEPS_PER_CALL  # 0: unconstrained
+        return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
+
+    def steps_per_execution(self, steps_per_call: int) -> int | None:
+        """fit's `Model.steps_per_execution` for `steps_per_call` optimizer steps (it counts
+        micro-batches: each call ends on an update); None for the other loops."""
+        return steps_per_call * self.gradient_accumulation_steps if self.loop == "fit" else None
+
+    def lines(self) -> list[str]:
+        """The plan in a few readable lines (`tfrecipe validate`)."""
+        backups = (
+            f"every {self.backup_every_n_steps} steps" if self.periodic_backups else "on preemption"
+        )
+        rollbacks = f"up to {self.max_rollbacks}" if self.max_rollbacks else "none"
+        steps = (
+            f"1 ({self.one_step_per_call})"
+            if self.one_step_per_call
+            else str(self.requested_steps_per_call)
+        )
+        hooks = ", ".join(map(str, self.hook_intervals)) or "none"
+        return [
+            f"loop: {self.loop}" + (" (cluster task)" if self.in_cluster else " (one process)"),
+            f"precision: {self.precision}",
+            f"backups: {backups}; rollbacks on NaN/Inf: {rollbacks}",
+            f"steps per call: {steps}; hook intervals (steps): {hooks}",
+        ]
+
+
+def _hook_intervals(logger: schema.Logger, backup_every: int | None) -> tuple[int, ...]:
+    """The step intervals per-batch hooks were configured at (a call boundary is a step's)."""
+    intervals = [] if backup_every is None else [backup_every]
+    if logger.csv is not None:
+        intervals.append(logger.csv.every_n_steps)
+    if logger.wandb is not None and logger.wandb.log_every_n_steps:
+        intervals.append(logger.wandb.log_every_n_steps)
+    if logger.tensorboard is not None and logger.tensorboard.update_freq != "epoch":
+        update = logger.tensorboard.update_freq
+        intervals.append(1 if update == "batch" else update)
+    return tuple(intervals)
+
+
+def _one_step_per_call(loop: str, logger: schema.Logger) -> str | None:
+    if loop == "parameter_server":
+        return "ClusterCoordinator schedules one step per closure"
+    if logger.tensorboard is not None and logger.tensorboard.profile_batch:
+        # xprof finds no step in a call that loops over several (measured: "steps": 0 at 2 per
+        # call, in both loops): a profiled run takes one step per call.
+        return "profiled: xprof finds no step in a call of several"
+    return None
