@@ -8,8 +8,9 @@ in `tfrecipe.training`; what the run decides (the loop, backups, steps per call,
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,12 +18,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe import rundir, tasks
+from tfrecipe import rundir
 from tfrecipe.config import schema
 from tfrecipe.config.trust import Trust
 from tfrecipe.distribute import cluster
-from tfrecipe.outcome import TrainingError, check_resume_batch, ensure_fresh_run_dir
-from tfrecipe.training import baselines, ensemble, inputs, loop, monitors, performance, protection
+from tfrecipe.outcome import TrainingError, ensure_fresh_run_dir
+from tfrecipe.training import baselines, ensemble, inputs, loop, monitors, protection
 from tfrecipe.training import model as models
 from tfrecipe.training import summary as summaries
 from tfrecipe.training.plan import RunPlan
@@ -67,19 +68,13 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
         return _train(config, run, plan, task, dirs)
     # Only the chief writes the run dir; the others write the same files (every worker must
     # take part in saving synchronized variables) to a scratch dir they delete.
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
         dirs = Dirs(run_dir=Path(scratch), shared_run_dir=Path(run_dir))
         return _train(config, run, plan, task, dirs)
 
 
 def _train(
-    config: Mapping[str, Any],
-    run: schema.RunConfig,
-    plan: RunPlan,
-    task: cluster.Task,
-    dirs: Dirs,
+    config: Mapping[str, Any], run: schema.RunConfig, plan: RunPlan, task: cluster.Task, dirs: Dirs
 ) -> dict[str, Any]:
     """Trains into `dirs.run_dir`; however it ends, summary.json says how."""
     with summaries.recording_unfinished(dirs.run_dir, chief=dirs.chief) as attempt:
@@ -91,6 +86,28 @@ def _train(
             export=_exporting(run).export,
             fit_baselines=_baselines(run),
         ).fields  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """What a run builds before it trains: under its strategy, its data and model, restored."""
+
+    strategy: Any  # tf.distribute.Strategy
+    splits: Any  # data.Splits, undistributed
+    data: inputs.Inputs
+    model: Any  # keras.Model, compiled
+    per_replica_batch: int
+    global_batch: int
+    learning_rate: float
+    phases: Any  # loops.finetune.TwoPhases | None
+    policy: Any  # fault.recovery.Recovery
+    resumed: Any  # the restored backup, or None
+    warm: Any  # the warm start (model.init_from), or None
+    steps_per_call: int
+
+    @property
+    def start_step(self) -> int:
+        return self.resumed.step if self.resumed else 0
 
 
 def _train_steps(
@@ -109,9 +126,30 @@ def _train_steps(
         run.strategy, run.cluster, plan, seed=run.seed, deterministic=run.deterministic,
         require_native=run.precision.require_native,
     )  # fmt: skip
+    built = _build(run, plan, dirs, strategy)
+    summary = _start_summary(config, run, task, dirs, built, started=started)
+    signature = models.describe(
+        built.splits, built.model, task=run.task, dataset=run.dataset,
+        normalize=run.pipeline.normalize,
+    )  # fmt: skip
+    dirs.record_inputs(signature, data_files)
+    attempt["summary"] = summary
+    if run.loop.lr_find.enabled:
+        summary.update(lr_find=_find_learning_rate(run, plan, built, dirs))
+        summary.write()
+        if run.loop.lr_find.only:  # `tfrecipe lr-find`: the sweep is the run
+            steps = built.start_step
+            summary.finish("completed", rows=[], steps_completed=steps, examples_per_sec=None)
+            return summary
+    _fit(config, run, plan, task, dirs, built, summary)
+    return summary
+
+
+def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built:
+    """Data, then (in the strategy's scope) model, optimizer and metrics, then the restore."""
     replicas = strategy.num_replicas_in_sync
     per_replica_batch, global_batch = inputs.batch_sizes(run.batching, replicas)
-    check_resume_batch(dirs.shared_run_dir, global_batch=global_batch, num_replicas=replicas)
+    dirs.check_batch(global_batch=global_batch, num_replicas=replicas)
     splits, steps_per_epoch = inputs.load_data(
         run.dataset, task=run.task, batching=run.batching, loop=run.loop,
         global_batch=global_batch, allowed_targets=run.allowed_targets,
@@ -135,6 +173,24 @@ def _train_steps(
         run.loop.finetune, strategy, model, task=run.task, jit_compile=run.batching.jit_compile,
         new_optimizer=new_optimizer, steps_per_epoch=steps_per_epoch,
     )  # fmt: skip
+    policy, resumed = _restore(run, dirs, model, phases, steps_per_epoch)
+    start_step = resumed.step if resumed else 0
+    return _Built(
+        strategy=strategy, splits=splits, model=model, per_replica_batch=per_replica_batch,
+        global_batch=global_batch, learning_rate=learning_rate, phases=phases, policy=policy,
+        resumed=resumed,
+        warm=models.warm_start_from(run.model, strategy, model) if resumed is None else None,
+        steps_per_call=models.pace(model, plan, steps_per_epoch, start_step),  # decided once
+        data=inputs.build_inputs(
+            splits, strategy, task=run.task, pipeline=run.pipeline, seed=run.seed, plan=plan,
+            drop_remainder=run.batching.drop_remainder, steps_per_epoch=steps_per_epoch,
+            global_batch=global_batch, start_step=start_step,
+        ),
+    )  # fmt: skip
+
+
+def _restore(run: schema.RunConfig, dirs: Dirs, model, phases, steps_per_epoch: int):
+    """The NaN/Inf recovery policy and the restored backup (None: a fresh start)."""
     if phases is not None:  # a backup past the switch holds phase two's optimizer
         phases.resume_in_phase_two(protection.candidates(run.resume, dirs.backup_dir))
     # before a restore, which sets a float rate's variable to the backup's
@@ -142,89 +198,77 @@ def _train_steps(
         run.callbacks.terminate_on_nan, resume=run.resume, model=model,
         backup_dir=dirs.backup_dir, steps_per_epoch=steps_per_epoch,
     )  # fmt: skip
-    resumed = protection.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
-    warm = models.warm_start_from(run.model, strategy, model) if resumed is None else None
-    start_step = resumed.step if resumed else 0
-    steps_per_call = models.pace(model, plan, steps_per_epoch, start_step)  # decided once
-    data = inputs.build_inputs(
-        splits, strategy, task=run.task, pipeline=run.pipeline, seed=run.seed, plan=plan,
-        drop_remainder=run.batching.drop_remainder, steps_per_epoch=steps_per_epoch,
-        global_batch=global_batch, start_step=start_step,
-    )  # fmt: skip
+    return policy, protection.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
 
-    summary = RunSummary(
-        dirs.run_dir,
-        summaries.initial_fields(
-            run, num_replicas=replicas, per_replica_batch=per_replica_batch,
-            global_batch=global_batch, learning_rate=learning_rate, run_dir=dirs.run_dir,
-        ),
-        started=started,
+
+def _start_summary(
+    config: Mapping[str, Any],
+    run: schema.RunConfig,
+    task: cluster.Task,
+    dirs: Dirs,
+    built: _Built,
+    *,
+    started: float,
+) -> RunSummary:
+    """summary.json as training starts ("running"), with the resolved config beside it."""
+    fields = summaries.initial_fields(
+        run, num_replicas=built.strategy.num_replicas_in_sync,
+        per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
+        learning_rate=built.learning_rate, run_dir=dirs.run_dir,
     )  # fmt: skip
-    summary.update(summaries.how_it_runs(model, steps_per_call=steps_per_call))
-    summary.update(provenance=performance.run_provenance(task, strategy))
+    summary = RunSummary(dirs.run_dir, fields, started=started)
+    model = built.model
+    summary.update(summaries.how_it_runs(model, steps_per_call=built.steps_per_call, task=task))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
-    summary.update(summaries.options_used(phases, warm, data.class_weight))
-    positive = tasks.positive_class(run.task, splits.info)  # what auc, precision, recall are about
-    if positive is not None:
-        summary.update(positive_class=positive)
-    if resumed:
-        summary.update(
-            resumed_from_step=resumed.step,
-            rollbacks=policy.resume_rollbacks(model, dirs.shared_run_dir, resumed.step),
-        )
+    summary.update(summaries.options_used(built.phases, built.warm, built.data.class_weight))
+    summary.update(summaries.about_data(run.task, built.splits.info))
+    if built.resumed:
+        step = built.resumed.step
+        rollbacks = built.policy.resume_rollbacks(model, dirs.shared_run_dir, step)
+        summary.update(resumed_from_step=step, rollbacks=rollbacks)
     if dirs.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
         summary.update(stalls=dirs.earlier_stalls())
     summary.start(config, chief=dirs.chief)
-    signature_fields = models.describe(
-        splits, model, task=run.task, dataset=run.dataset, normalize=run.pipeline.normalize
-    )
-    dirs.record_inputs(signature_fields, data_files)
-    attempt["summary"] = summary
-    if run.loop.lr_find.enabled:
-        summary.update(lr_find=_find_learning_rate(run, plan, model, data, dirs))
-        summary.write()
-        if run.loop.lr_find.only:  # `tfrecipe lr-find`: the sweep is the run
-            summary.finish("completed", rows=[], steps_completed=start_step, examples_per_sec=None)
-            return summary
+    return summary
 
+
+def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: _Built, summary):
+    """Trains (monitored, protected), then tests, exports and fits the baselines; summary.json
+    says how it ended."""
+    model, data = built.model, built.data
     watched = monitors.build_monitors(
         run, plan, config=config, chief=task.is_chief, run_dir=dirs.run_dir, inputs=data,
-        global_batch=global_batch, strategy=strategy, start_step=start_step,
-        resuming=resumed is not None,
+        global_batch=built.global_batch, strategy=built.strategy, start_step=built.start_step,
+        resuming=built.resumed is not None,
         watchdog=dirs.stall_watchdog(run.cluster.stall_timeout, task),
     )  # fmt: skip
     protected = protection.fault_tolerance(
         plan, run.callbacks.backup, model=model, run_dir=dirs.run_dir,
-        steps_per_epoch=steps_per_epoch, resumed=resumed is not None,
+        steps_per_epoch=data.steps_per_epoch, resumed=built.resumed is not None,
     )  # fmt: skip
-    measure = functools.partial(
-        performance.perf_fields,
-        element_spec=getattr(data.train, "element_spec", None),  # parameter servers: none
-        per_replica_batch=per_replica_batch,
-        global_batch=global_batch,
-        hosts=summary["provenance"]["hosts"],
-        asynchronous=plan.parameter_servers,
-        deterministic=run.deterministic,
-    )
+    measure = loop.measurer(
+        plan, data, per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
+        hosts=summary["provenance"]["hosts"], deterministic=run.deterministic,
+    )  # fmt: skip
     options = loop.options(
         run.loop, progress=run.callbacks.progress.enabled, inputs=data,
-        steps_per_call=steps_per_call, input_clock=watched.input_clock,
+        steps_per_call=built.steps_per_call, input_clock=watched.input_clock,
     )  # fmt: skip
     with loop.recording_end(summary, watched, model, protected, measure):
         trained = loop.train_model(
             plan, model, data, options=options, summary=summary, monitors=watched,
-            protected=protected, policy=policy, start_step=start_step, phases=phases,
+            protected=protected, policy=built.policy, start_step=built.start_step,
+            phases=built.phases,
         )  # fmt: skip
         rows = watched.history.rows
         summary.update(summaries.best_epoch(run.callbacks, rows, epochs=run.loop.epochs))
         loop.test_and_export(trained, model, data, summary, _exporting(run), rows=rows)
         fit_baselines = _baselines(run)
         if fit_baselines is not None and dirs.chief:  # after the model: it names no layer first
-            summary.update(baselines=fit_baselines(splits))
-    return summary
+            summary.update(baselines=fit_baselines(built.splits))
 
 
-def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, model, data, dirs: Dirs):
+def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, built: _Built, dirs: Dirs):
     def recompile(model, optimizer, *, steps_per_execution: int) -> None:
         models.compile_model(
             model, task=run.task, optimizer=optimizer, steps_per_execution=steps_per_execution,
@@ -232,30 +276,22 @@ def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, model, data, dirs:
         )  # fmt: skip
 
     return loop.find_learning_rate(
-        run.loop.lr_find, plan, model, data, optimizer=run.optimizer, recompile=recompile,
+        run.loop.lr_find, plan, built.model, built.data, optimizer=run.optimizer,
+        recompile=recompile,
         run_dir=dirs.run_dir, chief=dirs.chief,
     )  # fmt: skip
 
 
 def _exporting(run: schema.RunConfig) -> loop.Exporting:
+    batch_size = run.batching.per_replica_batch_size
     return loop.Exporting(
-        spec=run.export,
-        pipeline=run.pipeline,
-        task=run.task,
-        batch_size=run.batching.per_replica_batch_size,
+        spec=run.export, pipeline=run.pipeline, task=run.task, batch_size=batch_size
     )
 
 
 def _baselines(run: schema.RunConfig):
-    """`fit(splits)`: scikit-learn's baselines on the run's split and preprocessing, when the
-    run fits them (`baseline=auto`)."""
-    if run.baseline.name != "auto":
-        return None
-    return functools.partial(
-        baselines.fit_logged,
-        task=run.task,
-        pipeline=run.pipeline,
-        max_rows=run.baseline.max_rows,
-        seed=run.seed,
+    """`fit(splits)`: scikit-learn's baselines on the run's splits, with `baseline=auto`."""
+    return baselines.fitter(
+        run.baseline, task=run.task, pipeline=run.pipeline, seed=run.seed,
         allowed_targets=run.allowed_targets,
-    )
+    )  # fmt: skip

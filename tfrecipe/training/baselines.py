@@ -112,13 +112,19 @@ def fit_baselines(
     }
 
 
-def fit_logged(splits: Splits, **kwargs: Any) -> dict[str, Any]:
-    """`fit_baselines` on a run's splits (the whole table's, not a worker's share), with the
-    time it took on the console."""
-    started = time.perf_counter()
-    fitted = fit_baselines(splits, **kwargs)
-    log.info("baselines fitted in %.1fs", time.perf_counter() - started)
-    return fitted
+def fitter(spec, **kwargs: Any) -> Callable[[Splits], dict[str, Any]] | None:
+    """`fit(splits)`: `fit_baselines` with `kwargs` on a run's splits (the whole table's, not
+    a worker's share), timed on the console; None unless `baseline=auto` (`spec`)."""
+    if spec.name != "auto":
+        return None
+
+    def fit(splits: Splits) -> dict[str, Any]:
+        started = time.perf_counter()
+        fitted = fit_baselines(splits, max_rows=spec.max_rows, **kwargs)
+        log.info("baselines fitted in %.1fs", time.perf_counter() - started)
+        return fitted
+
+    return fit
 
 
 def lines(baselines: dict[str, Any], model_metrics: dict[str, float] | None) -> list[str]:

@@ -119,17 +119,8 @@ def build_inputs(
         if dataset is None:
             return None
         training = split == "train"
-        batch_map = batch_transform(pipeline)
-        if training and class_weight is not None:  # (x, y, w): Keras' sample-weight form
-            batch_map = tasks.weigh_examples(class_weight, after=batch_map)
-        dataset = prepare(
-            dataset,
-            pipeline,
-            split=split,
-            training=training,
-            seed=seed,
-            chunks=splits.batched,
-        )
+        dataset = prepare(dataset, pipeline, split=split, training=training, seed=seed,
+                          chunks=splits.batched)  # fmt: skip
         return distribute_dataset(
             strategy,
             dataset,
@@ -139,7 +130,7 @@ def build_inputs(
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
             auto_shard_policy=pipeline.auto_shard_policy,
-            batch_map=batch_map,
+            batch_map=_batch_map(pipeline, class_weight if training else None),
             # A restored run continues the same seeded stream where the backup was taken.
             skip=start * plan.gradient_accumulation_steps,
             chunks=splits.batched,
@@ -159,3 +150,12 @@ def build_inputs(
         class_weight=class_weight,
         splits=splits,
     )
+
+
+def _batch_map(pipeline: PipelineOptions, class_weight: np.ndarray | None):
+    """What each batch goes through: normalization, then (with class weights) each example's
+    weight: (x, y, w), Keras' sample-weight form."""
+    batch_map = batch_transform(pipeline)
+    if class_weight is not None:
+        batch_map = tasks.weigh_examples(class_weight, after=batch_map)
+    return batch_map

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -164,6 +165,27 @@ def find_learning_rate(
     return lr_find.find_learning_rate(
         spec, model, loop_of(plan), inputs.train_from(0), plan=plan, **kwargs
     )
+
+
+def measurer(
+    plan: RunPlan,
+    inputs: Inputs,
+    *,
+    per_replica_batch: int,
+    global_batch: int,
+    hosts: int,
+    deterministic: bool,
+) -> Callable[..., dict[str, Any]]:
+    """`measure(model, clock=..., examples_per_sec=...)`: summary.json's `perf` of this run."""
+    return functools.partial(
+        performance.perf_fields,
+        element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
+        per_replica_batch=per_replica_batch,
+        global_batch=global_batch,
+        hosts=hosts,
+        asynchronous=plan.parameter_servers,
+        deterministic=deterministic,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

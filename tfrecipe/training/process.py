@@ -22,7 +22,7 @@ from tfrecipe.distribute.strategy import build_strategy, device_kinds
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import watchdog
 from tfrecipe.models.build import build_model, compile_model
-from tfrecipe.outcome import BACKUP_DIR, ensure_fresh_run_dir
+from tfrecipe.outcome import BACKUP_DIR, check_resume_batch, ensure_fresh_run_dir
 from tfrecipe.precision import set_precision
 from tfrecipe.training.dataset import evaluation_data, load_splits
 from tfrecipe.training.plan import RunPlan
@@ -70,6 +70,12 @@ class Dirs:
             rundir.lock_run_dir(self.run_dir)
         ensure_fresh_run_dir(self.run_dir, resume=resume)
         check_resume_unchanged(self.run_dir, config, resume=resume, allowed=allowed)
+
+    def check_batch(self, *, global_batch: int, num_replicas: int) -> None:
+        """A resumed run continues at the global batch it trained at (`check_resume_batch`)."""
+        check_resume_batch(
+            self.shared_run_dir, global_batch=global_batch, num_replicas=num_replicas
+        )
 
     def check_data(self, dataset: schema.Target, *, resume: str, allowed: list[str]):
         """What the run trains on (the chief's record), taken first: a resume on other data

@@ -14,10 +14,12 @@ import keras
 
 from tfrecipe import rundir, tasks
 from tfrecipe.config import schema
+from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import disk, preemption
 from tfrecipe.models import batch_norm
 from tfrecipe.models.freeze import param_counts
+from tfrecipe.training import performance
 
 
 class RunSummary:
@@ -191,15 +193,23 @@ def ensemble_fields(run: schema.RunConfig, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def how_it_runs(model: keras.Model, *, steps_per_call: int) -> dict[str, Any]:
-    """What the `auto` knobs picked: a run says how it ran."""
+def how_it_runs(model: keras.Model, *, steps_per_call: int, task: cluster.Task) -> dict[str, Any]:
+    """What the `auto` knobs picked, and where it ran (`task`: this process's): a run says how
+    it ran."""
     return {
         "precision": keras.mixed_precision.global_policy().name,
         "steps_per_execution": steps_per_call,
         "jit_compile": bool(model.jit_compile),
         "fused_batch_norm": batch_norm.fused_layers(model),  # layers on the fused kernel
         "params": param_counts(model),  # trainable < total: model.freeze froze some
+        "provenance": performance.run_provenance(task, model.distribute_strategy),
     }
+
+
+def about_data(task: tasks.TaskConfig, info) -> dict[str, Any]:
+    """What the metrics are about: a binary task's positive class (auc, precision, recall)."""
+    positive = tasks.positive_class(task, info)
+    return {} if positive is None else {"positive_class": positive}
 
 
 def options_used(phases, warm, class_weight) -> dict[str, Any]:
