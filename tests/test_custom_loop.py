@@ -323,10 +323,20 @@ def without_op_determinism():
 def test_with_jit_compile_the_custom_loop_compiles_its_steps_and_matches_fit():
     """Keras turns `jit_compile` on for a model on a GPU without a strategy, and fit then
     XLA-compiles each step; the custom loop does too (forced on here, XLA runs on CPUs)."""
+    import keras
+
     from tfrecipe.loops import custom, fit
     from tfrecipe.loops.options import LoopOptions
 
-    options = LoopOptions(epochs=2, steps_per_epoch=6, verbose=0, steps_per_loop=3)
+    def objective():  # what the model is compiled with (_compiled_model_and_data)
+        return (
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        )
+
+    options = LoopOptions(
+        epochs=2, steps_per_epoch=6, verbose=0, steps_per_loop=3, objective=objective
+    )
     results = []
     for loop in (fit, custom):
         model, train_data, validation_data = _compiled_model_and_data(

@@ -174,6 +174,23 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     atomic_write(run_dir / SUMMARY, json.dumps(redact(summary), indent=2, sort_keys=False) + "\n")
 
 
+def record_status(
+    run_dir: Path,
+    status: str,
+    error: str,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    **more: Any,
+) -> None:
+    """How a run ended, in summary.json, where nothing else can say it (a failure before or
+    outside training, a stall, a killed chief): `fields` (None: the summary the dir holds, or
+    none) with its `status`, `error` and `more`. A run that trains says it through
+    `training.summary.RunSummary.finish`."""
+    summary = dict((read_summary(run_dir) or {}) if fields is None else fields)
+    summary.update(status=status, error=error, **more)
+    write_summary(run_dir, summary)
+
+
 def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
     """A number from a summary by the names sweeps and `compare` use: `test_X` is the test split's
     X, a final metric (`loss`, `val_accuracy`, ...) by its Keras name, else a top-level field

@@ -104,10 +104,7 @@ class _Built:
     resumed: Any  # the restored backup, or None
     warm: Any  # the warm start (model.init_from), or None
     steps_per_call: int
-
-    @property
-    def start_step(self) -> int:
-        return self.resumed.step if self.resumed else 0
+    start_step: int  # the restored backup's step, or 0
 
 
 def _train_steps(
@@ -178,7 +175,7 @@ def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built
     return _Built(
         strategy=strategy, splits=splits, model=model, per_replica_batch=per_replica_batch,
         global_batch=global_batch, learning_rate=learning_rate, phases=phases, policy=policy,
-        resumed=resumed,
+        resumed=resumed, start_step=start_step,
         warm=models.warm_start_from(run.model, strategy, model) if resumed is None else None,
         steps_per_call=models.pace(model, plan, steps_per_epoch, start_step),  # decided once
         data=inputs.build_inputs(
@@ -250,8 +247,9 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
         plan, data, per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
         hosts=summary["provenance"]["hosts"], deterministic=run.deterministic,
     )  # fmt: skip
+    objective = models.objective(run.task, allowed_targets=run.allowed_targets)
     options = loop.options(
-        run.loop, progress=run.callbacks.progress.enabled, inputs=data,
+        run.loop, objective=objective, progress=run.callbacks.progress.enabled, inputs=data,
         steps_per_call=built.steps_per_call, input_clock=watched.input_clock,
     )  # fmt: skip
     with loop.recording_end(summary, watched, model, protected, measure):
@@ -262,7 +260,10 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
         )  # fmt: skip
         rows = watched.history.rows
         summary.update(summaries.best_epoch(run.callbacks, rows, epochs=run.loop.epochs))
-        loop.test_and_export(trained, model, data, summary, _exporting(run), rows=rows)
+        exported = _exporting(run)
+        loop.test_and_export(
+            trained, model, data, summary, exported, rows=rows, objective=objective
+        )
         fit_baselines = _baselines(run)
         if fit_baselines is not None and dirs.chief:  # after the model: it names no layer first
             summary.update(baselines=fit_baselines(built.splits))
@@ -277,6 +278,7 @@ def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, built: _Built, dir
 
     return loop.find_learning_rate(
         run.loop.lr_find, plan, built.model, built.data, optimizer=run.optimizer,
+        objective=models.objective(run.task, allowed_targets=run.allowed_targets),
         recompile=recompile,
         run_dir=dirs.run_dir, chief=dirs.chief,
     )  # fmt: skip

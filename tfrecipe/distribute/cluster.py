@@ -345,12 +345,11 @@ def settle_summary(run_dir: str | Path) -> None:
     step = latest_backup_step(run_dir / "backup")
     if step is not None:
         summary["steps_completed"] = step
-    summary["status"] = "failed"
-    summary["error"] = (
+    error = (
         "killed (SIGKILL) before it could save; a rerun resumes from the last backup "
         f"({'step ' + str(step) if step is not None else 'none: from the start'})"
     )
-    rundir.write_summary(run_dir, summary)
+    rundir.record_status(run_dir, "failed", error, fields=summary)
 
 
 def latest_backup_step(backup_dir: Path) -> int | None:

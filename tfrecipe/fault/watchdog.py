@@ -192,12 +192,8 @@ def _record_in_summary(run_dir: Path, record: dict[str, Any], message: str) -> N
     summary = rundir.read_summary(run_dir)
     if summary is None:
         return
-    summary.update(
-        status="failed",
-        error=f"stalled: {message}",
-        stalls=merge_stalls(summary.get("stalls"), [record]),
-    )
-    rundir.write_summary(run_dir, summary)
+    stalls = merge_stalls(summary.get("stalls"), [record])
+    rundir.record_status(run_dir, "failed", f"stalled: {message}", fields=summary, stalls=stalls)
 
 
 _STACK_FILE_BYTES = 16 * 1024 * 1024  # every thread's stack: far less

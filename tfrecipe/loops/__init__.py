@@ -42,5 +42,8 @@ class Loop(Protocol):
           callbacks: Keras callbacks, driven through their public hooks as fit drives them.
         """
 
-    def evaluate(self, model: keras.Model, data: Any, steps: int | None = None) -> dict[str, float]:
-        """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
+    def evaluate(
+        self, model: keras.Model, data: Any, steps: int | None = None, *, objective: Any = None
+    ) -> dict[str, float]:
+        """The loss and metrics of `model` on `data` (all of it, or `steps` batches): the
+        custom loops' are `objective`'s (as `LoopOptions.objective`), fit's the compiled ones."""

@@ -181,10 +181,12 @@ def _num_batches(data: Any) -> int | None:
     return count if count >= 0 else None
 
 
-def _evaluator(model: keras.Model, *, steps_per_loop: int) -> Evaluator:
+def _evaluator(
+    model: keras.Model, make: objectives.MakeObjective, *, steps_per_loop: int
+) -> Evaluator:
     """`evaluate(data, *, steps=None, callbacks) -> metrics`, built once (metrics, traced graph)
     and reused for every validation."""
-    objective = objectives.build(model)
+    objective = objectives.build(model, make)
     test_steps = _make_test_function(model, objective)
 
     def evaluate(
@@ -213,10 +215,13 @@ def _evaluator(model: keras.Model, *, steps_per_loop: int) -> Evaluator:
     return evaluate
 
 
-def evaluate(model: keras.Model, data: Any, steps: int | None = None) -> dict[str, float]:
-    """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
+def evaluate(
+    model: keras.Model, data: Any, steps: int | None = None, *, objective: Any = None
+) -> dict[str, float]:
+    """`objective`'s loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
     callbacks = keras.callbacks.CallbackList([], model=model)
-    return _evaluator(model, steps_per_loop=1)(data, steps=steps, callbacks=callbacks)
+    make = objectives.required(objective, "custom")
+    return _evaluator(model, make, steps_per_loop=1)(data, steps=steps, callbacks=callbacks)
 
 
 def _train_epoch(
@@ -247,8 +252,9 @@ def run(
     """`Loop.run` on `strategy.run` (see the module docstring): distributed data, one global batch
     per element, validation data finite; `options.gradient_accumulation_steps` micro-batches per
     optimizer step and `options.steps_per_loop` steps per `tf.function` call."""
+    make = objectives.required(options.objective, "custom")
     optim.build_optimizer_variables(model)
-    objective = objectives.build(model)
+    objective = objectives.build(model, make)
     train_steps = _make_train_function(
         model,
         objective,
@@ -258,7 +264,7 @@ def run(
     )
     validate = None
     if validation_data is not None:
-        validate = _evaluator(model, steps_per_loop=options.steps_per_loop)
+        validate = _evaluator(model, make, steps_per_loop=options.steps_per_loop)
     callbacks = keras.callbacks.CallbackList(
         callbacks,
         add_history=True,

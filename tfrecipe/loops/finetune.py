@@ -209,5 +209,7 @@ class TwoPhaseLoop:
         )
         self.loop.run(model, train_data, validation_data, options=phase_two, callbacks=[relay])
 
-    def evaluate(self, model: keras.Model, data, steps: int | None = None) -> dict[str, float]:
-        return self.loop.evaluate(model, data, steps)
+    def evaluate(
+        self, model: keras.Model, data, steps: int | None = None, *, objective=None
+    ) -> dict[str, float]:
+        return self.loop.evaluate(model, data, steps, objective=objective)

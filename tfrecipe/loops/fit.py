@@ -16,6 +16,7 @@ updates, so backups, step logs and throughput count what the custom loop counts.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -165,8 +166,13 @@ class OneTrainingRun(_Relay):
 
 
 def evaluate(
-    model: keras.Model, data: tf.distribute.DistributedDataset, steps: int | None = None
+    model: keras.Model,
+    data: tf.distribute.DistributedDataset,
+    steps: int | None = None,
+    *,
+    objective: Any = None,
 ) -> dict[str, float]:
-    """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches)."""
+    """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches);
+    fit's objective is the compiled one (`objective` is for the custom loops)."""
     results = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
     return {name: float(value) for name, value in results.items()}

@@ -1,4 +1,4 @@
-"""What the loops optimize and report, in one place: the compiled loss per example, the metrics,
+"""What the loops optimize and report, in one place: the task's loss per example, the metrics,
 the regularization loss, one step's gradients, and the optimizer's variables.
 
 `loop=custom` and the parameter-server loop differ only in how a step's per-example losses are
@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from tfrecipe import compat
 
+# () -> (one Keras Loss object, new metric objects): what a loop optimizes and reports (the
+# task's: tfrecipe.models.build.objective), made afresh for each use.
+MakeObjective = Callable[[], tuple[keras.losses.Loss, Sequence[keras.metrics.Metric]]]
 # (per-example losses, regularization loss) -> the loss this replica differentiates.
 Reduction = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 # (features, labels) or (features, labels, sample weights): one batch as the data give it.
@@ -90,39 +91,36 @@ class Objective:
         self.update(labels, logits, per_example + regularization_loss(model))
 
 
-def build(model: keras.Model, *, distributed: bool = True) -> Objective:
-    """Rebuilds the loss and metrics the model was compiled with (from its compile config).
+def build(model: keras.Model, make: MakeObjective, *, distributed: bool = True) -> Objective:
+    """The loss and fresh metrics `make` gives (the task's: those the model was compiled with),
+    as the loops use them.
 
     Args:
+      make: `make() -> (loss, metrics)`: one Keras Loss object and new metric objects.
       distributed: make the metric variables under the strategy's scope (replicas or workers
         update them); False for metrics only the coordinator updates.
     """
-    config = model.get_compile_config() if model.compiled else None
-    if not config or not isinstance(config.get("loss"), dict) or config.get("weighted_metrics"):
-        raise ValueError(
-            "loop=custom expects a model compiled with one Keras Loss object and metric objects "
-            f"(no weighted_metrics), received compile config {config}"
-        )
     scope = model.distribute_strategy.scope() if distributed else contextlib.nullcontext()
     with scope:
-        metrics = tuple(_rebuild(m, keras.metrics.deserialize) for m in config.get("metrics") or ())
+        loss, metrics = make()
+        metrics = tuple(metrics)
         for metric in metrics:
             compat.build_metric(metric, model.output_shape)
         return Objective(
-            per_example_loss=_unreduced(_rebuild(config["loss"], keras.losses.deserialize)),
+            per_example_loss=_unreduced(loss),
             loss=keras.metrics.Mean(name="loss"),
             metrics=metrics,
         )
 
 
-def _rebuild(config: dict, deserialize: Callable[..., Any]) -> Any:
-    """A fresh object from a compiled loss's or metric's config. A user's class (`task.loss`,
-    `task.metrics`, unregistered with Keras) is taken from its module, imported already when
-    the config's `_target_` was instantiated (never imported here)."""
-    module = sys.modules.get(config.get("module") or "")
-    found = getattr(module, config.get("class_name") or "", None) if module else None
-    custom = {config["registered_name"]: found} if isinstance(found, type) else None
-    return deserialize(config, custom_objects=custom)
+def required(make: MakeObjective | None, loop: str) -> MakeObjective:
+    """`make`, which `loop` needs (fit takes the compiled model's own)."""
+    if make is None:
+        raise ValueError(
+            f"loop={loop}: pass the objective it optimizes (LoopOptions.objective, "
+            "evaluate(objective=...)), e.g. tfrecipe.models.build.objective(task)"
+        )
+    return make
 
 
 def _unreduced(loss: keras.losses.Loss) -> keras.losses.Loss:

@@ -24,6 +24,8 @@ class LoopOptions:
     train_data_from: step -> the training data from that step on; loop=fit needs it to continue
       a run restored mid-epoch (its second `fit` starts at the next epoch's first step).
     input_clock: stamps the steps' wait on input (tfrecipe.perf.clock), or None.
+    objective: `make() -> (loss, metrics)`: what the custom loops optimize and report (the
+      task's, as the model was compiled: tfrecipe.models.build.objective); fit needs none.
     """
 
     epochs: int
@@ -35,3 +37,4 @@ class LoopOptions:
     initial_step: int = 0
     train_data_from: Callable[[int], Any] | None = None
     input_clock: InputClock | None = None
+    objective: Callable[[], tuple[Any, Any]] | None = None

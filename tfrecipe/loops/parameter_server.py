@@ -84,9 +84,10 @@ def run(
     """`Loop.run` with a ClusterCoordinator (model compiled under a ParameterServerStrategy
     scope): training data distributed by the strategy, validation data a plain batched dataset
     (evaluated on the coordinator); the callbacks see one batch per epoch (module docstring)."""
+    make = objectives.required(options.objective, "custom on parameter servers")
     coordinator = tf.distribute.coordinator.ClusterCoordinator(model.distribute_strategy)
     optim.build_optimizer_variables(model)
-    objective = objectives.build(model)
+    objective = objectives.build(model, make)
     schedule = _scheduler(coordinator, model, objective, train_data)
     callbacks = keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=False, epochs=options.epochs, model=model
@@ -105,7 +106,9 @@ def run(
         logs = objective.float_results()
         callbacks.on_train_batch_end(options.steps_per_epoch - 1, logs)
         if validation_data is not None and (epoch + 1) % options.validation_freq == 0:
-            logs |= {f"val_{k}": v for k, v in evaluate(model, validation_data).items()}
+            logs |= {
+                f"val_{k}": v for k, v in evaluate(model, validation_data, objective=make).items()
+            }
         callbacks.on_epoch_end(epoch, logs)
         if options.verbose:
             print(f"epoch {epoch + 1}/{options.epochs}: {_format(logs)}", flush=True)
@@ -114,19 +117,22 @@ def run(
     callbacks.on_train_end(logs=logs)
 
 
-def evaluate(model: keras.Model, data: tf.data.Dataset, steps: int | None = None) -> dict[str, Any]:
-    """The compiled loss and metrics on `data`, computed inline on the coordinator."""
+def evaluate(
+    model: keras.Model, data: tf.data.Dataset, steps: int | None = None, *, objective: Any = None
+) -> dict[str, Any]:
+    """`objective`'s loss and metrics on `data`, computed inline on the coordinator."""
     evaluator = _EVALUATORS.get(model)
     if evaluator is None:
-        evaluator = _EVALUATORS[model] = _Evaluator(model)
+        make = objectives.required(objective, "custom on parameter servers")
+        evaluator = _EVALUATORS[model] = _Evaluator(model, make)
     return evaluator(data.take(steps) if steps else data)
 
 
 class _Evaluator:
     """The compiled loss and metrics (on the coordinator's own variables), with one traced step."""
 
-    def __init__(self, model: keras.Model):
-        self.objective = objectives.build(model, distributed=False)
+    def __init__(self, model: keras.Model, make: objectives.MakeObjective):
+        self.objective = objectives.build(model, make, distributed=False)
         self.model = weakref.ref(model)  # the cache must not keep the model alive
         self.step = tf.function(self._step, reduce_retracing=True)
 

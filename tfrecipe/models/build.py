@@ -106,6 +106,19 @@ def _builder_parameters(target: str, allowed_targets: list[str]) -> Mapping[str,
     return parameters
 
 
+def objective(task: schema.Task, *, allowed_targets: Iterable[str] = ()):
+    """`make() -> (loss, metrics)`: the task's loss and new metric objects, as `compile_model`
+    compiles them; what the custom loops optimize and report (`LoopOptions.objective`)."""
+
+    def make():
+        return (
+            tasks.loss(task, allowed_targets=allowed_targets),
+            tasks.metrics(task, allowed_targets=allowed_targets),
+        )
+
+    return make
+
+
 def compile_model(
     model,
     *,
@@ -118,10 +131,11 @@ def compile_model(
     """The model trains on the task's loss and is scored on its metrics, under the names
     `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...); `allowed_targets`
     may hold the packages of a `_target_` loss or metric of the user's own."""
+    loss, metrics = objective(task, allowed_targets=allowed_targets)()
     model.compile(
         optimizer=optimizer,
-        loss=tasks.loss(task, allowed_targets=allowed_targets),
-        metrics=tasks.metrics(task, allowed_targets=allowed_targets),
+        loss=loss,
+        metrics=metrics,
         steps_per_execution=steps_per_execution,
         jit_compile=jit_compile,
     )

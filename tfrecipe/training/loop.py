@@ -49,12 +49,14 @@ def loop_of(plan: RunPlan):
 def options(
     spec: schema.Loop,
     *,
+    objective: Callable[[], tuple[Any, Any]],
     progress: bool,
     inputs: Inputs,
     steps_per_call: int,
     input_clock: InputClock | None,
 ) -> LoopOptions:
-    """The loop's options (`progress`: `callbacks.progress.enabled`)."""
+    """The loop's options (`objective`: the task's, `models.build.objective`; `progress`:
+    `callbacks.progress.enabled`)."""
     return LoopOptions(
         epochs=spec.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
@@ -64,6 +66,7 @@ def options(
         gradient_accumulation_steps=spec.gradient_accumulation_steps,
         train_data_from=inputs.train_from,
         input_clock=input_clock,
+        objective=objective,
     )
 
 
@@ -143,15 +146,16 @@ def test_and_export(
     exporting: Exporting,
     *,
     rows: list[dict[str, float]],
+    objective: Callable[[], tuple[Any, Any]],
 ) -> None:
-    """The test split's scores and the exports, while the curves of the epochs' `rows` are
-    plotted beside them."""
+    """The test split's scores (`objective`'s loss and metrics) and the exports, while the
+    curves of the epochs' `rows` are plotted beside them."""
     plotting = rundir.plot_curves_in_background(
         summary.run_dir, rows, tasks.main_metric(exporting.task)
     )
     try:
         if inputs.test is not None:
-            summary.update(test=loop.evaluate(model, inputs.test))
+            summary.update(test=loop.evaluate(model, inputs.test, objective=objective))
         summary.update(exports=exporting.export(model, summary.run_dir, inputs.splits))
     finally:
         plotting.join()

@@ -87,6 +87,7 @@ def find_learning_rate(
     train_data,
     *,
     optimizer: schema.Optimizer,
+    objective: Callable[[], tuple[Any, Any]],
     plan: RunPlan,
     recompile: Callable[..., None],
     run_dir: Path,
@@ -97,6 +98,7 @@ def find_learning_rate(
 
     Args:
       optimizer: the `optimizer` group, whose optimizer the sweep steps.
+      objective: the task's loss and metrics (`LoopOptions.objective`).
       recompile: `recompile(model, optimizer, steps_per_execution=N)` compiles as the run does.
     """
     sweep = Sweep(steps=spec.steps, min_lr=spec.min_lr, max_lr=spec.max_lr)
@@ -120,6 +122,7 @@ def find_learning_rate(
         verbose=0,
         steps_per_loop=1,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        objective=objective,
     )
     try:
         loop.run(model, train_data, None, options=options, callbacks=[recorder])
@@ -133,11 +136,9 @@ def find_learning_rate(
     if chief:
         _write(run_dir, recorder.rates, recorder.losses, result)
         result.update(plot=PLOT, curve=CURVE)
-    log.info(
-        "lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
-        result["suggested_learning_rate"], result["min_loss_learning_rate"], result["steps"],
-        run_dir / PLOT,
-    )  # fmt: skip
+    log.info("lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
+             result["suggested_learning_rate"], result["min_loss_learning_rate"], result["steps"],
+             run_dir / PLOT)  # fmt: skip
     return result
 
 

@@ -18,6 +18,7 @@ from tfrecipe.loops import finetune
 from tfrecipe.models import batch_norm, warm_start
 from tfrecipe.models import export as exports
 from tfrecipe.models.build import build_model, compile_model
+from tfrecipe.models.build import objective as objective  # the task's, for the loops
 from tfrecipe.training.plan import RunPlan
 
 

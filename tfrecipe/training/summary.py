@@ -127,11 +127,12 @@ def record_unfinished(
             rundir.lock_run_dir(run_dir)  # creates it; never write into another run's dir
         except ConfigError:
             return
-    fields = (summary.fields if summary else None) or rundir.read_summary(run_dir) or {}
-    fields.update(status=status, error=disk.error_text(error, run_dir))
+    text = disk.error_text(error, run_dir)
     disk.settle(run_dir)
     with contextlib.suppress(OSError):  # a disk full before the reserve was taken
-        rundir.write_summary(run_dir, fields)
+        rundir.record_status(
+            run_dir, status, text, fields=(summary.fields if summary else None) or None
+        )
 
 
 def initial_fields(
