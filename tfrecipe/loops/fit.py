@@ -121,7 +121,7 @@ class _Relay(keras.callbacks.Callback):
 
 class OptimizerSteps(_Relay):
     """`fit` with gradient accumulation counts micro-batches; `callbacks` see optimizer steps:
-    batch hooks at update boundaries only (every call ends on one: `pacing.pace`), numbered by
+    batch hooks at update boundaries only (every call ends on one: `training.model.pace`), numbered by
     updates, and `params["steps"]` in updates."""
 
     def __init__(self, callbacks, model, accumulate: int):

@@ -118,7 +118,7 @@ def _require_text(input_shape: Sequence[int], train_features: tf.data.Dataset | 
     if train_features is None:
         raise ValueError(
             "model=text learns its vocabulary from the training texts: pass train_features "
-            "(tfrecipe's factory.build_model does)"
+            "(tfrecipe.models.build.build_model does)"
         )
     dtype = train_features.element_spec.dtype
     if tuple(input_shape) != () or dtype != tf.string:
