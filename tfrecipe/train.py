@@ -9,6 +9,7 @@ in `tfrecipe.training`; what the run decides (the loop, backups, steps per call,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import tempfile
 import time
@@ -233,8 +234,14 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
     """Trains (monitored, protected), then tests, exports and fits the baselines; summary.json
     says how it ended."""
     model, data = built.model, built.data
+    knobs = monitors.Knobs(
+        allowed_targets=run.allowed_targets, export_formats=run.export.formats,
+        averaged_weights=bool(run.optimizer.ema), deterministic=run.deterministic,
+        sidecar_evaluator=bool(getattr(run.cluster, "evaluator", False)),
+        epoch_is_a_pass=not run.loop.steps_per_epoch,
+    )  # fmt: skip
     watched = monitors.build_monitors(
-        run, plan, config=config, chief=task.is_chief, run_dir=dirs.run_dir, inputs=data,
+        run.callbacks, run.logger, plan, knobs=knobs, config=config, chief=task.is_chief, run_dir=dirs.run_dir, inputs=data,
         global_batch=built.global_batch, strategy=built.strategy, start_step=built.start_step,
         resuming=built.resumed is not None,
         watchdog=dirs.stall_watchdog(run.cluster.stall_timeout, task),
@@ -260,35 +267,28 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
         )  # fmt: skip
         rows = watched.history.rows
         summary.update(summaries.best_epoch(run.callbacks, rows, epochs=run.loop.epochs))
-        exported = _exporting(run)
-        loop.test_and_export(
-            trained, model, data, summary, exported, rows=rows, objective=objective
-        )
+        loop.test_and_export(trained, model, data, summary, _exporting(run), rows=rows,
+                             objective=objective)  # fmt: skip
         fit_baselines = _baselines(run)
         if fit_baselines is not None and dirs.chief:  # after the model: it names no layer first
             summary.update(baselines=fit_baselines(built.splits))
 
 
 def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, built: _Built, dirs: Dirs):
-    def recompile(model, optimizer, *, steps_per_execution: int) -> None:
-        models.compile_model(
-            model, task=run.task, optimizer=optimizer, steps_per_execution=steps_per_execution,
-            jit_compile=run.batching.jit_compile, allowed_targets=run.allowed_targets,
-        )  # fmt: skip
-
+    recompile = functools.partial(  # compiled as the run compiles it
+        models.compile_model, task=run.task, jit_compile=run.batching.jit_compile,
+        allowed_targets=run.allowed_targets,
+    )  # fmt: skip
     return loop.find_learning_rate(
         run.loop.lr_find, plan, built.model, built.data, optimizer=run.optimizer,
         objective=models.objective(run.task, allowed_targets=run.allowed_targets),
-        recompile=recompile,
-        run_dir=dirs.run_dir, chief=dirs.chief,
+        recompile=recompile, run_dir=dirs.run_dir, chief=dirs.chief,
     )  # fmt: skip
 
 
 def _exporting(run: schema.RunConfig) -> loop.Exporting:
-    batch_size = run.batching.per_replica_batch_size
-    return loop.Exporting(
-        spec=run.export, pipeline=run.pipeline, task=run.task, batch_size=batch_size
-    )
+    return loop.Exporting(spec=run.export, pipeline=run.pipeline, task=run.task,
+                          batch_size=run.batching.per_replica_batch_size)  # fmt: skip
 
 
 def _baselines(run: schema.RunConfig):

@@ -49,10 +49,10 @@ def member_config(
     return member_run, member
 
 
-def record(run: schema.RunConfig, members: list[Mapping[str, Any]]) -> dict[str, Any]:
+def record(seeds: int, members: list[Mapping[str, Any]]) -> dict[str, Any]:
     """summary.json's `ensemble`: the members so far, each its seed, run dir and test metrics."""
     return {
-        "seeds": run.ensemble.seeds,
+        "seeds": seeds,
         "members": [
             {
                 "run_dir": f"{MEMBERS}/{index}",
@@ -78,31 +78,32 @@ def as_single_run(members: list[Mapping[str, Any]]) -> dict[str, Any]:
     return fields
 
 
-def load(run: schema.RunConfig, run_dir: Path) -> keras.Model:
+def load(
+    run_dir: Path, *, seeds: int, task: schema.Task, allowed_targets: list[str]
+) -> keras.Model:
     """The members' exported models (model.keras) as one model averaging them, compiled."""
     register_custom_objects()
     members = [
         keras.saving.load_model(run_dir / MEMBERS / str(index) / "model.keras", compile=False)
-        for index in range(run.ensemble.seeds)
+        for index in range(seeds)
     ]
-    model = ensemble_model.averaged(members, task=run.task.name)
+    model = ensemble_model.averaged(members, task=task.name)
     # An optimizer it never steps: a model.keras compiled without one does not load again
     # (Keras' compile_from_config builds the optimizer), and `tfrecipe evaluate` loads it.
-    compile_model(model, task=run.task, optimizer="sgd", allowed_targets=run.allowed_targets)
+    compile_model(model, task=task, optimizer="sgd", allowed_targets=allowed_targets)
     return model
 
 
-def scores(run: schema.RunConfig, model: keras.Model, splits) -> dict[str, dict[str, float]]:
+def scores(
+    model: keras.Model, splits, *, pipeline, batch_size: int, seed: int
+) -> dict[str, dict[str, float]]:
     """The ensemble's metrics on the test split (`test`) and the validation split (`metrics`,
     as `val_X`), with the task's compiled loss and metrics, as a single model's."""
 
     def evaluate(split: str) -> dict[str, float]:
         if getattr(splits, split) is None:
             return {}
-        data = evaluation_data(
-            splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size,
-            seed=run.seed,
-        )  # fmt: skip
+        data = evaluation_data(splits, split, pipeline, batch_size=batch_size, seed=seed)
         results = model.evaluate(data, verbose=0, return_dict=True)
         return {name: float(value) for name, value in results.items()}
 
@@ -145,8 +146,13 @@ def train_ensemble(
     summary.update(as_single_run(members))
     if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
         signature.write(dirs.run_dir, signature.read(first))
-    model = load(run, dirs.run_dir)
-    scored = scores(run, model, splits)  # test, and val_ metrics
+    model = load(
+        dirs.run_dir, seeds=run.ensemble.seeds, task=run.task, allowed_targets=run.allowed_targets
+    )
+    scored = scores(  # test, and val_ metrics
+        model, splits, pipeline=run.pipeline, seed=run.seed,
+        batch_size=run.batching.per_replica_batch_size,
+    )  # fmt: skip
     summary.update(test=scored["test"])
     summary.update(exports=export(model, dirs.run_dir, splits))
     if fit_baselines is not None:
@@ -176,6 +182,6 @@ def _train_members(config, run: schema.RunConfig, dirs: Dirs, summary: RunSummar
                      member_run.seed)  # fmt: skip
             done = train_member(member_cfg, member_run, Dirs(member_dir, member_dir))
         members.append(done)
-        summary.update(ensemble=record(run, members))
+        summary.update(ensemble=record(run.ensemble.seeds, members))
         summary.write()
     return members

@@ -99,7 +99,7 @@ def find_learning_rate(
     Args:
       optimizer: the `optimizer` group, whose optimizer the sweep steps.
       objective: the task's loss and metrics (`LoopOptions.objective`).
-      recompile: `recompile(model, optimizer, steps_per_execution=N)` compiles as the run does.
+      recompile: compiles `model` with `optimizer=` and `steps_per_execution=` as the run does.
     """
     sweep = Sweep(steps=spec.steps, min_lr=spec.min_lr, max_lr=spec.max_lr)
     weights = model.get_weights()
@@ -114,7 +114,7 @@ def find_learning_rate(
             loss_scaling=plan.precision == "mixed_float16",
             gradient_accumulation_steps=plan.optimizer_accumulation_steps(),
         )
-        recompile(model, swept, steps_per_execution=1)
+        recompile(model, optimizer=swept, steps_per_execution=1)
     recorder = _SweepCallback(sweep, _inner(swept))
     options = LoopOptions(
         epochs=sweep.steps,
@@ -129,7 +129,7 @@ def find_learning_rate(
     finally:
         model.set_weights(weights)  # the model as it was before the sweep
         with model_scope(strategy):
-            recompile(model, run_optimizer, steps_per_execution=steps_per_execution)
+            recompile(model, optimizer=run_optimizer, steps_per_execution=steps_per_execution)
         model.stop_training = False
     result = suggest(recorder.rates, recorder.losses)
     result.update(steps=len(recorder.rates), min_lr=sweep.min_lr, max_lr=sweep.max_lr)

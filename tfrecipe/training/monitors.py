@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,24 @@ class Monitors:
         return profiler.result
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """What the monitors read of the config besides `callbacks` and `logger`."""
+
+    allowed_targets: list[str]  # the packages a `callbacks.extra` target may come from
+    export_formats: Collection[str]  # `export.formats`: periodic exports write those they can
+    averaged_weights: bool  # `optimizer.ema`: validation scores the averaged weights
+    sidecar_evaluator: bool  # `cluster.evaluator`: per-epoch checkpoints for it
+    deterministic: bool  # op determinism refuses clock ops in a graph
+    epoch_is_a_pass: bool  # no `loop.steps_per_epoch`: an epoch reads the training split once
+
+
 def build_monitors(
-    run: schema.RunConfig,
+    spec: schema.Callbacks,
+    logger: schema.Logger,
     plan: RunPlan,
     *,
+    knobs: Knobs,
     config: Mapping[str, Any],
     chief: bool,
     run_dir: Path,
@@ -82,33 +96,31 @@ def build_monitors(
     history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
         examples_per_step=global_batch * plan.gradient_accumulation_steps,
-        examples_per_epoch=None if run.loop.steps_per_epoch else inputs.info.num_train,
+        examples_per_epoch=inputs.info.num_train if knobs.epoch_is_a_pass else None,
     )
-    input_clock = _input_clock(plan, strategy, deterministic=run.deterministic)
+    input_clock = _input_clock(plan, strategy, deterministic=knobs.deterministic)
     step_clock = StepClock(input_clock)
     callbacks = [
         history,
         throughput,
         step_clock,
         *build_callbacks(
-            run.callbacks,
-            run.logger,
+            spec,
+            logger,
             run_dir=run_dir,
-            allowed_targets=run.allowed_targets,
-            export_formats=run.export.formats,
+            allowed_targets=knobs.allowed_targets,
+            export_formats=knobs.export_formats,
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
         ),
     ]
-    if run.optimizer.ema:  # validation scores the averaged weights, training goes on raw
+    if knobs.averaged_weights:  # validation scores the averaged weights, training goes on raw
         callbacks.insert(0, keras.callbacks.SwapEMAWeights())
     if watchdog is not None:  # first: a step counts as done before any other callback runs
         callbacks.insert(0, watchdog)
-    if getattr(run.cluster, "evaluator", False):  # checkpoints for the sidecar evaluator
+    if knobs.sidecar_evaluator:  # checkpoints for the sidecar evaluator
         callbacks += evaluator.checkpoint_callbacks(run_dir)
     # One tracked run per training run: the chief's (other workers train into a scratch dir).
-    trackers = (
-        _start_tracking(run.logger, config, run_dir, history, resume=resuming) if chief else []
-    )
+    trackers = _start_tracking(logger, config, run_dir, history, resume=resuming) if chief else []
     for tracker in trackers:
         callbacks += tracker.callbacks()
     return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
