@@ -42,8 +42,15 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # what is learned and from what: the tasks, the datasets
     ("tfrecipe.tasks", "tfrecipe.data"),
-    # the typed config, which asks the tasks and the data pipeline for their names
-    ("tfrecipe.config.schema",),
+    # the typed config, which asks the tasks and the data pipeline for their names: its sections,
+    # the text of a problem, the rules across sections, and validate, which runs them all
+    (
+        "tfrecipe.config.training_sections",
+        "tfrecipe.config.run_sections",
+        "tfrecipe.config.messages",
+        "tfrecipe.config.cross_checks",
+        "tfrecipe.config.schema",
+    ),
     # the building blocks a run is made of
     (
         "tfrecipe.optim",
