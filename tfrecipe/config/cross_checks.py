@@ -56,9 +56,6 @@ def _ema_problems(run: RunConfig) -> list[Problem]:
     return []
 
 
-# Models whose kind says before anything is built that a format cannot carry them: (model or
-
-
 def _export_problems(run: RunConfig) -> list[Problem]:
     """A format that cannot carry the configured model is refused before training: string
     preprocessing (TextVectorization, StringLookup) in ONNX, TextVectorization in LiteRT, a
