@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tfrecipe"
 
 # Bottom first. An entry is a module, or a package standing for its modules not listed on their own.
 LAYERS: list[tuple[str, ...]] = [
-    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader
+    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader,
+    # what each export format can carry
     (
         "tfrecipe.errors",
         "tfrecipe.files",
@@ -25,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
         "tfrecipe.config.targets",
+        "tfrecipe.config.export_limits",
         "tfrecipe.config.__init__",
     ),
     # the run dir: its files, how a run ends, the signature, the dtype policy
@@ -40,8 +42,15 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # what is learned and from what: the tasks, the datasets
     ("tfrecipe.tasks", "tfrecipe.data"),
-    # the typed config, which asks the tasks and the data pipeline for their names
-    ("tfrecipe.config.schema",),
+    # the typed config, which asks the tasks and the data pipeline for their names: its sections,
+    # the text of a problem, the rules across sections, and validate, which runs them all
+    (
+        "tfrecipe.config.training_sections",
+        "tfrecipe.config.run_sections",
+        "tfrecipe.config.messages",
+        "tfrecipe.config.cross_checks",
+        "tfrecipe.config.schema",
+    ),
     # the building blocks a run is made of
     (
         "tfrecipe.optim",
