@@ -29,8 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.export_limits",
         "tfrecipe.config.__init__",
     ),
-    # the run dir: its files, how a run ends, the signature, the dtype policy
-    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.signature", "tfrecipe.precision"),
+    # the run dir: its files, how a run ends, the dtype policy
+    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.precision"),
     # reading a config: Hydra's composition, the allow-listed instantiation, their checks
     (
         "tfrecipe.config.compose",
@@ -40,8 +40,9 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.checks",
         "tfrecipe.config.changes",
     ),
-    # what is learned and from what: the tasks, the datasets
-    ("tfrecipe.tasks", "tfrecipe.data"),
+    # what is learned and from what: the tasks, the datasets; what a trained model takes and
+    # what its outputs mean (the signature, which asks the tasks)
+    ("tfrecipe.tasks", "tfrecipe.data", "tfrecipe.signature"),
     # the typed config, which asks the tasks and the data pipeline for their names: its sections,
     # the text of a problem, the rules across sections, and validate, which runs them all
     (
