@@ -18,7 +18,7 @@ import gzip
 import io
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -488,18 +488,3 @@ def _partition_number(file: str, name: str, value: str) -> float:
             f"{file}: partition column {name!r}={value!r} is not a number; list it in "
             "dataset.categorical"
         ) from None
-
-
-def check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
-    """Every column a config key names exists in the table.
-
-    Raises:
-      ValueError: `key='name': FILE has no such column; its columns are: ...`.
-    """
-    for key, names in named.items():
-        for name in names:
-            if name not in table.columns:
-                raise ValueError(
-                    f"{key}={name!r}: {table.files[0]} has no such column; its columns are: "
-                    f"{', '.join(table.columns)}"
-                )
