@@ -258,26 +258,48 @@ def _table(
         allow_missing=missing[1],
         max_vocabulary=max_vocabulary,
     )
+    in_memory = functools.partial(
+        _held_in_memory, stream=stream, width=len(inputs) + len(columns.labels), layout=layout
+    )
     key = table_stats.fingerprint(layout, columns, stats_rows)
-    compute = functools.partial(_statistics, layout, columns, stats_rows=stats_rows)
+    compute = functools.partial(_statistics, layout, columns, stats_rows, in_memory)
     stats = stats_cache.get(key, compute) if stats_cache else compute()
     if stats.rows["train"] == 0:
         raise ValueError(f"path={path!r}: no training rows")
-    cells = sum(stats.rows.values()) * (len(inputs) + len(columns.labels))
-    in_memory = stream is False or (stream == "auto" and cells <= IN_MEMORY_CELLS)
-    if in_memory and not (validation_path or test_path):
+    if in_memory(stats):
         return _in_memory(layout, columns, stats, split[:2], split[2])
     return _streamed(layout, columns, stats)
 
 
-def _statistics(layout: Layout, columns: Columns, *, stats_rows: int | None) -> TableStats:
+def _held_in_memory(stats: TableStats, *, stream, width: int, layout: Layout) -> bool:
+    """Whether the table is held in memory (and split by stratified fractions), not streamed:
+    `stream` false, or auto and at most IN_MEMORY_CELLS cells; never with split files of its
+    own."""
+    if layout.validation or layout.test:
+        return False
+    cells = sum(stats.rows.values()) * width
+    return stream is False or (stream == "auto" and cells <= IN_MEMORY_CELLS)
+
+
+def _statistics(
+    layout: Layout, columns: Columns, stats_rows: int | None, in_memory: Callable
+) -> TableStats:
+    """The statistics pass, and its line: the rows it read, and the split's rows for a streamed
+    table (a table held in memory is split afterwards, by stratified fractions: `_in_memory`
+    says those counts; the pass's hash counts are not its split)."""
     started = time.perf_counter()
     stats = table_stats.compute(layout, columns, stats_rows=stats_rows)
-    log.info(
-        "statistics pass: %s rows (train %s, validation %s, test %s) in %.1fs",
-        *(f"{n:,}" for n in (sum(stats.rows.values()), *stats.rows.values())),
-        time.perf_counter() - started,
-    )
+    seconds, total = time.perf_counter() - started, f"{sum(stats.rows.values()):,}"
+    if in_memory(stats):
+        log.info("statistics pass: %s rows in %.1fs; held in memory", total, seconds)
+    else:
+        counts = (f"{n:,}" for n in stats.rows.values())
+        log.info(
+            "statistics pass: %s rows (train %s, validation %s, test %s) in %.1fs; streamed",
+            total,
+            *counts,
+            seconds,
+        )
     return stats
 
 
@@ -316,7 +338,7 @@ def _in_memory(layout, columns: Columns, stats: TableStats, fractions, split_see
     for name in columns.categorical:  # raw strings, as a dict column of Python strings
         features[name] = np.array([v.decode("utf-8") for v in features[name]], dtype=object)
     targets = np.concatenate([target for _, target in parts])
-    return from_arrays(
+    splits = from_arrays(
         features,
         targets,
         num_classes=stats.num_classes,
@@ -327,6 +349,13 @@ def _in_memory(layout, columns: Columns, stats: TableStats, fractions, split_see
         test_fraction=fractions[1],
         split_seed=split_seed,
     )
+    info = splits.info
+    log.info(
+        "in memory: train %s, validation %s, test %s rows (seeded fractions%s)",
+        *(f"{n:,}" for n in (info.num_train, info.num_validation, info.num_test)),
+        ", stratified by class" if stats.label_kind in ("classes", "binary") else "",
+    )
+    return splits
 
 
 # --- large tables: streamed -----------------------------------------------------------------------
