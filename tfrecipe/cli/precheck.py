@@ -67,11 +67,14 @@ def precheck(argv: list[str], invocation: Invocation) -> list[str]:
 
 def _check_single_run(cfg, trust, invocation: Invocation) -> Path:
     """Validates a single run's config and holds its run dir. Returns that dir."""
+    from omegaconf import OmegaConf
+
     from tfrecipe.config.schema import validate
     from tfrecipe.distribute.cluster import check_environment
 
     run = validate(cfg, trust=trust)
-    _check_table_columns(run.dataset)  # reads the headers: still no TensorFlow
+    if not OmegaConf.select(cfg, "hydra.job.chdir", default=False):  # else paths are the job's
+        _check_table_columns(run.dataset)  # reads the headers: still no TensorFlow
     invocation.cluster = run.cluster
     check_environment(run.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = _configured_run_dir(cfg)
