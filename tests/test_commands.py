@@ -229,7 +229,7 @@ def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
 
 
 def test_objective_is_returned_for_optimizing_sweepers():
-    from tfrecipe.cli.main import _objective
+    from tfrecipe.cli.sweep_jobs import objective as _objective
 
     summary = {"metrics": {"val_loss": 0.5}, "test": {"accuracy": 0.9}, "examples_per_sec": 10.0}
     assert _objective(summary, "val_loss") == 0.5

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # what is learned and from what: the tasks, the datasets; what a trained model takes and
     # what its outputs mean (the signature, which asks the tasks)
-    ("tfrecipe.tasks", "tfrecipe.data", "tfrecipe.signature"),
+    ("tfrecipe.tasks", "tfrecipe.data", "tfrecipe.data.table_layout", "tfrecipe.signature"),
     # the typed config, which asks the tasks and the data pipeline for their names: its sections,
     # the text of a problem, the rules across sections, and validate, which runs them all
     (
@@ -66,8 +66,19 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # a run, assembled
     ("tfrecipe.training", "tfrecipe.train"),
-    # the ways in: the command line, the package's public names
-    ("tfrecipe.cli", "tfrecipe.__init__", "tfrecipe.__main__"),
+    # the ways in: the command line (its dispatch, the training command with its pre-check, Hydra
+    # job and sweep bookkeeping, the subcommands), the package's public names
+    (
+        "tfrecipe.cli.main",
+        "tfrecipe.cli.hydra_errors",
+        "tfrecipe.cli.train_command",
+        "tfrecipe.cli.precheck",
+        "tfrecipe.cli.job",
+        "tfrecipe.cli.sweep_jobs",
+        "tfrecipe.cli",
+        "tfrecipe.__init__",
+        "tfrecipe.__main__",
+    ),
 ]
 
 
@@ -165,6 +176,6 @@ def test_the_graph_holds_every_kind_of_import():
     function-level imports, and the floors order the modules."""
     graph = _imports(_modules())
     assert "tfrecipe.rundir" in graph["tfrecipe.outcome"]  # from tfrecipe import rundir
-    assert "tfrecipe.train" in graph["tfrecipe.cli.main"]  # inside _task()
-    assert _floor("tfrecipe.cli.main") > _floor("tfrecipe.train") > _floor("tfrecipe.errors")
+    assert "tfrecipe.train" in graph["tfrecipe.cli.job"]  # inside _train()
+    assert _floor("tfrecipe.cli.job") > _floor("tfrecipe.train") > _floor("tfrecipe.errors")
     assert _floor("tfrecipe.data.tabular") == _floor("tfrecipe.data.__init__")

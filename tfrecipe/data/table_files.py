@@ -11,6 +11,7 @@ No TensorFlow here: the statistics pass and `tfrecipe validate` read files witho
 
 from __future__ import annotations
 
+import contextlib
 import csv as csvlib
 import dataclasses
 import glob
@@ -18,7 +19,7 @@ import gzip
 import io
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -172,7 +173,10 @@ def _columns(file: str, *, format: Format, csv: CsvOptions) -> tuple[str, ...]:
         import pyarrow.parquet as pq
 
         try:
-            names = tuple(pq.ParquetFile(file).schema_arrow.names)
+            with reading.open_file(file, what="a parquet file") as handle:
+                names = tuple(pq.ParquetFile(handle).schema_arrow.names)
+        except reading.UnreadableFile:
+            raise
         except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ...
             raise ValueError(
                 f"{file}: not a readable Parquet file ({_first_line(error)})"
@@ -214,11 +218,14 @@ def _csv_reader(handle, delimiter: str):
     return csvlib.reader(handle, delimiter=delimiter)
 
 
-def _open_text(file: str):
-    """A CSV file as text; utf-8-sig drops a byte-order mark (Excel writes one), as Arrow does."""
-    if file.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(file), encoding="utf-8-sig", newline="")
-    return open(file, encoding="utf-8-sig", newline="")
+@contextlib.contextmanager
+def _open_text(file: str) -> Iterator[io.TextIOWrapper]:
+    """A CSV file as text, opened by the one reader (a regular file only); utf-8-sig drops a
+    byte-order mark (Excel writes one), as Arrow does."""
+    with reading.open_file(file, what="a csv file") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if file.endswith(".gz") else raw
+        with io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as text:
+            yield text
 
 
 def _first_line(error: BaseException) -> str:
@@ -478,18 +485,3 @@ def _partition_number(file: str, name: str, value: str) -> float:
             f"{file}: partition column {name!r}={value!r} is not a number; list it in "
             "dataset.categorical"
         ) from None
-
-
-def check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
-    """Every column a config key names exists in the table.
-
-    Raises:
-      ValueError: `key='name': FILE has no such column; its columns are: ...`.
-    """
-    for key, names in named.items():
-        for name in names:
-            if name not in table.columns:
-                raise ValueError(
-                    f"{key}={name!r}: {table.files[0]} has no such column; its columns are: "
-                    f"{', '.join(table.columns)}"
-                )
