@@ -46,7 +46,26 @@ def load(
     import tensorflow_datasets as tfds
 
     builder = _builder(tfds, name, data_dir)
-    features = builder.info.features
+    label = _class_label(name, builder.info.features, feature_key, label_key)
+    if not train_split:
+        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
+    train, validation, test = (
+        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
+        for split in (train_split, validation_split, test_split)
+    )
+    info = DatasetInfo(
+        input_shape=tuple(builder.info.features[feature_key].shape),
+        num_classes=int(label.num_classes),
+        num_train=_count(train),
+        num_validation=_count(validation),
+        num_test=_count(test),
+        target_kind="binary" if label.num_classes == 2 else "classes",
+    )
+    return Splits(train, validation, test, info)
+
+
+def _class_label(name: str, features, feature_key: str, label_key: str):
+    """The dataset's `label_key` feature, once both keys are known and it is a class label."""
     for key, value in (("feature_key", feature_key), ("label_key", label_key)):
         if value not in features:
             raise ValueError(
@@ -59,21 +78,7 @@ def load(
             f"dataset {name!r}: label_key={label_key!r} is not a class label "
             f"({type(label).__name__}); name an integer class label"
         )
-    if not train_split:
-        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
-    train, validation, test = (
-        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
-        for split in (train_split, validation_split, test_split)
-    )
-    info = DatasetInfo(
-        input_shape=tuple(features[feature_key].shape),
-        num_classes=int(label.num_classes),
-        num_train=_count(train),
-        num_validation=_count(validation),
-        num_test=_count(test),
-        target_kind="binary" if label.num_classes == 2 else "classes",
-    )
-    return Splits(train, validation, test, info)
+    return label
 
 
 def _builder(tfds, name: str, data_dir: str | None):
