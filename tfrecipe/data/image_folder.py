@@ -50,8 +50,7 @@ def load(
     _check_image_shape(image_size, channels)
     files, labels, classes = _list(Path(path))
     if verify_images:
-        for file in files:
-            _verify(file, channels)
+        _verify(files, channels)
     train, validation, test = split_indices(labels, validation_fraction, test_fraction, split_seed)
     datasets = [
         _images(files, labels, idx, image_size, channels) for idx in (train, validation, test)
@@ -128,12 +127,14 @@ def _check_file(path: Path) -> None:
     reading.check_file(path, limit=MAX_IMAGE_BYTES, what="an image of a training set")
 
 
-def _verify(file: str, channels: int) -> None:
-    try:
-        tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
-    except tf.errors.OpError as error:
-        reason = error.message.splitlines()[0]
-        raise ValueError(f"{file}: not a readable image ({reason})") from None
+def _verify(files: np.ndarray, channels: int) -> None:
+    """Decodes every image once: the first that cannot be decoded stops the run, named."""
+    for file in files:
+        try:
+            tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
+        except tf.errors.OpError as error:
+            reason = error.message.splitlines()[0]
+            raise ValueError(f"{file}: not a readable image ({reason})") from None
 
 
 def _load_image(file: tf.Tensor, channels: int, height: int, width: int) -> tf.Tensor:

@@ -51,11 +51,9 @@ def load(
     for file, labels in labelled:
         _check_labels(file, y_key, labels, num_classes)
     # A split read from its own file is that split: no fraction of `path` is held out for it.
-    fractions = (
-        0.0 if validation_path else validation_fraction,
-        0.0 if test_path else test_fraction,
-    )
-    indices = split_indices(y, *fractions, split_seed)
+    validation_fraction = 0.0 if validation_path else validation_fraction
+    test_fraction = 0.0 if test_path else test_fraction
+    indices = split_indices(y, validation_fraction, test_fraction, split_seed)
     datasets = _split_arrays(x, y, indices, extra)
     return _splits(datasets, input_shape=tuple(x.shape[1:]), num_classes=num_classes)
 

@@ -47,11 +47,8 @@ def load(
 
     builder = _builder(tfds, name, data_dir)
     label = _class_label(name, builder.info.features, feature_key, label_key)
-    if not train_split:
-        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
-    train, validation, test = (
-        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
-        for split in (train_split, validation_split, test_split)
+    train, validation, test = _read_splits(
+        builder, name, (train_split, validation_split, test_split), data_dir, feature_key, label_key
     )
     info = DatasetInfo(
         input_shape=tuple(builder.info.features[feature_key].shape),
@@ -89,6 +86,23 @@ def _builder(tfds, name: str, data_dir: str | None):
             f"name={name!r} is not a TensorFlow Datasets dataset; see "
             "https://www.tensorflow.org/datasets/catalog (e.g. mnist, cifar10)"
         ) from None
+
+
+def _read_splits(
+    builder,
+    name: str,
+    splits: tuple[str | None, str | None, str | None],
+    data_dir: str | None,
+    feature_key: str,
+    label_key: str,
+):
+    """The train, validation and test splits (None for an empty name but the training one's)."""
+    if not splits[0]:
+        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
+    return tuple(
+        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
+        for split in splits
+    )
 
 
 def _read(builder, name: str, split: str, data_dir: str | None, feature_key: str, label_key: str):

@@ -56,10 +56,9 @@ def load(
     """
     spec = _Spec(feature_key, feature_kind, tuple(feature_shape), label_key, num_classes)
     spec.check()
-    patterns = {"train": train_files, "validation": validation_files, "test": test_files}
+    globs = {"train": train_files, "validation": validation_files, "test": test_files}
     splits = {
-        split: _checked_split(split, pattern, spec, images_checked_per_file)
-        for split, pattern in patterns.items()
+        s: _checked_split(s, glob, spec, images_checked_per_file) for s, glob in globs.items()
     }
     info = DatasetInfo(
         input_shape=spec.shape,
