@@ -211,3 +211,20 @@ def test_the_tensorflow_free_subcommands_run_as_the_pages_show_them(tmp_path):
         result = subprocess.run([sys.executable, "-m", "tfrecipe", *args], cwd=tmp_path,
                                 capture_output=True, text=True, timeout=120)  # fmt: skip
         assert result.returncode == 0, f"tfrecipe {shlex.join(args)}: {result.stderr[-2000:]}"
+
+
+def test_the_recipe_table_and_the_recipes_headers_agree():
+    """Each metric docs/sweeps.md gives for a recipe is the one its header carries (two places
+    drifted apart before: a header kept an older machine's figures)."""
+    table = (REPO / "docs" / "sweeps.md").read_text().split("## Recipes", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]*) \|$", table, re.M)
+    assert len(rows) >= 8
+    drifted = []
+    for recipe, measured in rows:
+        header = "".join(
+            line for line in (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()
+            if line.startswith("#")
+        )  # fmt: skip
+        figures = re.findall(r"\b0\.\d{3,4}\b", measured.split("(")[0])
+        drifted += [f"{recipe}: {f}" for f in figures if f not in header.replace("\n", " ")]
+    assert not drifted, f"docs/sweeps.md and the recipes' headers differ: {drifted}"
