@@ -86,17 +86,29 @@ def perf_block(
         "peak_source": peak_source,
         "mfu": round(achieved / peak, 4) if achieved and peak else None,
         "replicas": num_replicas,
-        "per_replica": {
-            "examples_per_sec": _round(examples_per_sec and examples_per_sec / num_replicas),
-            "achieved_flops_per_sec": _round(achieved and achieved / num_replicas),
-            "peak_flops_per_sec": _round(peak_per_replica),
-            "input_wait_fraction": input_wait,
-        },
+        "per_replica": _per_replica(
+            examples_per_sec, achieved, peak_per_replica, input_wait, num_replicas
+        ),
         "diagnosis": diagnosis(wait, knobs, step_time_ms and step_time_ms.get("median")),
     }
     if input_wait_note:
         block["input_wait_note"] = input_wait_note
     return block
+
+
+def _per_replica(
+    examples_per_sec: float | None,
+    achieved: float | None,
+    peak_per_replica: float | None,
+    input_wait: list[float] | None,
+    num_replicas: int,
+) -> dict[str, Any]:
+    return {
+        "examples_per_sec": _round(examples_per_sec and examples_per_sec / num_replicas),
+        "achieved_flops_per_sec": _round(achieved and achieved / num_replicas),
+        "peak_flops_per_sec": _round(peak_per_replica),
+        "input_wait_fraction": input_wait,
+    }
 
 
 def _round(value: float | None) -> float | None:
