@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import importlib.util
 import json
 import subprocess
@@ -177,34 +176,6 @@ def test_unknown_recipe_is_a_clear_error(cli):
     result = cli("cat", "nope")
     assert result.returncode == 2
     assert "recipe=nope" in result.stderr and "digits_cnn_mirrored" in result.stderr
-
-
-@pytest.mark.slow
-def test_sweep_2x2_then_compare(cli, tmp_path):
-    sweep = tmp_path / "sweep"
-    result = cli("-m", *TINY, f"hydra.sweep.dir={sweep}", "model=mlp,cnn", "seed=1,2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(4)]
-    assert [s["status"] for s in summaries] == ["completed"] * 4
-    # No config tree per job; one table at the end, a row per job with what differs.
-    assert "├── strategy" not in result.stdout
-    table = result.stdout.split("sweep: 4 jobs (4 completed)\n", 1)[1].splitlines()[:5]
-    assert table[0].split() == ["job", "model", "seed", "status", "val_accuracy",
-                                "test_accuracy", "wall_s"]  # fmt: skip
-    assert [row.split()[:4] for row in table[1:]] == [
-        [str(i), model, seed, "completed"]
-        for i, (model, seed) in enumerate([("mlp", "1"), ("mlp", "2"), ("cnn", "1"), ("cnn", "2")])
-    ]
-
-    compared = cli("compare", str(sweep), "--sort", "val_accuracy")
-    assert compared.returncode == 0, compared.stderr
-    rows = list(csv.DictReader((sweep / "compare.csv").open()))
-    assert len(rows) == 4
-    assert {r["model"] for r in rows} == {"mlp", "cnn"} and {r["seed"] for r in rows} == {"1", "2"}
-    accuracies = [float(r["val_accuracy"]) for r in rows]
-    assert accuracies == sorted(accuracies, reverse=True)
-    assert (sweep / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert compared.stdout.count("completed") == 4
 
 
 @pytest.mark.slow

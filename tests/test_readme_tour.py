@@ -59,15 +59,31 @@ def test_the_readme_tour_runs_as_written(cli, tmp_path):
     assert "-m" in sweep
     _ok(result := cli(*sweep, *[o for o in TINY if not o.startswith("batching.")]))
     (sweep_dir,) = (tmp_path / "multirun").glob("*/*")
-    assert len([p for p in sweep_dir.iterdir() if (p / "summary.json").exists()]) == 6
-    assert "sweep: 6 jobs" in result.stderr + result.stdout
+    summaries = [json.loads((sweep_dir / str(i) / "summary.json").read_text()) for i in range(6)]
+    assert [s["status"] for s in summaries] == ["completed"] * 6
+    # No config tree per job; one table at the end, a row per job with what differs.
+    assert "├── strategy" not in result.stdout
+    table = result.stdout.split("sweep: 6 jobs (6 completed)\n", 1)[1].splitlines()[:7]
+    assert table[0].split()[:4] == [
+        "job", "optimizer.learning_rate", "batching.per_replica_batch_size", "status"
+    ]  # fmt: skip
+    assert [row.split()[:4] for row in table[1:]] == [
+        [str(i), rate, batch, "completed"]
+        for i, (rate, batch) in enumerate(
+            (r, b) for r in ("0.001", "0.003", "0.01") for b in ("32", "64")
+        )
+    ]
 
     # Compare: the README's dated directory is whatever this sweep's is.
-    assert compare[0] == "compare"
+    assert compare[0] == "compare" and compare[2:] == ["--sort", "val_accuracy"]
     compare[1] = str(sweep_dir)
-    _ok(cli(*compare))
-    with open(sweep_dir / "compare.csv") as table:
-        assert len(list(csv.DictReader(table))) == 6
+    _ok(compared := cli(*compare))
+    with open(sweep_dir / "compare.csv") as file:
+        rows = list(csv.DictReader(file))
+    accuracies = [float(r["val_accuracy"]) for r in rows]
+    assert len(rows) == 6 and accuracies == sorted(accuracies, reverse=True)
+    assert (sweep_dir / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert compared.stdout.count("completed") == 6
 
     # Predict: train on the table, then score its rows with the run's own model.
     _ok(cli(*train_table, *TINY))
