@@ -145,6 +145,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            if any(item.iter_markers("fast")):  # `-m fast` would train: the tier would lie
+                raise pytest.UsageError(f"{item.nodeid} trains or starts processes: not `fast`")
             item.add_marker(pytest.mark.heavy)
         if not any(item.iter_markers("slow")) and not any(item.iter_markers("heavy")):
             item.add_marker(pytest.mark.fast)

@@ -8,8 +8,6 @@ import json
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.fast
-
 
 def _bn_model(**bn_kwargs):
     import keras

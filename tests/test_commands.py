@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import importlib.util
 import json
 import subprocess
@@ -180,34 +179,6 @@ def test_unknown_recipe_is_a_clear_error(cli):
 
 
 @pytest.mark.slow
-def test_sweep_2x2_then_compare(cli, tmp_path):
-    sweep = tmp_path / "sweep"
-    result = cli("-m", *TINY, f"hydra.sweep.dir={sweep}", "model=mlp,cnn", "seed=1,2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(4)]
-    assert [s["status"] for s in summaries] == ["completed"] * 4
-    # No config tree per job; one table at the end, a row per job with what differs.
-    assert "├── strategy" not in result.stdout
-    table = result.stdout.split("sweep: 4 jobs (4 completed)\n", 1)[1].splitlines()[:5]
-    assert table[0].split() == ["job", "model", "seed", "status", "val_accuracy",
-                                "test_accuracy", "wall_s"]  # fmt: skip
-    assert [row.split()[:4] for row in table[1:]] == [
-        [str(i), model, seed, "completed"]
-        for i, (model, seed) in enumerate([("mlp", "1"), ("mlp", "2"), ("cnn", "1"), ("cnn", "2")])
-    ]
-
-    compared = cli("compare", str(sweep), "--sort", "val_accuracy")
-    assert compared.returncode == 0, compared.stderr
-    rows = list(csv.DictReader((sweep / "compare.csv").open()))
-    assert len(rows) == 4
-    assert {r["model"] for r in rows} == {"mlp", "cnn"} and {r["seed"] for r in rows} == {"1", "2"}
-    accuracies = [float(r["val_accuracy"]) for r in rows]
-    assert accuracies == sorted(accuracies, reverse=True)
-    assert (sweep / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert compared.stdout.count("completed") == 4
-
-
-@pytest.mark.slow
 def test_a_failing_sweep_job_does_not_stop_the_others(cli, tmp_path):
     sweep = tmp_path / "sweep"
     result = cli(
@@ -229,7 +200,7 @@ def test_compare_without_runs_is_a_clear_error(cli, tmp_path):
 
 
 def test_objective_is_returned_for_optimizing_sweepers():
-    from tfrecipe.cli.main import _objective
+    from tfrecipe.cli.sweep_jobs import objective as _objective
 
     summary = {"metrics": {"val_loss": 0.5}, "test": {"accuracy": 0.9}, "examples_per_sec": 10.0}
     assert _objective(summary, "val_loss") == 0.5

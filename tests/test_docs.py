@@ -4,6 +4,7 @@ passes `tfrecipe validate`, and the README's Python example runs as written."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -139,3 +140,91 @@ def test_readme_python_example_trains(tmp_path, monkeypatch):
     exec(snippet.replace(line.group(0), tiny), namespace)
     assert namespace["summary"]["status"] == "completed"
     assert (tmp_path / "outputs" / "notebook" / "summary.json").is_file()
+
+
+# Before a shell block whose commands the tests do not run as shown: why, and where they run.
+_SHELL_MARK = re.compile(
+    r"<!-- shell: (needs (?:a network|a GPU|a SLURM cluster)|runs in (tests/\S+\.py))[^>]*-->"
+)
+_ENV = re.compile(r"[A-Z_][A-Z0-9_]*=")
+# Subcommands that answer without TensorFlow: cheap enough to run as the page shows them.
+_RUN_HERE = ("ls", "cat", "cp", "validate", "--version")
+
+
+def _shell_blocks(page: Path) -> list[tuple[int, str | None, list[str]]]:
+    """(line, mark, commands) of each bash block: its `<!-- shell: ... -->` mark on the line
+    before it, if any, and its command lines (comments cut, continuation lines joined)."""
+    lines, blocks = page.read_text().splitlines(), []
+    for start, line in enumerate(lines):
+        if line != "```bash":
+            continue
+        end = lines.index("```", start + 1)
+        body = "\n".join(lines[start + 1 : end]).replace("\\\n", " ")
+        commands = [
+            c for c in (shlex.join(shlex.split(b, comments=True)) for b in body.splitlines()) if c
+        ]
+        before = next((lines[i] for i in range(start - 1, -1, -1) if lines[i].strip()), "")
+        blocks.append(
+            (start + 1, before if _SHELL_MARK.fullmatch(before.strip()) else None, commands)
+        )
+    return blocks
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_shell_command_runs_in_a_test_or_says_what_it_needs(page):
+    """A `python -m tfrecipe` line validates (above); a TensorFlow-free subcommand runs below;
+    any other block is marked: what it needs that the tests lack, or the test that runs it."""
+    unmarked = []
+    for line, mark, commands in _shell_blocks(page):
+        if mark is not None:
+            where = _SHELL_MARK.fullmatch(mark.strip()).group(2)
+            assert where is None or (REPO / where).is_file(), f"{page.name}:{line}: no {where}"
+            continue
+        for command in commands:
+            words = list(itertools.dropwhile(_ENV.match, shlex.split(command)))  # VAR=... first
+            runs_here = words[:1] == ["tfrecipe"] and words[1:2] and words[1] in _RUN_HERE
+            if words[:3] != ["python", "-m", "tfrecipe"] and not runs_here:
+                unmarked.append(f"{page.name}:{line}: {command}")
+    assert not unmarked, (
+        "mark the block before its fence with <!-- shell: needs a network|a GPU|a SLURM cluster "
+        "--> or <!-- shell: runs in tests/FILE.py -->: " + "; ".join(unmarked)
+    )
+
+
+@pytest.mark.heavy
+def test_the_tensorflow_free_subcommands_run_as_the_pages_show_them(tmp_path):
+    """`tfrecipe ls`, `cat`, `cp`, `validate`, `--version` from unmarked blocks, in page order in
+    one directory (a `cp` makes the file the next `validate` reads)."""
+    import subprocess
+    import sys
+
+    shown = [
+        shlex.split(command)[1:]
+        for page in PAGES
+        for _, mark, commands in _shell_blocks(page)
+        if mark is None
+        for command in commands
+        if command.startswith("tfrecipe ") and shlex.split(command)[1] in _RUN_HERE
+    ]
+    assert {args[0] for args in shown} >= {"ls", "cat", "cp", "validate"}
+    for args in shown:
+        result = subprocess.run([sys.executable, "-m", "tfrecipe", *args], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, f"tfrecipe {shlex.join(args)}: {result.stderr[-2000:]}"
+
+
+def test_the_recipe_table_and_the_recipes_headers_agree():
+    """Each metric docs/sweeps.md gives for a recipe is the one its header carries (two places
+    drifted apart before: a header kept an older machine's figures)."""
+    table = (REPO / "docs" / "sweeps.md").read_text().split("## Recipes", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]*) \|$", table, re.M)
+    assert len(rows) >= 8
+    drifted = []
+    for recipe, measured in rows:
+        header = "".join(
+            line for line in (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()
+            if line.startswith("#")
+        )  # fmt: skip
+        figures = re.findall(r"\b0\.\d{3,4}\b", measured.split("(")[0])
+        drifted += [f"{recipe}: {f}" for f in figures if f not in header.replace("\n", " ")]
+    assert not drifted, f"docs/sweeps.md and the recipes' headers differ: {drifted}"

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tfrecipe"
 
 # Bottom first. An entry is a module, or a package standing for its modules not listed on their own.
 LAYERS: list[tuple[str, ...]] = [
-    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader
+    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader,
+    # what each export format can carry
     (
         "tfrecipe.errors",
         "tfrecipe.files",
@@ -25,10 +26,11 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
         "tfrecipe.config.targets",
+        "tfrecipe.config.export_limits",
         "tfrecipe.config.__init__",
     ),
-    # the run dir: its files, how a run ends, the signature, the dtype policy
-    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.signature", "tfrecipe.precision"),
+    # the run dir: its files, how a run ends, the dtype policy
+    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.precision"),
     # reading a config: Hydra's composition, the allow-listed instantiation, their checks
     (
         "tfrecipe.config.compose",
@@ -38,10 +40,18 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.checks",
         "tfrecipe.config.changes",
     ),
-    # what is learned and from what: the tasks, the datasets
-    ("tfrecipe.tasks", "tfrecipe.data"),
-    # the typed config, which asks the tasks and the data pipeline for their names
-    ("tfrecipe.config.schema",),
+    # what is learned and from what: the tasks, the datasets; what a trained model takes and
+    # what its outputs mean (the signature, which asks the tasks)
+    ("tfrecipe.tasks", "tfrecipe.data", "tfrecipe.data.table_layout", "tfrecipe.signature"),
+    # the typed config, which asks the tasks and the data pipeline for their names: its sections,
+    # the text of a problem, the rules across sections, and validate, which runs them all
+    (
+        "tfrecipe.config.training_sections",
+        "tfrecipe.config.run_sections",
+        "tfrecipe.config.messages",
+        "tfrecipe.config.cross_checks",
+        "tfrecipe.config.schema",
+    ),
     # the building blocks a run is made of
     (
         "tfrecipe.optim",
@@ -55,8 +65,19 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # a run, assembled
     ("tfrecipe.training", "tfrecipe.train"),
-    # the ways in: the command line, the package's public names
-    ("tfrecipe.cli", "tfrecipe.__init__", "tfrecipe.__main__"),
+    # the ways in: the command line (its dispatch, the training command with its pre-check, Hydra
+    # job and sweep bookkeeping, the subcommands), the package's public names
+    (
+        "tfrecipe.cli.main",
+        "tfrecipe.cli.hydra_errors",
+        "tfrecipe.cli.train_command",
+        "tfrecipe.cli.precheck",
+        "tfrecipe.cli.job",
+        "tfrecipe.cli.sweep_jobs",
+        "tfrecipe.cli",
+        "tfrecipe.__init__",
+        "tfrecipe.__main__",
+    ),
 ]
 
 
@@ -154,6 +175,6 @@ def test_the_graph_holds_every_kind_of_import():
     function-level imports, and the floors order the modules."""
     graph = _imports(_modules())
     assert "tfrecipe.rundir" in graph["tfrecipe.outcome"]  # from tfrecipe import rundir
-    assert "tfrecipe.train" in graph["tfrecipe.cli.main"]  # inside _task()
-    assert _floor("tfrecipe.cli.main") > _floor("tfrecipe.train") > _floor("tfrecipe.errors")
+    assert "tfrecipe.train" in graph["tfrecipe.cli.job"]  # inside _train()
+    assert _floor("tfrecipe.cli.job") > _floor("tfrecipe.train") > _floor("tfrecipe.errors")
     assert _floor("tfrecipe.data.tabular") == _floor("tfrecipe.data.__init__")

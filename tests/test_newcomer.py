@@ -49,6 +49,47 @@ def test_a_key_typo_suggests_the_key_of_that_section(tmp_path, override, line):
     assert not (tmp_path / "outputs").exists()
 
 
+def _write_table(path: Path) -> None:
+    """Columns sepal, petal (numbers) and species, as CSV, gzip'd CSV or Parquet by suffix."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [(i + 0.5, float(i % 3), "ab"[i % 2]) for i in range(20)]
+    if path.suffix == ".parquet":
+        columns = dict(zip(("sepal", "petal", "species"), zip(*rows, strict=True), strict=True))
+        pq.write_table(pa.table({name: list(values) for name, values in columns.items()}), path)
+        return
+    text = "sepal,petal,species\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows)
+    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
+
+
+@pytest.mark.parametrize(
+    ("dataset", "file", "key", "value"),
+    [
+        ("csv", "t.csv", "label", "specie"),
+        ("csv", "t.csv.gz", "features", "[sepal,petl]"),
+        ("parquet", "t.parquet", "categorical", "[specis]"),
+    ],
+)
+def test_a_wrong_column_is_refused_before_tensorflow_is_imported(
+    tmp_path, dataset, file, key, value
+):
+    """The header is read in the pre-check: the line training would give, in seconds."""
+    _write_table(tmp_path / file)
+    overrides = [f"dataset={dataset}", f"dataset.path={file}", "dataset.label=species"]
+    out, err = _tfrecipe(*overrides, f"dataset.{key}={value}", cwd=tmp_path)
+    assert out == ["NO-TENSORFLOW 2"]
+    wrong = value.strip("[]").split(",")[-1]
+    right = {"specie": "species", "petl": "petal", "specis": "species"}[wrong]
+    assert err == [
+        f"tfrecipe: invalid configuration: dataset: {key}={wrong!r}: {file} has no such column "
+        f"(did you mean {right!r}?); its columns are: sepal, petal, species"
+    ]
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_version_is_tfrecipe_s(tmp_path):
     out, _ = _tfrecipe("--version", cwd=tmp_path)
     assert out == [

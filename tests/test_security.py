@@ -557,7 +557,8 @@ def test_the_shipped_sweep_recipe_passes_the_check_of_every_job():
     """Its hydra.sweeper.params (3 learning rates x 2 batch sizes) are ordinary values."""
     from hydra._internal.utils import get_args_parser
 
-    from tfrecipe.cli.main import _check_hydra_configs, _task
+    from tfrecipe.cli.job import task as _task
+    from tfrecipe.cli.precheck import _check_hydra_configs
     from tfrecipe.cli.sweeps import hydra_configs
     from tfrecipe.config.compose import register_recipes
     from tfrecipe.config.trust import Trust
@@ -580,7 +581,7 @@ def test_a_glob_sweep_is_checked_job_by_job():
     """glob(...) lists a group's options: it needs Hydra's config loader, as the sweeper has."""
     from hydra._internal.utils import get_args_parser
 
-    from tfrecipe.cli.main import _task
+    from tfrecipe.cli.job import task as _task
     from tfrecipe.cli.sweeps import hydra_configs
     from tfrecipe.config.compose import config_dir
 

@@ -119,6 +119,28 @@ def test_statistics_come_from_the_training_split_and_are_cached_in_the_run_dir(
         assert again.info == splits.info
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["in_memory", "streamed"])
+def test_the_statistics_line_shows_the_split_counts_the_table_uses(tmp_path, caplog, stream):
+    """A table held in memory is split by stratified fractions, not by the pass's hash: its
+    lines show the rows it trains on, never the hash's counts; a streamed table's, the hash's."""
+    import logging
+
+    path = _csv(tmp_path, 300)
+    with caplog.at_level(logging.INFO, logger="tfrecipe"):
+        splits = tabular.csv(path=str(path), label="y", categorical=["city"], stream=stream)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfrecipe"]
+    info = splits.info
+    used = f"train {info.num_train}, validation {info.num_validation}, test {info.num_test}"
+    stats_line = next(line for line in lines if line.startswith("statistics pass: 300 rows"))
+    if stream:
+        assert f"300 rows ({used}) in " in stats_line and stats_line.endswith("; streamed")
+        assert not any(line.startswith("in memory") for line in lines)
+    else:
+        assert "train" not in stats_line and stats_line.endswith("; held in memory")
+        assert f"in memory: {used} rows (seeded fractions, stratified by class)" in lines
+        assert (info.num_train, info.num_validation, info.num_test) == (240, 30, 30)  # exact
+
+
 def test_stats_rows_bounds_the_sample_and_a_vocabulary_cap_keeps_the_frequent_categories(tmp_path):
     path = _csv(tmp_path, 3000)
     splits = tabular.csv(path=str(path), label="y", categorical=["city"], stream=True,

@@ -91,7 +91,7 @@ def _sweep_args(*overrides):
 
 
 def _check(args):
-    from tfrecipe.cli.main import _check_hydra_configs
+    from tfrecipe.cli.precheck import _check_hydra_configs
 
     _check_hydra_configs(args, Trust.from_command_line(args.overrides))
 

@@ -27,11 +27,12 @@ What uses what:
 Hydra's private API (`hydra._internal`, Hydra 1.3.8, pyproject.toml: >=1.3.2,<1.4) stays at its
 call sites: the command line imports it without TensorFlow, and this module imports TensorFlow.
 tests/test_compat.py checks those names too:
-- `hydra._internal.utils.get_args_parser` (cli/main.py, cli/commands.py): Hydra's own argv parser,
-  so the CLI answers `--help` and validates a run before Hydra starts it.
+- `hydra._internal.utils.get_args_parser` (cli/precheck.py, cli/train_command.py,
+  cli/commands.py): Hydra's own argv parser, so the CLI answers `--help` and validates a run
+  before Hydra starts it.
 - `hydra._internal.hydra.Hydra.create_main_hydra2`, `.compose_config`,
   `hydra._internal.utils.create_automatic_config_search_path`,
-  `.detect_calling_file_or_module_from_task_function` (cli/main.py `_compose_as_hydra`): composes
+  `.detect_calling_file_or_module_from_task_function` (cli/sweeps.py `_hydra`): composes
   a user's `--config-dir`/`--config-name` exactly as Hydra will.
 - `Hydra.format_args_help` (cli/commands.py `help_text`): Hydra's flags in `--help`.
 - the package `hydra._internal.core_plugins` (config/instantiate.py): Hydra's own plugins,

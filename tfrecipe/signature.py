@@ -21,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfrecipe import tasks
+
 SIGNATURE = "signature.json"
-TASKS = ("classification", "binary", "multilabel", "regression")
+TASKS = tuple(tasks.SPECS)
 NORMALIZE = ("scale", "per_example", "none")  # pipeline.normalize's values
 # A signature is a few KB (class names; a table's columns): one of many MB is not one.
 MAX_SIGNATURE_BYTES = 16 * 1024**2
@@ -50,34 +52,17 @@ def describe(
       label: the dataset's label column(s), when it reads a table.
       normalize: `pipeline.normalize`, which predictions apply as training did.
     """
+    outputs = tasks.outputs_of(task.name)
     record: dict[str, Any] = {"task": task.name}
-    if task.name in ("binary", "multilabel"):
+    if outputs.thresholded:
         record["threshold"] = task.threshold
-    record["outputs"] = _output_names(task.name, num_outputs, class_names, label)
-    if task.name == "binary":  # the class the probability is of (task.positive_class)
+    labels = [label] if isinstance(label, str) else list(label or [])
+    record["outputs"] = outputs.names(num_outputs, class_names, labels)
+    if outputs.positive_class:  # the class the probability is of (task.positive_class)
         record["positive_class"] = record["outputs"][1]
     record["inputs"] = _inputs(features, feature_names)
     record["normalize"] = normalize
     return record
-
-
-def _output_names(
-    task: str, num_outputs: int, class_names: Sequence[str], label: str | Sequence[str] | None
-) -> list[str]:
-    labels = [label] if isinstance(label, str) else list(label or [])
-    if task == "binary":
-        return list(class_names) if len(class_names) == 2 else ["0", "1"]
-    if task == "classification":
-        return list(class_names) if len(class_names) == num_outputs else _ids(num_outputs)
-    if len(labels) == num_outputs:
-        return labels
-    if task == "regression" and num_outputs == 1:
-        return ["prediction"]
-    return _ids(num_outputs)
-
-
-def _ids(count: int) -> list[str]:
-    return [str(i) for i in range(count)]
 
 
 def _inputs(features: Any, feature_names: Sequence[str]) -> dict[str, Any]:
@@ -135,12 +120,11 @@ def _problem(record: Any) -> str | None:
     outputs = record.get("outputs")
     if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) for o in outputs):
         return "outputs must be a non-empty list of names"
-    if record["task"] in ("binary", "multilabel") and not isinstance(
-        record.get("threshold"), int | float
-    ):
+    meaning = tasks.outputs_of(record["task"])
+    if meaning.thresholded and not isinstance(record.get("threshold"), int | float):
         return f"threshold={record.get('threshold')!r}, expected a number"
-    if record["task"] == "binary" and len(outputs) != 2:
-        return f"a binary task names 2 outputs, received {len(outputs)}"
+    if meaning.positive_class and len(outputs) != 2:  # [negative, positive]
+        return f"a {record['task']} task names 2 outputs, received {len(outputs)}"
     if record.get("normalize", "scale") not in NORMALIZE:
         return f"normalize={record.get('normalize')!r}, expected one of {', '.join(NORMALIZE)}"
     inputs = record.get("inputs")

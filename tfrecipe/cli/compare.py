@@ -338,30 +338,13 @@ def _first_val_metric(run: Run) -> str | None:
 
 
 def main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="tfrecipe compare", description=__doc__)
-    parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run directories")
-    parser.add_argument(
-        "--sort",
-        help="metric to sort by (default: a sweep's metric from sweep.json, else val_loss)",
-    )
-    parser.add_argument("--out", type=Path, help="where compare.csv/png go (default: first DIR)")
-    options = parser.parse_args(args)
+    options = _parser().parse_args(args)
     runs = find_runs(options.dirs)
     keys = differing_keys(runs)
     sweeps = [report for report in map(read_report, options.dirs) if report is not None]
     options.sort = options.sort or (sweeps[0]["metric"] if sweeps else "val_loss")
     header, rows = table(_sorted(runs, options.sort), keys, best=_best_dirs(sweeps))
-
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    view = Table(title=f"{len(rows)} runs, sorted by {options.sort}")
-    for name in header:
-        view.add_column(name, justify="left" if name == "run" or name in keys else "right")
-    for row in rows:
-        view.add_row(*map(escape, row))  # `[district,kind]` is a value, not rich markup
-    Console(width=max(120, 14 * len(header))).print(view)
+    _print_table(f"{len(rows)} runs, sorted by {options.sort}", header, rows, keys)
     for report in sweeps:  # the winner as the sweep named it, and how to train it again
         print(sweep_winner(report))
     if "ran on" in header:
@@ -369,8 +352,38 @@ def main(args: list[str]) -> None:
             "ran on: runs marked hw:/versions: ran on other hardware or package versions than "
             "most (summary.json's provenance); their speeds do not compare"
         )
+    _write_outputs(options.out or options.dirs[0], header, rows, runs, keys)
 
-    out = options.out or options.dirs[0]
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfrecipe compare", description=__doc__)
+    parser.add_argument("dirs", nargs="+", type=Path, help="multirun or run directories")
+    parser.add_argument(
+        "--sort",
+        help="metric to sort by (default: a sweep's metric from sweep.json, else val_loss)",
+    )
+    parser.add_argument("--out", type=Path, help="where compare.csv/png go (default: first DIR)")
+    return parser
+
+
+def _print_table(title: str, header: list[str], rows: list[list[str]], keys: list[str]) -> None:
+    """The table on the console: the run and its config keys left-aligned, numbers right."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    view = Table(title=title)
+    for name in header:
+        view.add_column(name, justify="left" if name == "run" or name in keys else "right")
+    for row in rows:
+        view.add_row(*map(escape, row))  # `[district,kind]` is a value, not rich markup
+    Console(width=max(120, 14 * len(header))).print(view)
+
+
+def _write_outputs(
+    out: Path, header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str]
+) -> None:
+    """compare.csv (the table) and compare.png (the learning curves) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()
     writer = csv.writer(buffer)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tfrecipe import files, reading
+from tfrecipe import files, reading, tasks
 from tfrecipe import signature as signatures
 from tfrecipe.data.readers import Batch, Source, open_sources
 from tfrecipe.errors import ConfigError
@@ -96,10 +96,6 @@ class Run:
     dataset: dict[str, Any]  # the run's `dataset` config (how its files were read)
     model_files: tuple[Path, ...]  # model.keras, then best.weights.h5 for --model best
 
-    @property
-    def class_task(self) -> bool:
-        return self.signature["task"] in ("classification", "binary")
-
 
 def read_run(run_dir: Path, which: str) -> Run:
     """What `run_dir` holds for predictions, every file read through `tfrecipe.reading` (a run
@@ -161,41 +157,14 @@ def _run_config(path: Path) -> dict[str, Any]:
 # --- what is written --------------------------------------------------------------------------
 def output_columns(record: dict[str, Any]) -> list[str]:
     """The prediction columns after the pass-through ones."""
-    names, task = record["outputs"], record["task"]
-    if task in ("classification", "binary"):
-        return ["prediction", *(f"prob_{name}" for name in names)]
-    if task == "multilabel":
-        return [*(f"pred_{name}" for name in names), *(f"prob_{name}" for name in names)]
-    return ["prediction"] if len(names) == 1 else [f"prediction_{name}" for name in names]
+    return tasks.outputs_of(record["task"]).columns(record["outputs"])
 
 
 def predictions(record: dict[str, Any], outputs: np.ndarray) -> dict[str, np.ndarray]:
     """The model's outputs (logits, or values) as named columns."""
-    names, task = record["outputs"], record["task"]
     outputs = np.asarray(outputs, dtype=np.float64).reshape(len(outputs), -1)
-    if task == "classification":
-        shifted = np.exp(outputs - outputs.max(axis=1, keepdims=True))
-        probabilities = shifted / shifted.sum(axis=1, keepdims=True)
-        chosen = np.asarray(names, dtype=object)[probabilities.argmax(axis=1)]
-        return {"prediction": chosen} | {
-            f"prob_{name}": probabilities[:, i] for i, name in enumerate(names)
-        }
-    if task == "binary":
-        positive = 1.0 / (1.0 + np.exp(-outputs[:, 0]))
-        chosen = np.where(positive >= record["threshold"], names[1], names[0]).astype(object)
-        return {
-            "prediction": chosen,
-            f"prob_{names[0]}": 1 - positive,
-            f"prob_{names[1]}": positive,
-        }
-    if task == "multilabel":
-        probabilities = 1.0 / (1.0 + np.exp(-outputs))
-        chosen = (probabilities >= record["threshold"]).astype(np.int64)
-        return {f"pred_{n}": chosen[:, i] for i, n in enumerate(names)} | {
-            f"prob_{n}": probabilities[:, i] for i, n in enumerate(names)
-        }
-    columns = output_columns(record)
-    return {column: outputs[:, i] for i, column in enumerate(columns)}
+    decode = tasks.outputs_of(record["task"]).decode
+    return decode(outputs, record["outputs"], record.get("threshold"))
 
 
 class Writer:

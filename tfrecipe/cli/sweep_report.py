@@ -80,7 +80,7 @@ def _mlflow_uri(cfg, sweep_dir: Path) -> str | None:
 
 def _metric(cfg) -> tuple[str, str, str]:
     """(metric, direction, where it came from): sweep.metric, the Optuna objective, the task's."""
-    from tfrecipe.tasks import SPECS, monitor_mode
+    from tfrecipe.tasks import DEFAULT_TASK, main_metric_named, monitor_mode
 
     metric = OmegaConf.select(cfg, "sweep.metric", default=None)
     if metric:
@@ -91,9 +91,8 @@ def _metric(cfg) -> tuple[str, str, str]:
         objective = str(OmegaConf.select(cfg, "sweep.objective", default="val_loss"))
         mode = "max" if direction.lower().startswith("max") else "min"
         return objective, mode, f"sweep.objective ({direction}, as the sweeper optimized it)"
-    task = str(OmegaConf.select(cfg, "task.name", default="classification"))
-    spec = SPECS.get(task, SPECS["classification"])
-    metric = f"val_{spec.main_metric}"
+    task = str(OmegaConf.select(cfg, "task.name", default=None) or DEFAULT_TASK)
+    metric = f"val_{main_metric_named(task)}"
     return metric, monitor_mode(metric), f"task={task}'s main metric"
 
 

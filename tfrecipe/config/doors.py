@@ -86,9 +86,7 @@ CONFIG_DOORS = (
     ),
     Door("hydra.launcher.srun_args", SHELL, "hydra_node._launcher_shell_problems"),
     Door("hydra.launcher.additional_parameters", SHELL, "hydra_node._launcher_shell_problems"),
-    Door(
-        "hydra.run.dir", WRITE, "cli.main._precheck (lock, fresh-dir check), secrets", ("secret",)
-    ),
+    Door("hydra.run.dir", WRITE, "cli.precheck (lock, fresh-dir check), secrets", ("secret",)),
     Door("hydra.sweep.dir", WRITE, "secrets.hydra_secret_problems", ("secret",)),
     Door("hydra.sweep.subdir", WRITE, "secrets.hydra_secret_problems"),
     Door("hydra.job.name", NAME, "secrets.hydra_secret_problems"),
@@ -143,7 +141,7 @@ FILE_DOORS = (
     Door("RUN_DIR/lr_find.png", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/lr_find.csv", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
-    Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.main._refuse_rerun (never unpickled)"),
+    Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
     Door(
         "RUN_DIR/data_fingerprint.json",
@@ -199,14 +197,26 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "Path(copy.name).unlink": "removes the half copy it made itself",
     },
     "tfrecipe/cli/main.py": {
+        "os.environ.*": "TF_CPP_MIN_LOG_LEVEL (a default)",
+        "os.environ[]=": "HYDRA_FULL_ERROR: Hydra's errors reach the one-line report",
+    },
+    "tfrecipe/cli/precheck.py": {
+        "os.environ.*": "the command line's Trust, for this process's jobs and a sweep's",
+        "os.environ[]=": "the keys a sweep varies, for TensorBoard's HParams view",
+    },
+    "tfrecipe/cli/sweep_jobs.py": {
         "open(a)": "the sweep's job list, a temporary file it made itself",
         "tempfile.mkstemp": "that job list",
         "Path(path).unlink": "that job list",
+        "os.environ.*": "that job list's name, for the jobs, removed after",
+        "os.environ[]=": "the same",
+    },
+    "tfrecipe/cli/train_command.py": {
         "log_file.unlink": "an empty log Hydra made for a refused run",
         "job_dir / files.MANIFEST.unlink": "the manifest this invocation began, on a late refusal",
         "shutil.rmtree": "a run dir this invocation made and a config error discards",
-        "os.environ.*": "TF_CPP_MIN_LOG_LEVEL, HYDRA_FULL_ERROR, the sweep's Trust",
-        "os.environ[]=": "the sweep's Trust, restored",
+        "os.environ.*": "the inherited Trust set aside; the sweep's keys removed after",
+        "os.environ[]=": "the inherited Trust, restored",
     },
     "tfrecipe/cli/predict.py": {
         "open(?)": "the output, inside its scratch folder (files.put moves it)",

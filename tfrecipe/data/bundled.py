@@ -4,6 +4,7 @@ wine sets, and generated data (with targets for every task)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,6 +179,27 @@ def synthetic(
         random label set per cluster, num_classes wide) or regression (one float, linear in
         the features).
     """
+    _check_synthetic(num_examples, shape, num_classes=num_classes, targets=targets)
+    features, labels = _draw_clusters(
+        np.random.default_rng(split_seed), num_examples, shape, num_classes
+    )
+    split = functools.partial(
+        from_arrays,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+    )
+    if targets == "classes":  # the draws above stay as they were before other targets
+        return split(features, labels, num_classes=num_classes)
+    derived, kind, classes = _synthetic_targets(targets, labels, features, num_classes, split_seed)
+    return split(features, derived, num_classes=classes, target_kind=kind)
+
+
+def _check_synthetic(
+    num_examples: int, shape: Sequence[int], *, num_classes: int, targets: str
+) -> None:
+    """Refuses an unknown target kind, empty or negative sizes, data that would not fit in
+    memory and classes without examples, before anything is drawn."""
     if targets not in SYNTHETIC_TARGETS:
         raise ValueError(
             f"dataset.targets={targets}: expected one of {', '.join(SYNTHETIC_TARGETS)}"
@@ -190,7 +212,13 @@ def synthetic(
         )
     _check_fits_in_memory(num_examples, shape, num_classes=num_classes, targets=targets)
     _check_every_class_has_examples(num_examples, num_classes)
-    rng = np.random.default_rng(split_seed)
+
+
+def _draw_clusters(
+    rng: np.random.Generator, num_examples: int, shape: Sequence[int], num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(features, cluster ids): a random mean per cluster, the ids balanced and shuffled, and
+    each example its cluster's mean plus unit noise."""
     means = _normal_float32(rng, (num_classes, *shape))
     labels = (np.arange(num_examples) % num_classes).astype("int32")
     rng.shuffle(labels)
@@ -201,25 +229,7 @@ def synthetic(
         chunk = slice(start, start + _CHUNK)
         features[chunk] = rng.normal(0.0, 1.0, size=features[chunk].shape)
         features[chunk] += means[labels[chunk]]
-    if targets == "classes":  # the draws above stay as they were before other targets
-        return from_arrays(
-            features,
-            labels,
-            num_classes=num_classes,
-            validation_fraction=validation_fraction,
-            test_fraction=test_fraction,
-            split_seed=split_seed,
-        )
-    derived, kind, classes = _synthetic_targets(targets, labels, features, num_classes, split_seed)
-    return from_arrays(
-        features,
-        derived,
-        num_classes=classes,
-        target_kind=kind,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
-    )
+    return features, labels
 
 
 def _synthetic_targets(

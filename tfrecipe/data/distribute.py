@@ -62,11 +62,7 @@ def distribute(
     (else it cannot tell an evaluation split's end from a reader running dry, and warns).
     """
     if chunks:
-        dataset = dataset.rebatch(global_batch_size, drop_remainder=drop_remainder)
-        if num_rows is not None and not repeat:
-            batches = num_rows // global_batch_size
-            batches += bool(num_rows % global_batch_size) and not drop_remainder
-            dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
+        dataset = _rebatch_chunks(dataset, global_batch_size, drop_remainder, num_rows, repeat)
         auto_shard_policy = "off"
     else:
         dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
@@ -86,6 +82,22 @@ def distribute(
         # the coordinator evaluates inline, and feeds a Python reader's batches itself
         return dataset
     return strategy.experimental_distribute_dataset(dataset)
+
+
+def _rebatch_chunks(
+    dataset: tf.data.Dataset,
+    global_batch_size: int,
+    drop_remainder: bool,
+    num_rows: int | None,
+    repeat: bool,
+) -> tf.data.Dataset:
+    """A Python reader's chunks of rows as global batches, counted where `num_rows` is known."""
+    dataset = dataset.rebatch(global_batch_size, drop_remainder=drop_remainder)
+    if num_rows is not None and not repeat:
+        batches = num_rows // global_batch_size
+        batches += bool(num_rows % global_batch_size) and not drop_remainder
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
+    return dataset
 
 
 _AUTO_SHARD = {

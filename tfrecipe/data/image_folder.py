@@ -47,36 +47,50 @@ def load(
       ValueError: the folder is missing, has fewer than two classes, a class without images,
         or (with `verify_images`) an image that cannot be decoded.
     """
-    if len(image_size) != 2 or min(image_size) <= 0 or channels not in (1, 3):
-        raise ValueError(
-            f"image_size must be [height, width] > 0 and channels 1 or 3, received "
-            f"image_size={list(image_size)}, channels={channels}"
-        )
+    _check_image_shape(image_size, channels)
     files, labels, classes = _list(Path(path))
     if verify_images:
-        for file in files:
-            _verify(file, channels)
+        _verify(files, channels)
     train, validation, test = split_indices(labels, validation_fraction, test_fraction, split_seed)
-    height, width = image_size
-
-    def make(indices: np.ndarray) -> tf.data.Dataset | None:
-        if len(indices) == 0:
-            return None
-        dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
-        return dataset.map(
-            lambda file, label: (_load_image(file, channels, height, width), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-
+    datasets = [
+        _images(files, labels, idx, image_size, channels) for idx in (train, validation, test)
+    ]
     info = DatasetInfo(
-        input_shape=(height, width, channels),
+        input_shape=(*image_size, channels),
         num_classes=len(classes),
         num_train=len(train),
         num_validation=len(validation),
         num_test=len(test),
         class_names=tuple(classes),  # the folders' names, for predictions (signature.json)
     )
-    return Splits(make(train), make(validation), make(test), info)
+    return Splits(*datasets, info)
+
+
+def _check_image_shape(image_size: Sequence[int], channels: int) -> None:
+    if len(image_size) != 2 or min(image_size) <= 0 or channels not in (1, 3):
+        raise ValueError(
+            f"image_size must be [height, width] > 0 and channels 1 or 3, received "
+            f"image_size={list(image_size)}, channels={channels}"
+        )
+
+
+def _images(
+    files: np.ndarray,
+    labels: np.ndarray,
+    indices: np.ndarray,
+    image_size: Sequence[int],
+    channels: int,
+) -> tf.data.Dataset | None:
+    """The images at `indices` with their labels, decoded and resized as they are read; None
+    when there are none."""
+    if len(indices) == 0:
+        return None
+    height, width = image_size
+    dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
+    return dataset.map(
+        lambda file, label: (_load_image(file, channels, height, width), label),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
 
 
 def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -113,12 +127,14 @@ def _check_file(path: Path) -> None:
     reading.check_file(path, limit=MAX_IMAGE_BYTES, what="an image of a training set")
 
 
-def _verify(file: str, channels: int) -> None:
-    try:
-        tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
-    except tf.errors.OpError as error:
-        reason = error.message.splitlines()[0]
-        raise ValueError(f"{file}: not a readable image ({reason})") from None
+def _verify(files: np.ndarray, channels: int) -> None:
+    """Decodes every image once: the first that cannot be decoded stops the run, named."""
+    for file in files:
+        try:
+            tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
+        except tf.errors.OpError as error:
+            reason = error.message.splitlines()[0]
+            raise ValueError(f"{file}: not a readable image ({reason})") from None
 
 
 def _load_image(file: tf.Tensor, channels: int, height: int, width: int) -> tf.Tensor:

@@ -44,31 +44,49 @@ def load(
     x, y = _read(path, x_key, y_key)
     files = {"validation": validation_path, "test": test_path}
     extra = {split: _read(file, x_key, y_key) if file else None for split, file in files.items()}
-    for split, arrays in extra.items():
-        if arrays is not None and arrays[0].shape[1:] != x.shape[1:]:
+    held_out = [(files[split], arrays) for split, arrays in extra.items() if arrays is not None]
+    _check_shapes(path, x, x_key, held_out)
+    labelled = [(path, y), *((file, arrays[1]) for file, arrays in held_out)]
+    num_classes = num_classes or int(max(labels.max() for _, labels in labelled)) + 1
+    for file, labels in labelled:
+        _check_labels(file, y_key, labels, num_classes)
+    # A split read from its own file is that split: no fraction of `path` is held out for it.
+    validation_fraction = 0.0 if validation_path else validation_fraction
+    test_fraction = 0.0 if test_path else test_fraction
+    indices = split_indices(y, validation_fraction, test_fraction, split_seed)
+    datasets = _split_arrays(x, y, indices, extra)
+    return _splits(datasets, input_shape=tuple(x.shape[1:]), num_classes=num_classes)
+
+
+def _check_shapes(
+    path: str, x: np.ndarray, x_key: str, held_out: list[tuple[str, tuple[np.ndarray, np.ndarray]]]
+) -> None:
+    """Refuses a validation or test file whose examples differ in shape from `path`'s."""
+    for file, arrays in held_out:
+        if arrays[0].shape[1:] != x.shape[1:]:
             raise ValueError(
-                f"{files[split]}: {x_key} has examples of shape {list(arrays[0].shape[1:])}, "
+                f"{file}: {x_key} has examples of shape {list(arrays[0].shape[1:])}, "
                 f"{path} of {list(x.shape[1:])}"
             )
-    num_classes = num_classes or int(max(a[1].max() for a in [(x, y), *extra.values()] if a)) + 1
-    for file, arrays in ((path, (x, y)), *((files[name], a) for name, a in extra.items())):
-        if arrays is not None:
-            _check_labels(file, y_key, arrays[1], num_classes)
-    train, validation, test = split_indices(
-        y,
-        0.0 if validation_path else validation_fraction,
-        0.0 if test_path else test_fraction,
-        split_seed,
-    )
+
+
+def _split_arrays(
+    x: np.ndarray,
+    y: np.ndarray,
+    indices: tuple[np.ndarray, np.ndarray, np.ndarray],
+    extra: dict[str, tuple[np.ndarray, np.ndarray] | None],
+) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
+    """The train/validation/test arrays: a held-out split's own file, else its share of (x, y),
+    else None."""
+    train, validation, test = indices
     held_out = {"validation": validation, "test": test}
-    datasets = {
+    return {
         "train": (x[train], y[train]),
         **{
             split: extra[split] or ((x[idx], y[idx]) if len(idx) else None)
             for split, idx in held_out.items()
         },
     }
-    return _splits(datasets, input_shape=tuple(x.shape[1:]), num_classes=num_classes)
 
 
 def _splits(

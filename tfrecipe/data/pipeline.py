@@ -6,8 +6,9 @@ tf.data performance guide recommends::
 
     decoded split -> cache -> shuffle (training) -> augment (training) -> [distribute: batch ->
     normalize (batch_transform) -> repeat -> prefetch, sharded across workers]
- Importing this module
-does not import TensorFlow (the schema validates `PipelineOptions` before TensorFlow starts).
+
+Importing this module does not import TensorFlow (the schema validates `PipelineOptions` before
+TensorFlow starts).
 """
 
 from __future__ import annotations
@@ -62,14 +63,8 @@ def prepare(
     Raises:
       ConfigError: augmentation asked for data that are not images.
     """
-    import tensorflow as tf
-
     if chunks:
-        if options.cache and options.cache != "memory":  # on disk: memory stays bounded
-            dataset = dataset.cache(f"{options.cache}.{split}")
-        if training and options.shuffle_buffer:
-            return shuffle_rows(dataset, options.shuffle_buffer, seed=seed)
-        return dataset
+        return _prepare_chunks(dataset, options, split=split, training=training, seed=seed)
     if options.cache == "memory":
         dataset = dataset.cache()
     elif options.cache:
@@ -78,6 +73,22 @@ def prepare(
         dataset = dataset.shuffle(options.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if not (training and (options.augment_flip or options.augment_crop_padding)):
         return dataset
+    return _augmented(dataset, options, seed=seed)
+
+
+def _prepare_chunks(dataset, options: PipelineOptions, *, split: str, training: bool, seed: int):
+    """`prepare` for chunks of rows: a file cache only, and `shuffle_rows`."""
+    if options.cache and options.cache != "memory":  # on disk: memory stays bounded
+        dataset = dataset.cache(f"{options.cache}.{split}")
+    if training and options.shuffle_buffer:
+        return shuffle_rows(dataset, options.shuffle_buffer, seed=seed)
+    return dataset
+
+
+def _augmented(dataset, options: PipelineOptions, *, seed: int):
+    """Images flipped and cropped as `options` asks, each with its own seed."""
+    import tensorflow as tf
+
     _require_images(dataset.element_spec[0].shape, options)
     # Per-example seeds from a seeded stream: stateless ops stay reproducible under a parallel
     # map, and differ on every epoch.

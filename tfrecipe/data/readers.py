@@ -4,6 +4,7 @@
 TensorFlow is imported: the files exist, a table has the columns the model takes (by name; a
 label column is ignored) with values of the right kind, arrays have the model's shape. Tables
 (CSV, Parquet) stream in record batches through pyarrow, so a file larger than memory is fine;
+their number columns are read once to check every cell before TensorFlow, and again to predict.
 `.npz` arrays are read whole, as training reads them.
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tfrecipe import reading
-from tfrecipe.data.values import check_finite_array
+from tfrecipe.data.values import check_finite_array, fault_text
 from tfrecipe.errors import ConfigError
 
 # tfrecipe.data.image_folder's, repeated: that module imports TensorFlow.
@@ -188,6 +189,14 @@ class Table:
             na_values=tuple(dataset.get("na_values") or ()),
         )
         self.tables = [self._open(file, options) for file in files]
+        self._check_cells()
+
+    def _check_cells(self) -> None:
+        """Reads every number cell once, before TensorFlow is imported (a bad cell at the end of
+        a large file is a mistake found in a second, not after the model loads)."""
+        for table in self.tables:
+            for _ in self._record_batches(table, strings=()):
+                pass
 
     def _open(self, file: Path, options):
         from tfrecipe.data import table_files
@@ -215,20 +224,42 @@ class Table:
         for table in self.tables:
             yield from _rebatch(self._record_batches(table), batch_size, self._batch)
 
-    def _record_batches(self, table):
-        from tfrecipe.data import table_files, table_stats
+    def _record_batches(self, table, strings: Sequence[str] | None = None):
+        """The table's record batches (the number columns and `strings`, all strings columns
+        when None), every number checked as training checks it.
 
+        Raises:
+          ConfigError: `predict: file:line: column 'c': 'x' is not a number; ...` for the first
+            bad cell, in words for new input (the run's model is fixed: the cell must change).
+        """
+        from tfrecipe.data import table_files
+
+        strings = self.strings if strings is None else strings
         try:
             for unit in table.units():
                 for first, batch in table_files.read(
-                    table, unit, numeric=self.numeric, strings=self.strings
+                    table, unit, numeric=self.numeric, strings=strings
                 ):
-                    rows = np.arange(first, first + batch.num_rows)
-                    for name in self.numeric:  # training's own check (the statistics pass)
-                        table_stats.numbers(table, unit.file, batch, rows, name, self.allow_missing)
+                    self._check_numbers(table, unit.file, batch, first)
                     yield batch
-        except ValueError as error:  # a bad cell: `file:line: column 'c': ...`
+        except table_files.CellError as error:
+            problem = fault_text(error.fault, error.cell, error.column, predict=True)
+            raise ConfigError(f"predict: {error.where}: {problem}") from None
+        except ValueError as error:  # a ragged row, a file that is not CSV
             raise ConfigError(f"predict: {error}") from None
+
+    def _check_numbers(self, table, file: str, batch, first: int) -> None:
+        """Refuses NaN, Inf or beyond float32 as written, and a missing number where training
+        took none (training's own check, `table_stats.numbers`)."""
+        from tfrecipe.data import table_files
+
+        for name in self.numeric:
+            column = batch.column(name)
+            values = np.asarray(column.to_numpy(zero_copy_only=False), "float32")
+            nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+            bad = (~np.isfinite(values) & ~nulls) | (nulls & (not self.allow_missing))
+            if bad.any():
+                raise table_files.bad_cell(table, file, first + int(bad.argmax()), name)
 
     def _batch(self, table) -> Batch:
         columns = {name: _column(table, name, t) for name, t in self.columns.items()}

@@ -129,37 +129,51 @@ def from_arrays(
         the model (`standardize_in_model`): the exported model takes unscaled rows.
       preprocessing: the encoders the model starts with (`Splits.preprocessing`).
     """
-    train, validation, test = split_indices(
-        labels,
-        validation_fraction,
-        test_fraction,
-        split_seed,
-        stratify=target_kind in ("classes", "binary"),
+    stratify = target_kind in ("classes", "binary")
+    indices = split_indices(
+        labels, validation_fraction, test_fraction, split_seed, stratify=stratify
     )
-    columns = isinstance(features, Mapping)
-
-    def make(idx: np.ndarray) -> tf.data.Dataset | None:
-        if len(idx) == 0:
-            return None
-        rows = {k: v[idx] for k, v in features.items()} if columns else features[idx]
-        return tf.data.Dataset.from_tensor_slices((rows, labels[idx]))
-
     info = DatasetInfo(
-        # a table's raw columns: the model's encoders decide the width its body sees
-        input_shape=(len(features),) if columns else tuple(features.shape[1:]),
+        **_shapes_and_sizes(features, labels, indices),
         num_classes=num_classes,
-        num_train=len(train),
-        num_validation=len(validation),
-        num_test=len(test),
         target_kind=target_kind,
-        target_shape=tuple(labels.shape[1:]),
-        targets=labels,
         class_names=class_names,
         feature_names=feature_names,
     )
-    if standardize:
-        preprocessing = standardize_in_model
-    return Splits(make(train), make(validation), make(test), info, preprocessing=preprocessing)
+    preprocessing = standardize_in_model if standardize else preprocessing
+    train, validation, test = (_dataset(features, labels, idx) for idx in indices)
+    return Splits(train, validation, test, info, preprocessing=preprocessing)
+
+
+def _shapes_and_sizes(
+    features: np.ndarray | Mapping[str, np.ndarray],
+    labels: np.ndarray,
+    indices: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> dict[str, Any]:
+    """The `DatasetInfo` fields that the arrays and the split indices decide."""
+    train, validation, test = indices
+    columns = isinstance(features, Mapping)
+    return {
+        # a table's raw columns: the model's encoders decide the width its body sees
+        "input_shape": (len(features),) if columns else tuple(features.shape[1:]),
+        "num_train": len(train),
+        "num_validation": len(validation),
+        "num_test": len(test),
+        "target_shape": tuple(labels.shape[1:]),
+        "targets": labels,
+    }
+
+
+def _dataset(
+    features: np.ndarray | Mapping[str, np.ndarray], labels: np.ndarray, idx: np.ndarray
+) -> tf.data.Dataset | None:
+    """The examples at `idx` as a dataset of (features, label); None when there are none."""
+    if len(idx) == 0:
+        return None
+    rows = (
+        {k: v[idx] for k, v in features.items()} if isinstance(features, Mapping) else features[idx]
+    )
+    return tf.data.Dataset.from_tensor_slices((rows, labels[idx]))
 
 
 def standardize_in_model(train: tf.data.Dataset) -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ No TensorFlow here: the statistics pass and `tfrecipe validate` read files witho
 
 from __future__ import annotations
 
+import contextlib
 import csv as csvlib
 import dataclasses
 import glob
@@ -18,12 +19,12 @@ import gzip
 import io
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 from tfrecipe import reading
-from tfrecipe.data.values import FLOAT32_MAX
+from tfrecipe.data.values import fault_text, number_fault
 
 Format = Literal["csv", "parquet"]
 
@@ -172,7 +173,10 @@ def _columns(file: str, *, format: Format, csv: CsvOptions) -> tuple[str, ...]:
         import pyarrow.parquet as pq
 
         try:
-            names = tuple(pq.ParquetFile(file).schema_arrow.names)
+            with reading.open_file(file, what="a parquet file") as handle:
+                names = tuple(pq.ParquetFile(handle).schema_arrow.names)
+        except reading.UnreadableFile:
+            raise
         except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ...
             raise ValueError(
                 f"{file}: not a readable Parquet file ({_first_line(error)})"
@@ -214,11 +218,14 @@ def _csv_reader(handle, delimiter: str):
     return csvlib.reader(handle, delimiter=delimiter)
 
 
-def _open_text(file: str):
-    """A CSV file as text; utf-8-sig drops a byte-order mark (Excel writes one), as Arrow does."""
-    if file.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(file), encoding="utf-8-sig", newline="")
-    return open(file, encoding="utf-8-sig", newline="")
+@contextlib.contextmanager
+def _open_text(file: str) -> Iterator[io.TextIOWrapper]:
+    """A CSV file as text, opened by the one reader (a regular file only); utf-8-sig drops a
+    byte-order mark (Excel writes one), as Arrow does."""
+    with reading.open_file(file, what="a csv file") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if file.endswith(".gz") else raw
+        with io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as text:
+            yield text
 
 
 def _first_line(error: BaseException) -> str:
@@ -289,29 +296,31 @@ def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence
             yield first_row, batch
             first_row += batch.num_rows
     except pa.ArrowInvalid as error:
-        raise ValueError(_csv_problem(table, file, error, ragged)) from None
+        raise _csv_problem(table, file, error, ragged) from None
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error.reason})") from None
 
 
-def _csv_problem(table: Table, file: str, error, ragged: list) -> str:
+def _csv_problem(table: Table, file: str, error, ragged: list) -> ValueError:
     """One line for Arrow's error: the row or cell it is about, with its line and column."""
     text = str(error)
     if ragged:
         row = ragged[0]
         line = _ragged_line(file, table, row.expected_columns)
-        return (
+        return ValueError(
             f"{file}:{line}: expected {row.expected_columns} values "
             f"({', '.join(table.columns)}), found {row.actual_columns}; every row needs one "
             "value per column"
         )
     if "straddling" in text or "block" in text:  # an unclosed quote runs to the file's end
-        return f'{file}: a quoted field that does not end (a " missing?); {_first_line(error)}'
+        return ValueError(
+            f'{file}: a quoted field that does not end (a " missing?); {_first_line(error)}'
+        )
     # Arrow numbers a column by its place in the file
     match = re.search(r"column #(\d+): CSV conversion error", text)
     if match and int(match.group(1)) < len(table.columns):
         return _locate_csv_cell(table, file, table.columns[int(match.group(1))])
-    return f"{file}: cannot read it as CSV ({_first_line(error)})"
+    return ValueError(f"{file}: cannot read it as CSV ({_first_line(error)})")
 
 
 def _ragged_line(file: str, table: Table, width: int) -> int | str:
@@ -325,7 +334,7 @@ def _ragged_line(file: str, table: Table, width: int) -> int | str:
     return "?"
 
 
-def _locate_csv_cell(table: Table, file: str, column: str) -> str:
+def _locate_csv_cell(table: Table, file: str, column: str) -> ValueError:
     """The first cell of `column` that is not a number, found by reading the file again with
     Python's csv module (the rare path: only after Arrow refused the file)."""
     index = table.columns.index(column)
@@ -335,44 +344,27 @@ def _locate_csv_cell(table: Table, file: str, column: str) -> str:
         for values in reader:
             if not values or (table.csv.header and reader.line_num == 1):
                 continue
-            problem = number_problem(values[index] if index < len(values) else "", column, na)
-            if problem:
-                return f"{file}:{reader.line_num}: {problem}"
-    return f"{file}: column {column!r}: a cell is not a number"
+            cell = values[index] if index < len(values) else ""
+            fault = number_fault(cell, na)
+            if fault:
+                return CellError(f"{file}:{reader.line_num}", column, cell, fault)
+    return ValueError(f"{file}: column {column!r}: a cell is not a number")
 
 
 def number_problem(cell: str, column: str, na_values: set[str] | frozenset[str]) -> str | None:
     """What is wrong with `cell` as a number of `column` (None: nothing)."""
-    import math
+    fault = number_fault(cell, na_values)
+    return None if fault is None else fault_text(fault, cell, column)
 
-    if cell in na_values:
-        return None
-    text = cell.strip()
-    if not text:
-        return (
-            f"column {column!r}: missing value; list its marker in dataset.na_values (e.g. "
-            "['']) to fill it with the training mean, or fill it in the file"
-        )
-    try:
-        value = float(text)
-    except ValueError:
-        return (
-            f"column {column!r}: {cell!r} is not a number; list the column in "
-            "dataset.categorical if it holds categories, or the marker in dataset.na_values"
-        )
-    if not math.isfinite(value):
-        return (
-            f"column {column!r}: {cell!r} is not a finite number; list it in dataset.na_values "
-            "to treat it as missing"
-        )
-    if abs(value) > FLOAT32_MAX:  # Inf once read as the models' float32
-        return (
-            f"column {column!r}: {cell!r} is beyond float32's range (at most {FLOAT32_MAX:.4g} "
-            "in size); rescale the column"
-        )
-    if text != cell:
-        return f"column {column!r}: {cell!r} has spaces around the number; remove them"
-    return None
+
+class CellError(ValueError):
+    """A cell that is no number the models take: `WHERE: column 'c': ...` in training's words;
+    `where` (`file:line`, `file: row N`), `column`, `cell` (as written; None: a Parquet value)
+    and `fault` (`values.number_fault`'s) let `predict` say it in its own."""
+
+    def __init__(self, where: str, column: str, cell: str | None, fault: str):
+        super().__init__(f"{where}: {fault_text(fault, cell, column)}")
+        self.where, self.column, self.cell, self.fault = where, column, cell, fault
 
 
 def _physical_line(file: str, data_row: int, table: Table) -> int:
@@ -396,16 +388,21 @@ def _physical_row(file: str, data_row: int, table: Table) -> tuple[int, list[str
 
 def cell_problem(table: Table, file: str, row: int, column: str) -> str:
     """`file:line: column 'c': ...` for the bad number at data row `row` (0-based) of `file`."""
+    return str(bad_cell(table, file, row, column))
+
+
+def bad_cell(table: Table, file: str, row: int, column: str) -> ValueError:
+    """The error for the bad number at data row `row` (0-based) of `file`: a `CellError` that
+    says where, what the cell holds and what is wrong with it."""
     if table.format == "parquet":
-        return (
-            f"{file}: row {row + 1}: column {column!r}: missing or not a finite number; set "
-            "dataset.allow_missing=true to fill missing values with the training mean"
-        )
+        return CellError(f"{file}: row {row + 1}", column, None, "missing or not finite")
     index = table.columns.index(column)
     line, values = _physical_row(file, row, table)
     cell = values[index] if index < len(values) else ""
-    problem = number_problem(cell, column, frozenset())
-    return f"{file}:{line}: {problem or f'column {column!r}: {cell!r} is not a number'}"
+    fault = number_fault(cell, frozenset())
+    if fault is None:  # a number Python reads and Arrow did not
+        return ValueError(f"{file}:{line}: column {column!r}: {cell!r} is not a number")
+    return CellError(f"{file}:{line}", column, cell, fault)
 
 
 def where(table: Table, file: str, row: int) -> str:
@@ -488,18 +485,3 @@ def _partition_number(file: str, name: str, value: str) -> float:
             f"{file}: partition column {name!r}={value!r} is not a number; list it in "
             "dataset.categorical"
         ) from None
-
-
-def check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
-    """Every column a config key names exists in the table.
-
-    Raises:
-      ValueError: `key='name': FILE has no such column; its columns are: ...`.
-    """
-    for key, names in named.items():
-        for name in names:
-            if name not in table.columns:
-                raise ValueError(
-                    f"{key}={name!r}: {table.files[0]} has no such column; its columns are: "
-                    f"{', '.join(table.columns)}"
-                )

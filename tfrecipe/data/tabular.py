@@ -31,9 +31,10 @@ import numpy as np
 
 from tfrecipe import reading
 from tfrecipe.config.targets import config_target
-from tfrecipe.data import table_files, table_stats
+from tfrecipe.data import table_layout, table_stats
 from tfrecipe.data.splits import DatasetInfo, Splits, from_arrays
-from tfrecipe.data.table_files import CsvOptions, Table
+from tfrecipe.data.table_files import Table
+from tfrecipe.data.table_layout import Named
 from tfrecipe.data.table_stats import Columns, Layout, TableStats
 
 log = logging.getLogger("tfrecipe")
@@ -173,22 +174,15 @@ def csv(
       ValueError: one line naming the file, line and column of the first bad cell, or the
         unknown column and the columns the file has.
     """
-    options = CsvOptions(
-        delimiter=delimiter,
-        header=header,
-        column_names=tuple(column_names) if column_names else None,
-        na_values=tuple(na_values),
+    open_table = table_layout.csv_opener(
+        delimiter=delimiter, header=header, column_names=column_names, na_values=na_values
     )
     return _table(
-        functools.partial(table_files.open_table, format="csv", csv=options),
+        open_table,
         paths=(path, validation_path, test_path),
-        label=label,
-        features=features,
-        categorical=categorical,
-        na_values=frozenset(na_values),
-        allow_missing=bool(na_values),
-        fractions=(validation_fraction, test_fraction),
-        split_seed=split_seed,
+        named=Named(label=label, features=features, categorical=categorical),
+        missing=(frozenset(na_values), bool(na_values)),
+        split=(validation_fraction, test_fraction, split_seed),
         stats_rows=stats_rows,
         max_vocabulary=max_vocabulary,
         stream=stream,
@@ -218,15 +212,11 @@ def parquet(
     columns) or a glob. `allow_missing`: a null number becomes the training mean (else an
     error), a null category the any-other slot. The other arguments are `csv`'s."""
     return _table(
-        functools.partial(table_files.open_table, format="parquet"),
+        table_layout.parquet_opener(),
         paths=(path, validation_path, test_path),
-        label=label,
-        features=features,
-        categorical=categorical,
-        na_values=frozenset(),
-        allow_missing=allow_missing,
-        fractions=(validation_fraction, test_fraction),
-        split_seed=split_seed,
+        named=Named(label=label, features=features, categorical=categorical),
+        missing=(frozenset(), allow_missing),
+        split=(validation_fraction, test_fraction, split_seed),
         stats_rows=stats_rows,
         max_vocabulary=max_vocabulary,
         stream=stream,
@@ -238,95 +228,79 @@ def _table(
     open_table: Callable[..., Table],
     *,
     paths: tuple[str, str | None, str | None],
-    label: str | Sequence[str],
-    features: Sequence[str] | None,
-    categorical: Sequence[str],
-    na_values: frozenset[str],
-    allow_missing: bool,
-    fractions: tuple[float, float],
-    split_seed: int,
+    named: Named,
+    missing: tuple[frozenset[str], bool],
+    split: tuple[float, float, int],
     stats_rows: int | None,
     max_vocabulary: int,
     stream: Literal["auto"] | bool,
     stats_cache: StatsCache | None,
 ) -> Splits:
+    """The splits of a table: its files opened (`missing`: the cells meaning "missing", and
+    whether a missing number is allowed), one statistics pass, then held in memory or streamed.
+    `split`: (validation fraction, test fraction, seed)."""
     path, validation_path, test_path = paths
     layout = Layout(
         train=open_table(path, key="path"),
         validation=open_table(validation_path, key="validation_path") if validation_path else None,
         test=open_table(test_path, key="test_path") if test_path else None,
-        validation_fraction=fractions[0],
-        test_fraction=fractions[1],
-        seed=split_seed,
+        validation_fraction=split[0],
+        test_fraction=split[1],
+        seed=split[2],
     )
-    _check_fractions(*fractions)
-    labels = [label] if isinstance(label, str) else list(label)
-    inputs = _input_columns(layout, labels, features, categorical)
+    table_layout.check_fractions(*split[:2])
+    inputs = table_layout.input_columns([table for table, _ in layout.tables()], named)
     columns = Columns(
-        numeric=tuple(name for name in inputs if name not in set(categorical)),
-        categorical=tuple(categorical),
-        labels=tuple(labels),
-        na_values=na_values,
-        allow_missing=allow_missing,
+        numeric=tuple(name for name in inputs if name not in set(named.categorical)),
+        categorical=tuple(named.categorical),
+        labels=tuple(named.labels),
+        na_values=missing[0],
+        allow_missing=missing[1],
         max_vocabulary=max_vocabulary,
     )
+    in_memory = functools.partial(
+        _held_in_memory, stream=stream, width=len(inputs) + len(columns.labels), layout=layout
+    )
     key = table_stats.fingerprint(layout, columns, stats_rows)
-    compute = functools.partial(_statistics, layout, columns, stats_rows=stats_rows)
+    compute = functools.partial(_statistics, layout, columns, stats_rows, in_memory)
     stats = stats_cache.get(key, compute) if stats_cache else compute()
     if stats.rows["train"] == 0:
         raise ValueError(f"path={path!r}: no training rows")
-    cells = sum(stats.rows.values()) * (len(inputs) + len(labels))
-    in_memory = stream is False or (stream == "auto" and cells <= IN_MEMORY_CELLS)
-    if in_memory and not (validation_path or test_path):
-        return _in_memory(layout, columns, stats, fractions, split_seed)
+    if in_memory(stats):
+        return _in_memory(layout, columns, stats, split[:2], split[2])
     return _streamed(layout, columns, stats)
 
 
-def _statistics(layout: Layout, columns: Columns, *, stats_rows: int | None) -> TableStats:
+def _held_in_memory(stats: TableStats, *, stream, width: int, layout: Layout) -> bool:
+    """Whether the table is held in memory (and split by stratified fractions), not streamed:
+    `stream` false, or auto and at most IN_MEMORY_CELLS cells; never with split files of its
+    own."""
+    if layout.validation or layout.test:
+        return False
+    cells = sum(stats.rows.values()) * width
+    return stream is False or (stream == "auto" and cells <= IN_MEMORY_CELLS)
+
+
+def _statistics(
+    layout: Layout, columns: Columns, stats_rows: int | None, in_memory: Callable
+) -> TableStats:
+    """The statistics pass, and its line: the rows it read, and the split's rows for a streamed
+    table (a table held in memory is split afterwards, by stratified fractions: `_in_memory`
+    says those counts; the pass's hash counts are not its split)."""
     started = time.perf_counter()
     stats = table_stats.compute(layout, columns, stats_rows=stats_rows)
-    log.info(
-        "statistics pass: %s rows (train %s, validation %s, test %s) in %.1fs",
-        *(f"{n:,}" for n in (sum(stats.rows.values()), *stats.rows.values())),
-        time.perf_counter() - started,
-    )
+    seconds, total = time.perf_counter() - started, f"{sum(stats.rows.values()):,}"
+    if in_memory(stats):
+        log.info("statistics pass: %s rows in %.1fs; held in memory", total, seconds)
+    else:
+        counts = (f"{n:,}" for n in stats.rows.values())
+        log.info(
+            "statistics pass: %s rows (train %s, validation %s, test %s) in %.1fs; streamed",
+            total,
+            *counts,
+            seconds,
+        )
     return stats
-
-
-def _check_fractions(validation: float, test: float) -> None:
-    if not (0 <= validation < 1 and 0 <= test < 1 and validation + test < 1):
-        raise ValueError(
-            f"validation_fraction={validation}, test_fraction={test}: each in [0, 1) and "
-            "together below 1, so that rows are left to train on"
-        )
-
-
-def _input_columns(
-    layout: Layout,
-    labels: list[str],
-    features: Sequence[str] | None,
-    categorical: Sequence[str],
-) -> list[str]:
-    """The feature columns, every named column checked to exist in every table."""
-    if not labels:
-        raise ValueError("label=[]: name the target column (or several 0/1 columns)")
-    named = {"label": labels, "features": features or (), "categorical": categorical}
-    for table, _ in layout.tables():
-        table_files.check_columns(table, named)
-    columns = layout.train.columns
-    inputs = list(features) if features is not None else [c for c in columns if c not in labels]
-    for key, names in (("features", inputs), ("categorical", categorical)):
-        both = [name for name in names if name in labels]
-        if both:
-            raise ValueError(f"{key}: {both[0]!r} is the label; a column is a feature or the label")
-    outside = [name for name in categorical if name not in inputs]
-    if outside:
-        raise ValueError(
-            f"categorical={outside[0]!r}: not among the features ({', '.join(inputs)})"
-        )
-    if not inputs:
-        raise ValueError("features=[]: the model needs at least one input column")
-    return inputs
 
 
 def _info(columns: Columns, stats: TableStats, rows: tuple[int, int, int], targets=None):
@@ -364,7 +338,7 @@ def _in_memory(layout, columns: Columns, stats: TableStats, fractions, split_see
     for name in columns.categorical:  # raw strings, as a dict column of Python strings
         features[name] = np.array([v.decode("utf-8") for v in features[name]], dtype=object)
     targets = np.concatenate([target for _, target in parts])
-    return from_arrays(
+    splits = from_arrays(
         features,
         targets,
         num_classes=stats.num_classes,
@@ -375,6 +349,13 @@ def _in_memory(layout, columns: Columns, stats: TableStats, fractions, split_see
         test_fraction=fractions[1],
         split_seed=split_seed,
     )
+    info = splits.info
+    log.info(
+        "in memory: train %s, validation %s, test %s rows (seeded fractions%s)",
+        *(f"{n:,}" for n in (info.num_train, info.num_validation, info.num_test)),
+        ", stratified by class" if stats.label_kind in ("classes", "binary") else "",
+    )
+    return splits
 
 
 # --- large tables: streamed -----------------------------------------------------------------------

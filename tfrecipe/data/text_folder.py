@@ -52,18 +52,6 @@ def load(
         )
     except ValueError as error:  # e.g. too few texts in a class to hold some out
         raise ValueError(f"{path}: cannot split the texts ({error})") from None
-
-    def make(indices: np.ndarray) -> tf.data.Dataset | None:
-        if len(indices) == 0:
-            return None
-        dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
-        # Read lazily (a corpus may be large); the pipeline's cache keeps what was read.
-        return dataset.map(
-            lambda file, label: (tf.io.read_file(file), label),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-
     info = DatasetInfo(
         input_shape=(),
         num_classes=len(classes),
@@ -74,7 +62,20 @@ def load(
         target_kind="binary" if len(classes) == 2 else "classes",
         targets=labels,
     )
-    return Splits(make(train), make(validation), make(test), info)
+    return Splits(*(_texts(files, labels, idx) for idx in (train, validation, test)), info)
+
+
+def _texts(files: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> tf.data.Dataset | None:
+    """The texts at `indices` with their labels; None when there are none."""
+    if len(indices) == 0:
+        return None
+    dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
+    # Read lazily (a corpus may be large); the pipeline's cache keeps what was read.
+    return dataset.map(
+        lambda file, label: (tf.io.read_file(file), label),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
 
 
 def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -46,7 +46,23 @@ def load(
     import tensorflow_datasets as tfds
 
     builder = _builder(tfds, name, data_dir)
-    features = builder.info.features
+    label = _class_label(name, builder.info.features, feature_key, label_key)
+    train, validation, test = _read_splits(
+        builder, name, (train_split, validation_split, test_split), data_dir, feature_key, label_key
+    )
+    info = DatasetInfo(
+        input_shape=tuple(builder.info.features[feature_key].shape),
+        num_classes=int(label.num_classes),
+        num_train=_count(train),
+        num_validation=_count(validation),
+        num_test=_count(test),
+        target_kind="binary" if label.num_classes == 2 else "classes",
+    )
+    return Splits(train, validation, test, info)
+
+
+def _class_label(name: str, features, feature_key: str, label_key: str):
+    """The dataset's `label_key` feature, once both keys are known and it is a class label."""
     for key, value in (("feature_key", feature_key), ("label_key", label_key)):
         if value not in features:
             raise ValueError(
@@ -59,21 +75,7 @@ def load(
             f"dataset {name!r}: label_key={label_key!r} is not a class label "
             f"({type(label).__name__}); name an integer class label"
         )
-    if not train_split:
-        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
-    train, validation, test = (
-        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
-        for split in (train_split, validation_split, test_split)
-    )
-    info = DatasetInfo(
-        input_shape=tuple(features[feature_key].shape),
-        num_classes=int(label.num_classes),
-        num_train=_count(train),
-        num_validation=_count(validation),
-        num_test=_count(test),
-        target_kind="binary" if label.num_classes == 2 else "classes",
-    )
-    return Splits(train, validation, test, info)
+    return label
 
 
 def _builder(tfds, name: str, data_dir: str | None):
@@ -84,6 +86,23 @@ def _builder(tfds, name: str, data_dir: str | None):
             f"name={name!r} is not a TensorFlow Datasets dataset; see "
             "https://www.tensorflow.org/datasets/catalog (e.g. mnist, cifar10)"
         ) from None
+
+
+def _read_splits(
+    builder,
+    name: str,
+    splits: tuple[str | None, str | None, str | None],
+    data_dir: str | None,
+    feature_key: str,
+    label_key: str,
+):
+    """The train, validation and test splits (None for an empty name but the training one's)."""
+    if not splits[0]:
+        raise ValueError(f"dataset {name!r}: train_split is empty; name a TFDS split (train)")
+    return tuple(
+        _read(builder, name, split, data_dir, feature_key, label_key) if split else None
+        for split in splits
+    )
 
 
 def _read(builder, name: str, split: str, data_dir: str | None, feature_key: str, label_key: str):

@@ -56,26 +56,30 @@ def load(
     """
     spec = _Spec(feature_key, feature_kind, tuple(feature_shape), label_key, num_classes)
     spec.check()
-    splits, counts = {}, {}
-    for split, pattern in (
-        ("train", train_files),
-        ("validation", validation_files),
-        ("test", test_files),
-    ):
-        if pattern is None and split != "train":
-            splits[split], counts[split] = None, 0
-            continue
-        files = _glob(f"{split}_files", pattern)
-        counts[split] = sum(_check_file(path, spec, images_checked_per_file) for path in files)
-        splits[split] = _read(files, spec, counts[split])
+    globs = {"train": train_files, "validation": validation_files, "test": test_files}
+    splits = {
+        s: _checked_split(s, glob, spec, images_checked_per_file) for s, glob in globs.items()
+    }
     info = DatasetInfo(
         input_shape=spec.shape,
         num_classes=num_classes,
-        num_train=counts["train"],
-        num_validation=counts["validation"],
-        num_test=counts["test"],
+        num_train=splits["train"][1],
+        num_validation=splits["validation"][1],
+        num_test=splits["test"][1],
     )
-    return Splits(splits["train"], splits["validation"], splits["test"], info)
+    return Splits(*(dataset for dataset, _ in splits.values()), info)
+
+
+def _checked_split(
+    split: str, pattern: str | Sequence[str] | None, spec: _Spec, images_checked_per_file: int
+) -> tuple[tf.data.Dataset | None, int]:
+    """(dataset, number of examples) of one split's files, every record checked first; (None, 0)
+    for a validation or test split without files."""
+    if pattern is None and split != "train":
+        return None, 0
+    files = _glob(f"{split}_files", pattern)
+    count = sum(_check_file(path, spec, images_checked_per_file) for path in files)
+    return _read(files, spec, count), count
 
 
 class _Spec:

@@ -16,6 +16,70 @@ def out_of_range(value: float) -> bool:
     return not np.isfinite(value) or abs(value) > FLOAT32_MAX
 
 
+# What a cell of a numeric column may be wrong with, and what to do about it in training's data
+# (its dataset config) and in `predict`'s input (the run's model is fixed: the cell must change).
+# ("missing or not finite": a Parquet value, known only as null or not finite.)
+_TRAINING_ADVICE = {
+    "missing": "list its marker in dataset.na_values (e.g. ['']) to fill it with the training "
+    "mean, or fill it in the file",
+    "not a number": "list the column in dataset.categorical if it holds categories, or the "
+    "marker in dataset.na_values",
+    "not finite": "list it in dataset.na_values to treat it as missing",
+    "beyond float32": "rescale the column",
+    "spaces": "remove them",
+    "missing or not finite": "set dataset.allow_missing=true to fill missing values with the "
+    "training mean",
+}
+_PREDICT_ADVICE = {
+    "missing": "the run's model was trained without a missing-value marker for this column "
+    "(dataset.na_values) and takes a number in every cell: fill the cell, or leave the row out",
+    "not a number": "the run's model takes a number (float32) in this column: correct the cell, "
+    "or leave the row out",
+    "not finite": "the run's model takes finite numbers in this column: correct the cell, or "
+    "leave the row out",
+    "beyond float32": "the run's model takes float32 numbers in this column: correct the cell, "
+    "or leave the row out",
+    "spaces": "remove them",
+    "missing or not finite": "the run's model takes a finite number in every cell of this "
+    "column: correct the cell, or leave the row out",
+}
+
+
+def number_fault(cell: str, na_values: set[str] | frozenset[str] | tuple = ()) -> str | None:
+    """What is wrong with a table's `cell` as a number: missing, not a number, not finite,
+    beyond float32 or spaces (None: nothing; a marker of `na_values` is a missing number the run
+    fills)."""
+    if cell in na_values:
+        return None
+    text = cell.strip()
+    if not text:
+        return "missing"
+    try:
+        value = float(text)
+    except ValueError:
+        return "not a number"
+    if not np.isfinite(value):
+        return "not finite"
+    if abs(value) > FLOAT32_MAX:  # Inf once read as the models' float32
+        return "beyond float32"
+    return "spaces" if text != cell else None
+
+
+def fault_text(fault: str, cell: str | None, column: str, *, predict: bool = False) -> str:
+    """`column 'c': what is wrong; what to do`, for training's data or (`predict`) for new
+    input. `cell` is the cell as written."""
+    what = {
+        "missing": "missing value",
+        "not a number": f"{cell!r} is not a number",
+        "not finite": f"{cell!r} is not a finite number",
+        "beyond float32": f"{cell!r} is beyond float32's range (at most {FLOAT32_MAX:.4g} in size)",
+        "spaces": f"{cell!r} has spaces around the number",
+        "missing or not finite": "missing or not a finite number",
+    }[fault]
+    advice = (_PREDICT_ADVICE if predict else _TRAINING_ADVICE)[fault]
+    return f"column {column!r}: {what}; {advice}"
+
+
 def _bad(x: np.ndarray) -> np.ndarray:
     """Where an array holds a value the models cannot take as a number."""
     if x.dtype.kind != "f":

@@ -67,6 +67,14 @@ def parse_tf_config(raw: str | None) -> Task:
       ConfigError: TF_CONFIG is unset, not JSON, or describes no valid task of its cluster.
     """
     where = "cluster=tf_config: TF_CONFIG"
+    config = _json_object(raw, where)
+    cluster = _parse_cluster(config.get("cluster"), where)
+    task_type, index = _parse_task(config.get("task"), cluster, where)
+    return Task(type=task_type, index=index, cluster=cluster)
+
+
+def _json_object(raw: str | None, where: str) -> dict:
+    """TF_CONFIG's JSON object; refuses an unset value, bad JSON or another JSON value."""
     if not raw:
         raise ConfigError(
             f"{where} is not set; set it to the JSON TensorFlow expects "
@@ -81,8 +89,12 @@ def parse_tf_config(raw: str | None) -> Task:
         ) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{where} must be a JSON object; received TF_CONFIG={raw!r}")
-    cluster = _parse_cluster(config.get("cluster"), where)
-    task = config.get("task")
+    return config
+
+
+def _parse_task(task: object, cluster: dict[str, list[str]], where: str) -> tuple[str, int]:
+    """(type, index) of TF_CONFIG's task: a role, and an index that `cluster` has an address
+    for (the evaluator's is outside the cluster)."""
     if not isinstance(task, dict) or "type" not in task:
         raise ConfigError(
             f'{where} has no task; add "task": {{"type": "worker", "index": 0}} '
@@ -103,7 +115,7 @@ def parse_tf_config(raw: str | None) -> Task:
             f"{where}: task.index={index} is out of range for task.type={task_type!r}, which has "
             f"{len(members)} address(es) in cluster.{task_type}"
         )
-    return Task(type=task_type, index=index, cluster=cluster)
+    return task_type, index
 
 
 def _parse_cluster(cluster: object, where: str) -> dict[str, list[str]]:
@@ -163,17 +175,29 @@ def k8s_task(environ: Mapping[str, str], *, loopback: bool = False) -> Task:
             f"cluster=k8s: {K8S_INDEX}={index} is past the Job's {total} pods "
             f"({K8S_REPLICAS}={environ[K8S_REPLICAS]}); make the Job's completions {total}"
         )
+    port = _k8s_port(environ, total, loopback=loopback)
+    if loopback:
+        addresses = [f"127.0.0.1:{port + i}" for i in range(total)]
+    else:
+        job, service = _k8s_name(environ, K8S_JOB), _k8s_name(environ, K8S_SERVICE)
+        addresses = [f"{job}-{i}.{service}:{port}" for i in range(total)]
+    return _k8s_role_task(replicas, index, addresses)
+
+
+def _k8s_port(environ: Mapping[str, str], total: int, *, loopback: bool) -> int:
+    """K8S_PORT, with room for `total` consecutive ports when the tasks share a loopback."""
     port = _k8s_int(environ, K8S_PORT, K8S_DEFAULT_PORT, "a TCP port 1024..65535")
     last = port + total - 1 if loopback else port  # loopback: pod i at port + i
     if not 1024 <= port <= last <= 65535:
         raise ConfigError(
             f"cluster=k8s: {K8S_PORT}={port}: expected a TCP port 1024..{65536 - total if loopback else 65535}"
         )
-    if loopback:
-        addresses = [f"127.0.0.1:{port + i}" for i in range(total)]
-    else:
-        job, service = _k8s_name(environ, K8S_JOB), _k8s_name(environ, K8S_SERVICE)
-        addresses = [f"{job}-{i}.{service}:{port}" for i in range(total)]
+    return port
+
+
+def _k8s_role_task(replicas: dict[str, int], index: int, addresses: list[str]) -> Task:
+    """The task of completion index `index`, the indexes given out to the roles in ROLES'
+    order; the evaluator's address stays outside the cluster."""
     cluster, first, mine = {}, 0, None
     for role in ROLES:  # the order of the completion indexes
         count = replicas.get(role, 0)

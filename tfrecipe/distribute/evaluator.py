@@ -54,6 +54,30 @@ def _load(model, path: Path, attempts: int = 5) -> None:
             time.sleep(1.0)
 
 
+def _score(model, data, path: Path) -> dict[str, float]:
+    """The metrics of the checkpoint at `path`, printed on one line."""
+    _load(model, path)
+    metrics = model.evaluate(data, verbose=0, return_dict=True)
+    metrics = {name: float(value) for name, value in metrics.items()}
+    print(f"evaluated {path.name}: {metrics}", flush=True)
+    return metrics
+
+
+class _MetricsTable:
+    """metrics.csv, a row per checkpoint as it is scored; the first row's metrics name the
+    columns."""
+
+    def __init__(self, file) -> None:
+        self._file, self._writer = file, None
+
+    def add(self, checkpoint: str, metrics: dict[str, float]) -> None:
+        if self._writer is None:
+            self._writer = csv.DictWriter(self._file, fieldnames=["checkpoint", *metrics])
+            self._writer.writeheader()
+        self._writer.writerow({"checkpoint": checkpoint, **metrics})
+        self._file.flush()
+
+
 def evaluate_checkpoints(
     model, data, *, run_dir: Path, poll_s: float = 1.0, started: float | None = None
 ) -> dict[str, Any]:
@@ -71,19 +95,12 @@ def evaluate_checkpoints(
     seen: set[Path] = set()
     last: dict[str, float] = {}
     with (out / "metrics.csv").open("w", newline="") as file:
-        writer = None
+        table = _MetricsTable(file)
         while True:
             ended = _training_ended(run_dir)  # before listing: the last checkpoint is not missed
             for path in sorted(set((run_dir / CHECKPOINTS).glob("epoch-*.weights.h5")) - seen):
-                _load(model, path)
-                last = model.evaluate(data, verbose=0, return_dict=True)
-                last = {name: float(value) for name, value in last.items()}
-                print(f"evaluated {path.name}: {last}", flush=True)
-                if writer is None:
-                    writer = csv.DictWriter(file, fieldnames=["checkpoint", *last])
-                    writer.writeheader()
-                writer.writerow({"checkpoint": path.name, **last})
-                file.flush()
+                last = _score(model, data, path)
+                table.add(path.name, last)
                 seen.add(path)
             if ended:
                 break

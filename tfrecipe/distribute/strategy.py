@@ -16,6 +16,8 @@ import tensorflow as tf
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 
+_Resolver = tf.distribute.cluster_resolver.ClusterResolver
+
 
 def configure_logical_cpus(count: int) -> list[str]:
     """Splits the first CPU into `count` logical devices; returns their names.
@@ -95,7 +97,10 @@ def _communication_options(
     )
 
 
-def _multi_worker_mirrored(spec, cluster_resolver) -> tf.distribute.Strategy:
+def _multi_worker_mirrored(
+    spec: schema.MultiWorkerMirroredStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    configure_logical_cpus(spec.logical_cpus)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_resolver, communication_options=_communication_options(spec)
     )
@@ -105,7 +110,13 @@ def _multi_worker_mirrored(spec, cluster_resolver) -> tf.distribute.Strategy:
     return strategy
 
 
-def _parameter_server(cluster_resolver) -> tf.distribute.Strategy:
+def _parameter_server(
+    spec: schema.ParameterServerStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    if cluster_resolver is None:
+        raise ConfigError(
+            "strategy=parameter_server: needs a cluster; use cluster=local cluster.num_ps=1"
+        )
     # No variable partitioner: Keras 3 optimizers cannot update sharded variables (the schema
     # refuses strategy.variable_partitioner other than none).
     strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_resolver)
@@ -124,7 +135,7 @@ def _check_reachable(tpu: str, timeout_s: float = 10.0) -> None:
         pass
 
 
-def _tpu(spec: schema.TPUStrategy) -> tf.distribute.Strategy:
+def _tpu(spec: schema.TPUStrategy, cluster_resolver: _Resolver | None) -> tf.distribute.Strategy:
     """Resolver, then connect, then initialize the TPU system (this order: initialization runs
     on the TPU the connection reaches), then the strategy."""
     try:
@@ -149,7 +160,7 @@ def _tpu(spec: schema.TPUStrategy) -> tf.distribute.Strategy:
 def build_strategy(
     spec: schema.Strategy,
     *,
-    cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+    cluster_resolver: _Resolver | None = None,
 ) -> tf.distribute.Strategy:
     """Returns the strategy `spec` describes (see conf/strategy/*.yaml).
 
@@ -158,38 +169,57 @@ def build_strategy(
       cluster_resolver: the cluster (tfrecipe.distribute.cluster.build_resolver) for multi-worker and
         parameter-server strategies; None = this process alone.
     """
-    if spec.name == "default":
-        configure_logical_cpus(spec.logical_cpus)
-        return tf.distribute.get_strategy()
-    if spec.name == "one_device":
-        configure_logical_cpus(spec.logical_cpus)
-        device = spec.device or ("/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0")
-        return tf.distribute.OneDeviceStrategy(device)
-    if spec.name == "mirrored":
-        _fresh_collective_keys(tf.distribute.MirroredStrategy)
-        return tf.distribute.MirroredStrategy(
-            devices=_local_devices(spec.devices, spec.logical_cpus),
-            cross_device_ops=_cross_device_ops(spec.cross_device_ops, spec.num_packs),
-        )
-    if spec.name == "central_storage":
-        strategy = tf.distribute.experimental.CentralStorageStrategy(
-            compute_devices=_local_devices(spec.devices, spec.logical_cpus),
-            parameter_device=spec.parameter_device,
-        )
-        from tfrecipe.compat import fix_shared_variable_increments
+    return _BUILDERS[spec.name](spec, cluster_resolver)
 
-        fix_shared_variable_increments(strategy)  # Keras metrics double-count otherwise
-        return strategy
-    if spec.name == "multi_worker_mirrored":
-        configure_logical_cpus(spec.logical_cpus)
-        return _multi_worker_mirrored(spec, cluster_resolver)
-    if spec.name == "parameter_server":
-        if cluster_resolver is None:
-            raise ConfigError(
-                "strategy=parameter_server: needs a cluster; use cluster=local cluster.num_ps=1"
-            )
-        return _parameter_server(cluster_resolver)
-    return _tpu(spec)  # the last of schema.Strategy's names: it admits no other
+
+def _default(
+    spec: schema.DefaultStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    configure_logical_cpus(spec.logical_cpus)
+    return tf.distribute.get_strategy()
+
+
+def _one_device(
+    spec: schema.OneDeviceStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    configure_logical_cpus(spec.logical_cpus)
+    device = spec.device or ("/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+def _mirrored(
+    spec: schema.MirroredStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    _fresh_collective_keys(tf.distribute.MirroredStrategy)
+    return tf.distribute.MirroredStrategy(
+        devices=_local_devices(spec.devices, spec.logical_cpus),
+        cross_device_ops=_cross_device_ops(spec.cross_device_ops, spec.num_packs),
+    )
+
+
+def _central_storage(
+    spec: schema.CentralStorageStrategy, cluster_resolver: _Resolver | None
+) -> tf.distribute.Strategy:
+    strategy = tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=_local_devices(spec.devices, spec.logical_cpus),
+        parameter_device=spec.parameter_device,
+    )
+    from tfrecipe.compat import fix_shared_variable_increments
+
+    fix_shared_variable_increments(strategy)  # Keras metrics double-count otherwise
+    return strategy
+
+
+# schema.Strategy's names, each with what builds it from (spec, cluster_resolver).
+_BUILDERS = {
+    "default": _default,
+    "one_device": _one_device,
+    "mirrored": _mirrored,
+    "central_storage": _central_storage,
+    "multi_worker_mirrored": _multi_worker_mirrored,
+    "parameter_server": _parameter_server,
+    "tpu": _tpu,
+}
 
 
 def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:

@@ -101,24 +101,15 @@ def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
 
 
 def _make_train_function(
-    model: keras.Model,
-    objective: Objective,
-    gradient_accumulation_steps: int,
-    clock: InputClock | None = None,
-    steps_per_loop: int = 0,
+    model: keras.Model, objective: Objective, options: LoopOptions
 ) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
     """`train_steps(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
     `tf.function` call (a graph loop, so Python runs once per call, not once per step; at
-    `steps_per_loop=1` a single step without a loop); with a `clock`, each `next(iterator)` is
-    timed in the graph (outside XLA's step)."""
+    `steps_per_loop=1` a single step without a loop), each of `gradient_accumulation_steps`
+    micro-batches; with an `input_clock`, each `next(iterator)` is timed in the graph (outside
+    XLA's step)."""
     strategy = model.distribute_strategy
-    if clock is None:
-        read = next
-    else:
-        clock.measuring = "waited"
-
-        def read(iterator):
-            return clock.timed_next(lambda: next(iterator))
+    read = _reader(options.input_clock)
 
     def replica_step(micro_batches, global_examples):
         _train_replica_step(model, objective, micro_batches, global_examples)
@@ -131,16 +122,28 @@ def _make_train_function(
     @tf.function
     def train_steps(iterator, num_steps):
         for _ in tf.range(num_steps):
-            step([read(iterator) for _ in range(gradient_accumulation_steps)])
+            step([read(iterator) for _ in range(options.gradient_accumulation_steps)])
         return objective.results()
 
     @tf.function
     def train_step(iterator, num_steps):
         # One step per call: no graph loop (the profiler's xprof finds no step inside one).
-        step([read(iterator) for _ in range(gradient_accumulation_steps)])
+        step([read(iterator) for _ in range(options.gradient_accumulation_steps)])
         return objective.results()
 
-    return train_step if steps_per_loop == 1 else train_steps
+    return train_step if options.steps_per_loop == 1 else train_steps
+
+
+def _reader(clock: InputClock | None) -> Callable[[Any], Any]:
+    """`next`, or with a `clock` a `next` it times."""
+    if clock is None:
+        return next
+    clock.measuring = "waited"
+
+    def read(iterator):
+        return clock.timed_next(lambda: next(iterator))
+
+    return read
 
 
 def _make_test_function(
@@ -246,6 +249,21 @@ def _train_epoch(
             break
 
 
+def _callback_list(
+    callbacks: Sequence[keras.callbacks.Callback], model: keras.Model, options: LoopOptions
+) -> keras.callbacks.CallbackList:
+    """The run's callbacks with a History, and a progress bar unless `options.verbose` is 0."""
+    return keras.callbacks.CallbackList(
+        callbacks,
+        add_history=True,
+        add_progbar=options.verbose != 0,
+        verbose=options.verbose,
+        epochs=options.epochs,
+        steps=options.steps_per_epoch,
+        model=model,
+    )
+
+
 def run(
     model: keras.Model, train_data, validation_data, *, options: LoopOptions, callbacks
 ) -> None:
@@ -255,25 +273,11 @@ def run(
     make = objectives.required(options.objective, "custom")
     optim.build_optimizer_variables(model)
     objective = objectives.build(model, make)
-    train_steps = _make_train_function(
-        model,
-        objective,
-        options.gradient_accumulation_steps,
-        options.input_clock,
-        options.steps_per_loop,
-    )
+    train_steps = _make_train_function(model, objective, options)
     validate = None
     if validation_data is not None:
         validate = _evaluator(model, make, steps_per_loop=options.steps_per_loop)
-    callbacks = keras.callbacks.CallbackList(
-        callbacks,
-        add_history=True,
-        add_progbar=options.verbose != 0,
-        verbose=options.verbose,
-        epochs=options.epochs,
-        steps=options.steps_per_epoch,
-        model=model,
-    )
+    callbacks = _callback_list(callbacks, model, options)
     model.stop_training = False
     iterator = iter(train_data)  # one iterator for the whole run: epochs continue the stream
     callbacks.on_train_begin()

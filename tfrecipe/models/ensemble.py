@@ -13,9 +13,8 @@ from collections.abc import Sequence
 
 import keras
 
-# How a task's outputs are averaged: the probabilities of its logits, or the values themselves.
-AVERAGING = {"classification": "softmax", "binary": "sigmoid", "multilabel": "sigmoid",
-             "regression": "values"}  # fmt: skip
+from tfrecipe import tasks
+
 # Probabilities are kept this far from 0 and 1 before they become logits again.
 _EPSILON = 1e-7
 
@@ -55,7 +54,9 @@ def averaged(members: Sequence[keras.Model], *, task: str) -> keras.Model:
     for index, member in enumerate(members):
         member.name = f"member_{index}"
         outputs.append(member(inputs))
-    mean = MeanOfMembers(AVERAGING[task], name="mean_of_members")(outputs)
+    # the probabilities of the members' logits (the task's `scores`), or the values themselves
+    averaging = tasks.outputs_of(task).scores
+    mean = MeanOfMembers(averaging, name="mean_of_members")(outputs)
     return keras.Model(inputs, mean, name="ensemble")
 
 

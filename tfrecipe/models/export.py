@@ -20,22 +20,12 @@ from typing import Any
 import numpy as np
 
 from tfrecipe import files
+from tfrecipe.config import export_limits
 
-# The final file (or directory) of each checked format in the run dir.
-FILES = {"saved_model": "saved_model", "onnx": "model.onnx", "litert": "model.tflite"}
-# The Python package each format's exporter and runtime need: the `export` extra.
-REQUIRED = {"onnx": ("tf2onnx", "onnx", "onnxruntime"), "litert": ("ai_edge_litert",)}
-# Layers a format cannot carry, by class name, and why.
-_UNSUPPORTED = {
-    "onnx": {
-        "TextVectorization": "ONNX has no string ops for TextVectorization",
-        "StringLookup": "Keras writes StringLookup to an invalid ONNX file",
-        "Hashing": "ONNX has no string hashing",
-    },
-    "litert": {
-        "TextVectorization": "LiteRT's pip runtime cannot run TextVectorization (no Flex delegate)",
-    },
-}
+# The final file (or directory) of each format in the run dir (the table: config.export_limits).
+FILES = {fmt: spec.file for fmt, spec in export_limits.FORMATS.items()}
+# The Python packages each format's exporter and runtime need: the `export` extra.
+REQUIRED = {fmt: spec.packages for fmt, spec in export_limits.FORMATS.items() if spec.packages}
 
 Features = np.ndarray | Mapping[str, np.ndarray]
 
@@ -79,10 +69,10 @@ def unsupported(model, fmt: str) -> str | None:
     None when it can."""
     from tfrecipe import compat
 
-    reasons = _UNSUPPORTED.get(fmt, {})
     for layer in compat.flatten_layers(model):
-        if type(layer).__name__ in reasons:
-            return f"layer {layer.name} ({type(layer).__name__}): {reasons[type(layer).__name__]}"
+        why = export_limits.why_not(fmt, type(layer).__name__)
+        if why is not None:
+            return f"layer {layer.name} ({type(layer).__name__}): {why}"
     if fmt == "onnx" and any(x.dtype == "string" for x in model.inputs):
         return "the model takes strings, which ONNX cannot feed"
     return None

@@ -69,20 +69,40 @@ def keras_app(
     constructor = _constructor(name)
     size = _image_size(input_size, input_shape)
     inputs = keras.Input(shape=tuple(input_shape))
+    x = _preprocessed(inputs, input_shape, size, name, scale=input_scale, preprocess=preprocess)
+    x = _backbone(constructor, name, size=size, weights=weights, options=options or {})(x)
+    return keras.Model(inputs, _head(x, pooling, dropout, num_outputs), name="keras_app")
+
+
+def _preprocessed(
+    inputs: keras.KerasTensor,
+    input_shape: Sequence[int],
+    size: tuple[int, int],
+    name: str,
+    *,
+    scale: float,
+    preprocess: bool,
+) -> keras.KerasTensor:
+    """The images resized to the backbone's `size` (where they differ) and mapped to the pixels
+    application `name` expects."""
     x = inputs
     if tuple(input_shape[:2]) != size:
         x = layers.Resizing(*size, name="resize")(x)
-    transform = _pixel_transform(name, input_shape[-1], scale=input_scale, preprocess=preprocess)
-    x = _affine_channels(transform, name="preprocess")(x)
-    backbone = _backbone(constructor, name, size=size, weights=weights, options=options or {})
-    x = backbone(x)
+    transform = _pixel_transform(name, input_shape[-1], scale=scale, preprocess=preprocess)
+    return _affine_channels(transform, name="preprocess")(x)
+
+
+def _head(
+    features: keras.KerasTensor, pooling: str, dropout: float, num_outputs: int
+) -> keras.KerasTensor:
+    """Global pooling of the backbone's feature maps, dropout and the task's logits."""
     if pooling not in ("avg", "max"):
         raise ConfigError(Problem("model.pooling", pooling, "expected avg or max"))
     pool = layers.GlobalAveragePooling2D if pooling == "avg" else layers.GlobalMaxPooling2D
-    x = pool(name="pool")(x)
+    x = pool(name="pool")(features)
     if dropout:
         x = layers.Dropout(dropout, name="dropout")(x)
-    return keras.Model(inputs, _logits(x, num_outputs), name="keras_app")
+    return _logits(x, num_outputs)
 
 
 @functools.cache

@@ -63,6 +63,21 @@ def text(
     """
     _check_options(vocabulary_size, sequence_length, embedding_dim, encoder, filters, kernel_size)
     _require_text(input_shape, train_features)
+    inputs, tokens, width = _tokenize(train_features, vocabulary_size, sequence_length, standardize)
+    x = _encoded(tokens, width, encoder, embedding_dim, filters, kernel_size)
+    if dropout:
+        x = layers.Dropout(dropout)(x)
+    return keras.Model(inputs, _logits(x, num_outputs), name="text")
+
+
+def _tokenize(
+    train_features: tf.data.Dataset,
+    vocabulary_size: int,
+    sequence_length: int,
+    standardize: str | None,
+) -> tuple[keras.KerasTensor, keras.KerasTensor, int]:
+    """(string input, its token ids, the vocabulary's size): a vectorizer adapted on the
+    training texts, the model's first layer."""
     vectorizer = layers.TextVectorization(
         max_tokens=vocabulary_size,
         output_sequence_length=sequence_length,
@@ -71,20 +86,27 @@ def text(
     )
     vectorizer.adapt(train_features.batch(_ADAPT_BATCH))
     inputs = keras.Input(shape=(), dtype="string", name="text")
-    tokens = vectorizer(inputs)
     # The actual vocabulary may be smaller than asked for (a small corpus).
-    width = vectorizer.vocabulary_size()
+    return inputs, vectorizer(inputs), vectorizer.vocabulary_size()
+
+
+def _encoded(
+    tokens: keras.KerasTensor,
+    width: int,
+    encoder: str,
+    embedding_dim: int,
+    filters: Sequence[int],
+    kernel_size: int,
+) -> keras.KerasTensor:
+    """One vector per text: the mean of its token embeddings (pooling), or each 1-D convolution
+    filter's maximum over the text (conv)."""
     if encoder == "pooling":
         x = layers.Embedding(width, embedding_dim, mask_zero=True, name="embedding")(tokens)
-        x = MaskedMean(name="masked_mean")(x)  # over the real tokens only (the mask)
-    else:
-        x = layers.Embedding(width, embedding_dim, name="embedding")(tokens)
-        for count in filters:
-            x = layers.Conv1D(count, kernel_size, padding="same", activation="relu")(x)
-        x = layers.GlobalMaxPooling1D()(x)
-    if dropout:
-        x = layers.Dropout(dropout)(x)
-    return keras.Model(inputs, _logits(x, num_outputs), name="text")
+        return MaskedMean(name="masked_mean")(x)  # over the real tokens only (the mask)
+    x = layers.Embedding(width, embedding_dim, name="embedding")(tokens)
+    for count in filters:
+        x = layers.Conv1D(count, kernel_size, padding="same", activation="relu")(x)
+    return layers.GlobalMaxPooling1D()(x)
 
 
 @keras.saving.register_keras_serializable(package="tfrecipe")

@@ -2,17 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 # Above this share of training time waiting on input, the run says so and what to try.
 INPUT_BOUND = 0.2
-REMEDIES = (
-    "pipeline.cache=memory (data that fits in memory), a parallel map "
-    "(pipeline.num_parallel_calls=autotune), prefetching in your dataset, more steps per call (batching.steps_per_execution / "
-    "loop.steps_per_loop), fewer per-step Python hooks (logger.csv.every_n_steps, "
-    "callbacks.backup.every_n_steps)"
-)
+# Steps shorter than this are dominated by what runs around them (the call, its hooks, the
+# iterator), not by the input's reading: a bigger batch is the remedy that counts.
+SHORT_STEP_MS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """The run's settings that decide its input wait: the diagnosis names only remedies not
+    already in place. None: unknown (a remedy that depends on it is named)."""
+
+    cache: str | None = None
+    num_parallel_calls: str | int | None = None
+    steps_per_call: int | None = None
+    steps_per_epoch: int | None = None
+    steps_key: str = "batching.steps_per_execution"  # the custom loop: loop.steps_per_loop
+    per_replica_batch: int | None = None
+
+
+def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
+    """What to try against input wait, given what the run already does."""
+    tried = []
+    if step_ms is not None and step_ms < SHORT_STEP_MS:
+        tried.append(
+            f"a larger batch (batching.per_replica_batch_size={knobs.per_replica_batch or '?'}: "
+            f"a {step_ms:.2g} ms step is mostly the work around it)"
+        )
+    if knobs.cache is None:
+        tried.append("pipeline.cache=memory (data that fits in memory)")
+    if knobs.num_parallel_calls != "autotune":
+        tried.append("a parallel map (pipeline.num_parallel_calls=autotune)")
+    tried.append("prefetching in your dataset")
+    if knobs.steps_per_call is None or knobs.steps_per_epoch is None:
+        tried.append(f"more steps per call ({knobs.steps_key})")
+    elif knobs.steps_per_call < knobs.steps_per_epoch:
+        tried.append(
+            f"more steps per call ({knobs.steps_key}: {knobs.steps_per_call} of the epoch's "
+            f"{knobs.steps_per_epoch})"
+        )
+    tried.append(
+        "fewer per-step Python hooks (logger.csv.every_n_steps, callbacks.backup.every_n_steps)"
+    )
+    return tried
 
 
 def perf_block(
@@ -25,6 +62,7 @@ def perf_block(
     peak_per_replica: float | None,
     peak_source: str,
     num_replicas: int,
+    knobs: Knobs | None = None,
 ) -> dict[str, Any]:
     """The run's `perf` block: totals over all replicas, and `per_replica` figures.
 
@@ -48,30 +86,45 @@ def perf_block(
         "peak_source": peak_source,
         "mfu": round(achieved / peak, 4) if achieved and peak else None,
         "replicas": num_replicas,
-        "per_replica": {
-            "examples_per_sec": _round(examples_per_sec and examples_per_sec / num_replicas),
-            "achieved_flops_per_sec": _round(achieved and achieved / num_replicas),
-            "peak_flops_per_sec": _round(peak_per_replica),
-            "input_wait_fraction": input_wait,
-        },
-        "diagnosis": diagnosis(wait),
+        "per_replica": _per_replica(
+            examples_per_sec, achieved, peak_per_replica, input_wait, num_replicas
+        ),
+        "diagnosis": diagnosis(wait, knobs, step_time_ms and step_time_ms.get("median")),
     }
     if input_wait_note:
         block["input_wait_note"] = input_wait_note
     return block
 
 
+def _per_replica(
+    examples_per_sec: float | None,
+    achieved: float | None,
+    peak_per_replica: float | None,
+    input_wait: list[float] | None,
+    num_replicas: int,
+) -> dict[str, Any]:
+    return {
+        "examples_per_sec": _round(examples_per_sec and examples_per_sec / num_replicas),
+        "achieved_flops_per_sec": _round(achieved and achieved / num_replicas),
+        "peak_flops_per_sec": _round(peak_per_replica),
+        "input_wait_fraction": input_wait,
+    }
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.4g}")
 
 
-def diagnosis(input_wait: float | None) -> str | None:
-    """One line when the steps waited on input more than INPUT_BOUND of the time, else None."""
+def diagnosis(
+    input_wait: float | None, knobs: Knobs | None = None, step_ms: float | None = None
+) -> str | None:
+    """One line when the steps waited on input more than INPUT_BOUND of the time, else None;
+    it names the remedies `knobs` (the run's settings) does not already apply."""
     if input_wait is None or input_wait <= INPUT_BOUND:
         return None
     return (
         f"input-bound: the steps waited on input {input_wait:.0%} of the training time; "
-        f"try {REMEDIES}"
+        f"try {', '.join(remedies(knobs or Knobs(), step_ms))}"
     )
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tasks.config import TaskConfig
+from tfrecipe.tasks.spec import has_positive_class
 
 if TYPE_CHECKING:
     from tfrecipe.data.splits import DatasetInfo, Splits
@@ -30,7 +31,7 @@ def class_names(info: DatasetInfo) -> tuple[str, ...]:
 
 def positive_class(task: TaskConfig, info: DatasetInfo) -> str | None:
     """The name of class 1 of a binary task (None for other tasks)."""
-    return class_names(info)[1] if task.name == "binary" else None
+    return class_names(info)[1] if has_positive_class(task) else None
 
 
 def orient(task: TaskConfig, splits: Splits, *, dataset: str) -> Splits:

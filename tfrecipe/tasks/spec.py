@@ -1,6 +1,7 @@
 """The task table: per task (the `task` group) its metrics under stable Keras names, its main
-metric, its default monitor, the width of the model's head, its loss and metric objects, and the
-check that a dataset's targets fit it. A new task is one `TaskSpec` line in `SPECS` (and its
+metric, its default monitor, the width of the model's head, its loss and metric objects, the
+check that a dataset's targets fit it, and what its outputs mean (`outputs`: the signature's and
+`predict`'s names and decoding). A new task is one `TaskSpec` line in `SPECS` (and its
 config class in config/schema.py).
 
 Imports no TensorFlow: the config check (`tfrecipe validate`) reads the names; the Keras objects
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfrecipe.errors import ConfigError, Problem
-from tfrecipe.tasks import checks, keras_objects
+from tfrecipe.tasks import checks, keras_objects, outputs
 from tfrecipe.tasks.config import Target as Target
 from tfrecipe.tasks.config import TaskConfig as TaskConfig
 from tfrecipe.tasks.keras_objects import extra_metric_name, instantiate_target
@@ -23,6 +24,8 @@ from tfrecipe.tasks.keras_objects import extra_metric_name, instantiate_target
 if TYPE_CHECKING:
     from tfrecipe.data.splits import DatasetInfo
 
+# The `task` group's default (conf/config.yaml): what a config that names no task runs.
+DEFAULT_TASK = "classification"
 # How a user's model builder is called; the message an old (`num_classes`) builder gets.
 MODEL_ARGUMENTS = ("input_shape", "num_outputs")
 OLD_SIGNATURE_HINT = (
@@ -43,6 +46,11 @@ class TaskSpec:
       loss: its Keras loss, from logits where it has a choice (unless `task.loss` names one).
       metrics: fresh Keras metric objects, in `metric_names`' order.
       target_problem: what about a dataset's targets it cannot learn from (None: nothing).
+      outputs: what the head's outputs mean: their names, threshold, positive class, decoding.
+      targets: what it learns from: "class_ids" (one class per example), "multi_hot" (a 0/1
+        per label) or "values".
+      baseline_metric: the number `baseline=auto` compares the baselines on (what an analyst
+        reads first).
       learns_names: it learns string labels as class ids (class names).
       num_classes: the class ids its class weights cover (None: it takes none).
       standardizes_targets: `task.standardize_targets` applies.
@@ -55,6 +63,9 @@ class TaskSpec:
     loss: Callable[[TaskConfig], Any]
     metrics: Callable[[TaskConfig], list[Any]]
     target_problem: Callable[[TaskConfig, DatasetInfo], str | None]
+    outputs: outputs.Outputs
+    targets: str
+    baseline_metric: str
     learns_names: bool = False
     num_classes: Callable[[DatasetInfo], int] | None = None
     standardizes_targets: bool = False
@@ -77,6 +88,9 @@ SPECS: Mapping[str, TaskSpec] = {
         loss=keras_objects.classification_loss,
         metrics=keras_objects.classification_metrics,
         target_problem=checks.classification_problem,
+        outputs=outputs.CLASSES,
+        targets="class_ids",
+        baseline_metric="accuracy",
         learns_names=True,
         num_classes=lambda info: info.num_classes,
     ),
@@ -89,6 +103,9 @@ SPECS: Mapping[str, TaskSpec] = {
         loss=keras_objects.sigmoid_loss,
         metrics=keras_objects.binary_metrics,
         target_problem=checks.binary_problem,
+        outputs=outputs.BINARY,
+        targets="class_ids",
+        baseline_metric="auc",
         learns_names=True,
         num_classes=lambda info: 2,
     ),
@@ -100,6 +117,9 @@ SPECS: Mapping[str, TaskSpec] = {
         loss=keras_objects.sigmoid_loss,
         metrics=keras_objects.multilabel_metrics,
         target_problem=checks.multilabel_problem,
+        outputs=outputs.LABELS,
+        targets="multi_hot",
+        baseline_metric="f1_macro",
     ),
     "regression": TaskSpec(
         metric_names=lambda task: ("mae", "rmse", "r2"),
@@ -109,6 +129,9 @@ SPECS: Mapping[str, TaskSpec] = {
         loss=keras_objects.regression_loss,
         metrics=keras_objects.regression_metrics,
         target_problem=checks.regression_problem,
+        outputs=outputs.VALUES,
+        targets="values",
+        baseline_metric="r2",
         standardizes_targets=True,
     ),
 }
@@ -116,6 +139,23 @@ SPECS: Mapping[str, TaskSpec] = {
 
 def spec_of(task: TaskConfig) -> TaskSpec:
     return SPECS[task.name]
+
+
+def outputs_of(name: str) -> outputs.Outputs:
+    """What the outputs of task `name` mean (a signature.json's `task`, an ensemble's)."""
+    return SPECS[name].outputs
+
+
+def has_positive_class(task: TaskConfig) -> bool:
+    """Its probability is of one class of two (`task.positive_class`): auc, precision and
+    recall are about that class."""
+    return spec_of(task).outputs.positive_class
+
+
+def main_metric_named(name: str | None) -> str:
+    """The main metric of task `name` (the default task's for a config naming none or one this
+    version does not know: a sweep's report still reads)."""
+    return SPECS.get(name or DEFAULT_TASK, SPECS[DEFAULT_TASK]).main_metric
 
 
 # --- names: what a run reports and may monitor --------------------------------------------------

@@ -85,9 +85,6 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
       ValueError: the run dir holds no local record (nothing to upload).
     """
     quiet_logs()
-    import tempfile
-
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     record = read_record(run_dir / RECORD_DIR / RUN_FILE)
@@ -101,26 +98,37 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
     with short_timeouts(10):
         target = MlflowClient(tracking_uri=uri)
         experiment_id = experiment_of(target, experiment, uri)
-        tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
-        new = target.create_run(experiment_id, start_time=run.info.start_time,
-                                run_name=run.info.run_name, tags=tags).info.run_id  # fmt: skip
-        metrics = [
-            Metric(m.key, m.value, m.timestamp, m.step)
-            for key in run.data.metrics
-            for m in local.get_metric_history(run.info.run_id, key)
-        ]
-        params = [Param(k, v) for k, v in run.data.params.items()]
-        target.log_batch(new, metrics=metrics, params=params,
-                         tags=[RunTag("synced_from_local_run", run.info.run_id)])  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="tfrecipe-mlflow-sync-") as scratch:
-            if local.list_artifacts(run.info.run_id):
-                local.download_artifacts(run.info.run_id, "", scratch)
-                target.log_artifacts(new, scratch)
-        if run.info.status != "RUNNING":
-            target.set_terminated(new, status=run.info.status, end_time=run.info.end_time)
+        new = _copy_run(local, run, target, experiment_id)
     record.update(run_id=new, experiment_id=experiment_id, tracking_uri=shown(uri), local=False,
                   synced_from_local_run=run.info.run_id)  # fmt: skip
     rundir.atomic_write(run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
+    return new
+
+
+def _copy_run(local, run, target, experiment_id: str) -> str:
+    """A new run in `target`'s experiment with `run`'s name, tags, params, metric histories,
+    artifacts and end status; returns its id."""
+    import tempfile
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+    new = target.create_run(experiment_id, start_time=run.info.start_time,
+                            run_name=run.info.run_name, tags=tags).info.run_id  # fmt: skip
+    metrics = [
+        Metric(m.key, m.value, m.timestamp, m.step)
+        for key in run.data.metrics
+        for m in local.get_metric_history(run.info.run_id, key)
+    ]
+    params = [Param(k, v) for k, v in run.data.params.items()]
+    target.log_batch(new, metrics=metrics, params=params,
+                     tags=[RunTag("synced_from_local_run", run.info.run_id)])  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tfrecipe-mlflow-sync-") as scratch:
+        if local.list_artifacts(run.info.run_id):
+            local.download_artifacts(run.info.run_id, "", scratch)
+            target.log_artifacts(new, scratch)
+    if run.info.status != "RUNNING":
+        target.set_terminated(new, status=run.info.status, end_time=run.info.end_time)
     return new
 
 

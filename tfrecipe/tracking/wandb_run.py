@@ -43,26 +43,13 @@ class WandbTracker:
         import wandb
 
         self.spec = spec
-        # The run's text fields as the public config has them: redacted like the rest, so a
-        # secret interpolated into e.g. notes reaches neither W&B's files nor its debug.log.
-        public = (config.get("logger") or {}).get("wandb") or {}
         id_file = run_dir / "wandb" / RUN_ID_FILE
-        previous = (
-            reading.read_text(id_file, limit=4096, what="a W&B run id file").strip()
-            if resume and os.path.lexists(id_file)
-            else None
-        )
+        previous = _previous_run_id(id_file) if resume else None
         self.run = wandb.init(
             id=previous,
             resume="allow" if previous else None,
             mode=spec.mode,
-            project=public.get("project", spec.project),
-            entity=public.get("entity", spec.entity),
-            name=public.get("name", spec.name),
-            tags=list(public.get("tags", spec.tags)),
-            notes=public.get("notes", spec.notes),
-            group=public.get("group", spec.group) or sweep_group,
-            job_type=public.get("job_type", spec.job_type),
+            **_text_fields(spec, config, sweep_group),
             config=config,
             dir=str(run_dir),
             reinit="finish_previous",  # sweeps run several jobs in one process
@@ -90,6 +77,31 @@ class WandbTracker:
             artifact.add_file(str(model))
             self.run.log_artifact(artifact)
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+
+
+def _previous_run_id(id_file: Path) -> str | None:
+    """The W&B run an earlier start of this training run logged to, if it wrote one."""
+    if not os.path.lexists(id_file):
+        return None
+    return reading.read_text(id_file, limit=4096, what="a W&B run id file").strip()
+
+
+def _text_fields(
+    spec: schema.WandbLogger, config: dict[str, Any], sweep_group: str | None
+) -> dict[str, Any]:
+    """The W&B run's project, name, tags and other text fields."""
+    # As the public config has them: redacted like the rest, so a secret interpolated into e.g.
+    # notes reaches neither W&B's files nor its debug.log.
+    public = (config.get("logger") or {}).get("wandb") or {}
+    return {
+        "project": public.get("project", spec.project),
+        "entity": public.get("entity", spec.entity),
+        "name": public.get("name", spec.name),
+        "tags": list(public.get("tags", spec.tags)),
+        "notes": public.get("notes", spec.notes),
+        "group": public.get("group", spec.group) or sweep_group,
+        "job_type": public.get("job_type", spec.job_type),
+    }
 
 
 class WandbStepLogger(keras.callbacks.Callback):

@@ -36,12 +36,6 @@ from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
 
-# The number each baseline is compared on (console, compare): what an analyst reads first.
-HEADLINE = {"regression": "r2", "binary": "auc", "classification": "accuracy",
-            "multilabel": "f1_macro"}  # fmt: skip
-# Probabilities are clipped this far from 0 and 1 before they become logits (a majority class's
-# certainty, a boosted model's 1.0) so that losses stay finite.
-_EPSILON = 1e-7
 _CHUNK_ROWS = 4096
 
 
@@ -93,17 +87,20 @@ def fit_baselines(
     test_x, test_y = _rows(evaluated, splits, pipeline, encode, max_rows)
     info = splits.info
     held_out = info.num_test if split == "test" else info.num_validation
-    width = info.num_classes if task.name == "classification" else None
+    spec = tasks.spec_of(task)
     models, seconds = {}, {}
-    for name, make in _baselines(task.name, seed).items():
+    for name, make in _baselines(spec.targets, seed).items():
         started = time.perf_counter()
         predict = make(train_x, train_y)
-        outputs = _as_outputs(task.name, predict(test_x), width)
+        # as the model's outputs: values, or logits of the probabilities (kept from 0 and 1 so
+        # that a majority class's certainty, a boosted model's 1.0, keeps losses finite)
+        predicted = np.asarray(predict(test_x), dtype=np.float64)
+        outputs = spec.outputs.from_probabilities(predicted, info.num_classes)
         models[name] = _score(task, outputs, test_y, allowed_targets)
         seconds[name] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
-        "metric": HEADLINE[task.name],
+        "metric": spec.baseline_metric,
         "train_rows": len(train_x),
         "test_rows": len(test_x),
         "capped": len(train_x) < info.num_train or len(test_x) < held_out,
@@ -175,8 +172,9 @@ def _rows(dataset, splits: Splits, pipeline: PipelineOptions, encode, max_rows: 
 
 
 # --- the baselines ------------------------------------------------------------------------------
-def _baselines(task: str, seed: int) -> dict[str, Callable]:
-    """name -> fit(x, y) returning predict(x): probabilities (classes, labels) or values."""
+def _baselines(targets: str, seed: int) -> dict[str, Callable]:
+    """name -> fit(x, y) returning predict(x): probabilities (classes, labels) or values, for
+    the task's `targets` (class_ids, multi_hot or values)."""
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
     from sklearn.linear_model import LogisticRegression, Ridge
 
@@ -196,7 +194,7 @@ def _baselines(task: str, seed: int) -> dict[str, Callable]:
 
     logistic = lambda: LogisticRegression(max_iter=2000)  # noqa: E731
     boosted = lambda: HistGradientBoostingClassifier(random_state=seed)  # noqa: E731
-    if task == "regression":
+    if targets == "values":
         return {
             "ridge": fitted(Ridge, "predict"),
             "hist_gradient_boosting": _per_output(
@@ -204,7 +202,7 @@ def _baselines(task: str, seed: int) -> dict[str, Callable]:
             ),
             "mean": _mean,
         }
-    if task == "multilabel":
+    if targets == "multi_hot":
         return {
             "logistic_regression": per_label(logistic),
             "hist_gradient_boosting": per_label(boosted),
@@ -269,22 +267,6 @@ def _label_rate(x, y):
 
 
 # --- scores: the task's own metrics ----------------------------------------------------------------
-def _as_outputs(task: str, predicted: np.ndarray, width: int | None) -> np.ndarray:
-    """Predictions as the model's outputs: values, or logits of the probabilities."""
-    predicted = np.asarray(predicted, dtype=np.float64)
-    if task == "regression":
-        return predicted.reshape(len(predicted), -1)
-    p = np.clip(predicted, _EPSILON, 1 - _EPSILON)
-    if task == "classification":
-        if width is not None and p.shape[1] < width:  # classes above the training split's
-            p = np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=_EPSILON)
-        return np.log(p)
-    if task == "binary":
-        p = p[:, 1] if p.ndim == 2 else p
-        return (np.log(p) - np.log1p(-p)).reshape(-1, 1)
-    return np.log(p) - np.log1p(-p)  # multilabel: a logit per label
-
-
 def _score(task, outputs: np.ndarray, targets: np.ndarray, allowed_targets) -> dict[str, float]:
     outputs = outputs.astype(np.float32)
     loss = tasks.loss(task, allowed_targets=allowed_targets)

@@ -1,0 +1,95 @@
+"""`tfrecipe predict`'s input is checked before TensorFlow is imported: a cell that is no number
+the run's model takes is one line naming the file, the line, the column, the value and what the
+model expects, in words for new input (issue 32). The run dir is written by hand (its signature
+and config; a model.keras nobody loads): nothing trains here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers.no_tensorflow import SCRIPT as _NO_TF
+
+from tfrecipe.cli.main import main
+
+HEADER = "age,income,city\n30,1000,Paris\n"
+
+
+def _run_dir(tmp_path: Path, *, na_values: str = "[]") -> Path:
+    """A binary run on columns age, income (numbers) and city (a string)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    signature = {
+        "task": "binary", "threshold": 0.5, "outputs": ["no", "yes"], "positive_class": "yes",
+        "inputs": {"kind": "columns",
+                   "columns": {"age": "float32", "income": "float32", "city": "string"}},
+        "normalize": "scale",
+    }  # fmt: skip
+    (run_dir / "signature.json").write_text(json.dumps(signature))
+    (run_dir / "config.yaml").write_text(
+        f"dataset:\n  _target_: tfrecipe.data.tabular.csv\n  na_values: {na_values}\n"
+    )
+    with zipfile.ZipFile(run_dir / "model.keras", "w") as archive:
+        archive.writestr("config.json", "{}")
+    return run_dir
+
+
+def _refused(capsys, run_dir: Path, table: Path) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(run_dir), str(table)])
+    assert stop.value.code == 2
+    report = capsys.readouterr().err.strip()
+    assert len(report.splitlines()) == 1, report
+    return report.removeprefix("tfrecipe: invalid configuration: ")
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("lots", "'lots' is not a number; the run's model takes a number (float32) in this "
+         "column: correct the cell, or leave the row out"),
+        ("", "missing value; the run's model was trained without a missing-value marker for "
+         "this column (dataset.na_values) and takes a number in every cell: fill the cell, or "
+         "leave the row out"),
+        ("nan", "'nan' is not a finite number; the run's model takes finite numbers in this "
+         "column: correct the cell, or leave the row out"),
+        ("1e39", "'1e39' is beyond float32's range (at most 3.403e+38 in size); the run's model "
+         "takes float32 numbers in this column: correct the cell, or leave the row out"),
+    ],
+)  # fmt: skip
+def test_a_bad_cell_names_file_line_column_value_and_what_the_model_takes(
+    tmp_path, capsys, cell, expected
+):
+    table = tmp_path / "new.csv"
+    table.write_text(f"{HEADER}31,{cell},Nice\n")
+    report = _refused(capsys, _run_dir(tmp_path), table)
+    assert report == f"predict: {table}:3: column 'income': {expected}"
+    assert "dataset.categorical" not in report  # training's advice: a run's config is done
+
+
+def test_a_marker_the_run_was_trained_with_is_a_missing_number_not_a_mistake(tmp_path, capsys):
+    table = tmp_path / "new.csv"
+    table.write_text(f"{HEADER}31,,Nice\n32,x,Lyon\n")
+    report = _refused(capsys, _run_dir(tmp_path, na_values="['']"), table)
+    assert report.startswith(f"predict: {table}:4: column 'income': 'x' is not a number;")
+
+
+@pytest.mark.heavy  # starts a process
+def test_a_bad_cell_is_refused_before_tensorflow_is_imported(tmp_path):
+    """The last cell of the file: every cell is read before TensorFlow, not batch by batch."""
+    table = tmp_path / "new.csv"
+    table.write_text(HEADER + "31,2000,Nice\n" * 5000 + "32,lots,Lyon\n")
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TF, "predict", str(_run_dir(tmp_path)), str(table)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.stdout.split() == ["NO-TENSORFLOW", "2"], result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"tfrecipe: invalid configuration: predict: {table}:5003: column 'income': 'lots' is "
+        "not a number; the run's model takes a number (float32)"
+    ), result.stderr

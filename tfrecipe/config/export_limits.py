@@ -1,0 +1,78 @@
+"""What each export format is and what it cannot carry: the one table that the config check
+(before training, tfrecipe/config/cross_checks.py) and the exporters (after it,
+tfrecipe/models/export.py) both read.
+
+Plain data, no TensorFlow and no pydantic: `tfrecipe validate` reads it without importing either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One format a run can export its model in.
+
+    Attributes:
+      file: its final file (or directory) in the run dir.
+      packages: the Python packages its exporter and runtime need (the `export` extra).
+      periodic: whether `callbacks.export.every_n_epochs` also writes it each N epochs (the others
+        are written and checked once, when the run ends).
+      cannot_carry: layer class -> why the format cannot carry it; `{layer}` is where the sentence
+        names the layer.
+    """
+
+    file: str
+    packages: tuple[str, ...] = ()
+    periodic: bool = False
+    cannot_carry: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+FORMATS: Mapping[str, Format] = {
+    "keras": Format("model.keras", periodic=True),
+    "saved_model": Format("saved_model", periodic=True),
+    "onnx": Format(
+        "model.onnx",
+        packages=("tf2onnx", "onnx", "onnxruntime"),
+        cannot_carry={
+            "TextVectorization": "ONNX has no string ops for {layer}",
+            "StringLookup": "Keras writes {layer} to an invalid ONNX file",
+            "Hashing": "ONNX has no string hashing",
+        },
+    ),
+    "litert": Format(
+        "model.tflite",
+        packages=("ai_edge_litert",),
+        cannot_carry={
+            "TextVectorization": "LiteRT's pip runtime cannot run {layer} (no Flex delegate)",
+        },
+    ),
+}
+EXPORT_FORMATS: tuple[str, ...] = tuple(FORMATS)
+PERIODIC_EXPORT_FORMATS: tuple[str, ...] = tuple(f for f, spec in FORMATS.items() if spec.periodic)
+
+# LiteRT quantizations calibrated on training examples, which its converter feeds one array per
+# example: a table's model, which takes a dict of named columns, cannot be calibrated.
+CALIBRATED_QUANTIZATIONS = ("int8",)
+
+# Builders whose models hold a layer some format cannot carry, known from the config before
+# anything is built; other models are checked once built (tfrecipe.models.export.unsupported).
+TEXT_MODEL = "tfrecipe.models.text"  # a TextVectorization layer
+TEXT_MODEL_LAYER = "TextVectorization"
+TABLE_DATASETS = "tfrecipe.data.tabular."  # csv, parquet: a StringLookup per categorical column
+TABLE_CATEGORICAL_LAYER = "StringLookup"
+
+
+def why_not(fmt: str, layer: str, *, called: str | None = None) -> str | None:
+    """Why `fmt` cannot carry a `layer` (a layer class), naming the layer as `called` (default:
+    its class); None when it can."""
+    spec = FORMATS.get(fmt)
+    why = None if spec is None else spec.cannot_carry.get(layer)
+    return None if why is None else why.format(layer=called or layer)
+
+
+def carried_by(layer: str) -> list[str]:
+    """The formats that carry a `layer` (a layer class), in table order."""
+    return [fmt for fmt in FORMATS if layer not in FORMATS[fmt].cannot_carry]

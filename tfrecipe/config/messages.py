@@ -1,0 +1,84 @@
+"""The text of a config problem: a pydantic validation error becomes one line per slot, naming
+the key (in the config's words, without a union's tag), the value received, what is allowed and,
+for an unknown key, the key it was probably meant to be.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from tfrecipe.config.training_sections import STRATEGY_NAMES, TASK_NAMES
+from tfrecipe.errors import Problem
+
+
+def _section(container: dict, location: tuple) -> list[str]:
+    """The keys of the config node at a validation error's location (tags skipped)."""
+    node = container
+    for part in location:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            continue  # a discriminated union's tag, not a key of the config
+    return list(node) if isinstance(node, dict) else []
+
+
+# The tags of the discriminated unions (strategy, task, optimizer and cluster names): pydantic
+# puts them in an error's location, where they name no key of the config.
+_TAGS = {
+    *STRATEGY_NAMES,
+    *TASK_NAMES,
+    "adam",
+    "adamw",
+    "sgd",
+    "none",
+    "tf_config",
+    "local",
+    "slurm",
+    "k8s",
+}
+
+
+def did_you_mean(key: str, siblings) -> str:
+    """`did you mean loop.epochs?` for an unknown `key` (dotted) like one of `siblings` (the keys
+    of its section), or "" when none is close."""
+    import difflib
+
+    section, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, [str(s) for s in siblings if s != name], n=1)
+    return f"did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
+
+
+def missing(key: str) -> Problem:
+    """The one line of a required value left unset (`???` in the YAML)."""
+    return Problem(key, hint=f"required value is missing (set {key}=...)")
+
+
+def describe(error: ValidationError, container: dict) -> list[Problem]:
+    """pydantic's `error` on `container` (the composed config) as one `Problem` per slot: the
+    key in the config's words, the value received and what is allowed."""
+    problems = []
+    for item in error.errors():
+        # Discriminated unions add the tag (e.g. "mirrored") to the location: not a user's key.
+        # The location holds the config's own names (`_target_` by its alias).
+        key = ".".join(str(part) for part in item["loc"] if str(part) not in _TAGS)
+        kind = item["type"]
+        received = item.get("input")
+        if kind == "extra_forbidden":
+            section = _section(container, item["loc"][:-1])
+            hint = "; ".join(filter(None, ["unknown key", did_you_mean(key, section)]))
+            problems.append(Problem(key, received, hint))
+        elif kind == "missing":
+            problems.append(missing(key))
+        elif kind == "union_tag_invalid":
+            allowed = item["ctx"]["expected_tags"]
+            problems.append(
+                Problem(f"{key}.name", item["ctx"]["tag"], f"unknown option; allowed: {allowed}")
+            )
+        else:
+            message = item["msg"] if kind in _CASE_KEPT else item["msg"].lower()
+            problems.append(Problem(key, received, message))
+    return problems
+
+
+# Messages that name an environment variable or a URI scheme: their case is kept.
+_CASE_KEPT = frozenset({"mlflow_uri", "mlflow_file_store"})
