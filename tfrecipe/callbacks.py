@@ -250,16 +250,7 @@ def build_callbacks(
         periodic = [f for f in export_formats if f in schema.PERIODIC_EXPORT_FORMATS]
         callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs, periodic or ["keras"]))
     if spec.early_stopping.enabled:
-        es = spec.early_stopping
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                monitor=es.monitor,
-                mode=_mode(es.monitor, "auto"),
-                patience=es.patience,
-                min_delta=es.min_delta,
-                restore_best_weights=es.restore_best_weights,
-            )
-        )
+        callbacks.append(_early_stopping(spec.early_stopping))
     callbacks += _logger_callbacks(logger, run_dir)
     for name, node in spec.extra.items():
         callbacks.append(
@@ -270,6 +261,16 @@ def build_callbacks(
             )
         )
     return callbacks
+
+
+def _early_stopping(spec) -> keras.callbacks.EarlyStopping:
+    return keras.callbacks.EarlyStopping(
+        monitor=spec.monitor,
+        mode=_mode(spec.monitor, "auto"),
+        patience=spec.patience,
+        min_delta=spec.min_delta,
+        restore_best_weights=spec.restore_best_weights,
+    )
 
 
 def _best_checkpoint(

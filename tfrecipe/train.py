@@ -145,13 +145,13 @@ def _train_steps(
 
 def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built:
     """Data, then (in the strategy's scope) model, optimizer and metrics, then the restore."""
-    replicas = strategy.num_replicas_in_sync
-    per_replica_batch, global_batch = inputs.batch_sizes(run.batching, replicas)
-    dirs.check_batch(global_batch=global_batch, num_replicas=replicas)
+    per_replica_batch, global_batch = inputs.batch_sizes(
+        run.batching, strategy.num_replicas_in_sync
+    )
+    dirs.check_batch(global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync)
     splits, steps_per_epoch = inputs.load_data(
-        run.dataset, task=run.task, batching=run.batching, loop=run.loop,
-        global_batch=global_batch, allowed_targets=run.allowed_targets,
-        stats_cache=dirs.stats_cache(),
+        run.dataset, task=run.task, batching=run.batching, loop=run.loop, global_batch=global_batch,
+        allowed_targets=run.allowed_targets, stats_cache=dirs.stats_cache(),
     )  # fmt: skip
     if run.baseline.name == "auto":  # refused before training, not after it
         baselines.check_applicable(splits, dataset=run.dataset.target)
@@ -231,8 +231,7 @@ def _start_summary(
 
 
 def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: _Built, summary):
-    """Trains (monitored, protected), then tests, exports and fits the baselines; summary.json
-    says how it ended."""
+    """Trains (monitored, protected), tests, exports, fits baselines; summary.json says how."""
     model, data = built.model, built.data
     knobs = monitors.Knobs(
         allowed_targets=run.allowed_targets, export_formats=run.export.formats,
@@ -241,9 +240,9 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
         epoch_is_a_pass=not run.loop.steps_per_epoch,
     )  # fmt: skip
     watched = monitors.build_monitors(
-        run.callbacks, run.logger, plan, knobs=knobs, config=config, chief=task.is_chief, run_dir=dirs.run_dir, inputs=data,
-        global_batch=built.global_batch, strategy=built.strategy, start_step=built.start_step,
-        resuming=built.resumed is not None,
+        run.callbacks, run.logger, plan, knobs=knobs, config=config, chief=task.is_chief,
+        run_dir=dirs.run_dir, inputs=data, global_batch=built.global_batch,
+        strategy=built.strategy, start_step=built.start_step, resuming=built.resumed is not None,
         watchdog=dirs.stall_watchdog(run.cluster.stall_timeout, task),
     )  # fmt: skip
     protected = protection.fault_tolerance(
@@ -260,17 +259,15 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
         steps_per_call=built.steps_per_call, input_clock=watched.input_clock,
     )  # fmt: skip
     with loop.recording_end(summary, watched, model, protected, measure):
-        trained = loop.train_model(
-            plan, model, data, options=options, summary=summary, monitors=watched,
-            protected=protected, policy=built.policy, start_step=built.start_step,
-            phases=built.phases,
-        )  # fmt: skip
+        trained = loop.train_model(plan, model, data, options=options, summary=summary,
+                                   monitors=watched, protected=protected, policy=built.policy,
+                                   start_step=built.start_step, phases=built.phases)  # fmt: skip
         rows = watched.history.rows
         summary.update(summaries.best_epoch(run.callbacks, rows, epochs=run.loop.epochs))
         loop.test_and_export(trained, model, data, summary, _exporting(run), rows=rows,
                              objective=objective)  # fmt: skip
-        fit_baselines = _baselines(run)
-        if fit_baselines is not None and dirs.chief:  # after the model: it names no layer first
+        # after the model: it names no layer first
+        if dirs.chief and (fit_baselines := _baselines(run)) is not None:
             summary.update(baselines=fit_baselines(built.splits))
 
 

@@ -105,15 +105,8 @@ def find_learning_rate(
     weights = model.get_weights()
     run_optimizer, steps_per_execution = model.optimizer, model.steps_per_execution
     strategy = model.distribute_strategy
-    from tfrecipe import optim
-
     with model_scope(strategy):
-        swept = optim.build_optimizer(
-            optimizer,
-            learning_rate=sweep.min_lr,
-            loss_scaling=plan.precision == "mixed_float16",
-            gradient_accumulation_steps=plan.optimizer_accumulation_steps(),
-        )
+        swept = _sweep_optimizer(optimizer, plan, learning_rate=sweep.min_lr)
         recompile(model, optimizer=swept, steps_per_execution=1)
     recorder = _SweepCallback(sweep, _inner(swept))
     options = LoopOptions(
@@ -140,6 +133,18 @@ def find_learning_rate(
              result["suggested_learning_rate"], result["min_loss_learning_rate"], result["steps"],
              run_dir / PLOT)  # fmt: skip
     return result
+
+
+def _sweep_optimizer(spec: schema.Optimizer, plan: RunPlan, *, learning_rate: float):
+    """The run's optimizer at a constant rate, which the sweep's callback raises step by step."""
+    from tfrecipe import optim
+
+    return optim.build_optimizer(
+        spec,
+        learning_rate=learning_rate,
+        loss_scaling=plan.precision == "mixed_float16",
+        gradient_accumulation_steps=plan.optimizer_accumulation_steps(),
+    )
 
 
 def _inner(optimizer):

@@ -1,5 +1,6 @@
 """The run's model under the strategy: built, compiled with its optimizer, warm-started, set
-up for two-phase fine-tuning, paced (steps per call); and what its outputs need (export formats, the signature)."""
+up for two-phase fine-tuning, paced (steps per call); and what its outputs need (export
+formats, the signature)."""
 
 from __future__ import annotations
 
