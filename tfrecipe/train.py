@@ -171,7 +171,8 @@ def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built
         run.loop.finetune, strategy, model, task=run.task, jit_compile=run.batching.jit_compile,
         new_optimizer=new_optimizer, steps_per_epoch=steps_per_epoch,
     )  # fmt: skip
-    policy, resumed = _restore(run, dirs, model, phases, steps_per_epoch)
+    nan = run.callbacks.terminate_on_nan
+    policy, resumed = _restore(run.resume, nan, dirs, model, phases, steps_per_epoch)
     start_step = resumed.step if resumed else 0
     return _Built(
         strategy=strategy, splits=splits, model=model, per_replica_batch=per_replica_batch,
@@ -187,16 +188,18 @@ def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built
     )  # fmt: skip
 
 
-def _restore(run: schema.RunConfig, dirs: Dirs, model, phases, steps_per_epoch: int):
+def _restore(
+    resume: str, nan: schema.TerminateOnNaN, dirs: Dirs, model, phases, steps_per_epoch: int
+):
     """The NaN/Inf recovery policy and the restored backup (None: a fresh start)."""
     if phases is not None:  # a backup past the switch holds phase two's optimizer
-        phases.resume_in_phase_two(protection.candidates(run.resume, dirs.backup_dir))
+        phases.resume_in_phase_two(protection.candidates(resume, dirs.backup_dir))
     # before a restore, which sets a float rate's variable to the backup's
     policy = protection.recovery_policy(
-        run.callbacks.terminate_on_nan, resume=run.resume, model=model,
-        backup_dir=dirs.backup_dir, steps_per_epoch=steps_per_epoch,
+        nan, resume=resume, model=model, backup_dir=dirs.backup_dir,
+        steps_per_epoch=steps_per_epoch,
     )  # fmt: skip
-    return policy, protection.restore(model, resume=run.resume, backup_dir=dirs.backup_dir)
+    return policy, protection.restore(model, resume=resume, backup_dir=dirs.backup_dir)
 
 
 def _start_summary(
