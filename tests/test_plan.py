@@ -110,3 +110,19 @@ def test_validate_prints_the_plan(capsys):
     assert plan[0] == "plan:"
     assert plan[1] == "  loop: custom (one process)"
     assert "backups: every 100 steps; rollbacks on NaN/Inf: up to 1" in plan[3]
+
+
+def test_auto_precision_picks_bfloat16_on_a_cpu_only_where_it_pays(compose_cfg):
+    """Measured on the AVX512_BF16 EPYC: convolutions gain, an MLP's casts cost more than its
+    small matmuls save (docs/benchmarks.md). A GPU or TPU decides by itself."""
+    from tfrecipe.precision import resolve_policy
+
+    cnn, mlp = (
+        _plan(compose_cfg, "precision=auto"),
+        _plan(compose_cfg, "precision=auto", "model=mlp"),
+    )
+    assert cnn.cpu_bfloat16_pays and not mlp.cpu_bfloat16_pays
+    assert "float32 for this model" in "\n".join(mlp.lines())
+    assert resolve_policy("auto", {"CPU"}, cpu_bfloat16_pays=False) == "float32"
+    assert resolve_policy("auto", {"GPU"}, cpu_bfloat16_pays=False) == "mixed_bfloat16"
+    assert resolve_policy("mixed_bfloat16", {"CPU"}, cpu_bfloat16_pays=False) == "mixed_bfloat16"

@@ -38,23 +38,28 @@ def native_support_problem(policy: str, device_kinds: set[str]) -> str | None:
     return "a CPU has no native float16 (use precision=mixed_bfloat16, or a GPU)"
 
 
-def resolve_policy(policy: str, device_kinds: set[str]) -> str:
-    """`precision=auto`: mixed_bfloat16 where these devices run it natively, else float32. Every
-    worker of a cluster runs on the same kind of machine, so every worker picks the same."""
+def resolve_policy(policy: str, device_kinds: set[str], *, cpu_bfloat16_pays: bool = True) -> str:
+    """`precision=auto`: mixed_bfloat16 where these devices run it natively, else float32; on a
+    CPU only where it pays for the model (`cpu_bfloat16_pays`, the run plan's). A cluster's
+    plan never says auto (its workers could pick differently)."""
     if policy != "auto":
         return policy
+    if not device_kinds & {"GPU", "TPU"} and not cpu_bfloat16_pays:
+        return "float32"
     native = native_support_problem("mixed_bfloat16", device_kinds) is None
     return "mixed_bfloat16" if native else "float32"
 
 
-def set_precision(policy: str, *, require_native: bool, device_kinds: set[str]) -> None:
+def set_precision(
+    policy: str, *, require_native: bool, device_kinds: set[str], cpu_bfloat16_pays: bool = True
+) -> None:
     """Sets the global Keras dtype policy (before any layer is built); `auto` as
     `resolve_policy` picks.
 
     Raises:
       ConfigError: `require_native` and the hardware would only emulate `policy`.
     """
-    policy = resolve_policy(policy, device_kinds)
+    policy = resolve_policy(policy, device_kinds, cpu_bfloat16_pays=cpu_bfloat16_pays)
     problem = native_support_problem(policy, device_kinds)
     if problem and require_native:
         raise ConfigError(

@@ -19,6 +19,12 @@ from tfrecipe.config import schema
 # per call pay that once. Above it one step per call loses nothing and keeps hooks per step.
 SMALL_MODEL_PARAMS = 1_000_000
 MAX_STEPS_PER_CALL = 32
+# `precision=auto` on a CPU: bfloat16 pays for these builders' convolutions (measured on an
+# AVX512_BF16 EPYC: cnn 1.03-1.12x, resnet 1.03-1.41x; resnet 1.63x on an AMX Xeon), not for
+# the small matmuls of an MLP, whose casts cost more (0.76-0.94x): docs/benchmarks.md.
+CPU_BFLOAT16_PAYS = frozenset(
+    {"tfrecipe.models.cnn", "tfrecipe.models.resnet", "tfrecipe.models.keras_app"}
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -28,7 +34,10 @@ class RunPlan:
     Attributes:
       loop: "fit", "custom", or "parameter_server" (a ClusterCoordinator's custom loop).
       in_cluster: this process is a cluster task (multi-worker, parameter servers).
-      precision: the dtype policy set before any layer is built.
+      precision: the dtype policy set before any layer is built ("auto": resolved on the
+        devices, `tfrecipe.precision.resolve_policy`).
+      cpu_bfloat16_pays: with precision=auto, a CPU with native bfloat16 trains this model
+        faster in mixed_bfloat16 (CPU_BFLOAT16_PAYS); a GPU or TPU decides by itself.
       periodic_backups: back up every `backup_every_n_steps` optimizer steps.
       max_rollbacks: NaN/Inf rollbacks allowed (0: none; they need backups).
       hook_intervals: the step intervals per-step hooks were asked for (backups, step logs):
@@ -41,6 +50,7 @@ class RunPlan:
     loop: str
     in_cluster: bool
     precision: str
+    cpu_bfloat16_pays: bool = False
     periodic_backups: bool
     backup_every_n_steps: int
     max_rollbacks: int
@@ -69,6 +79,7 @@ class RunPlan:
             precision="float32"
             if run.precision.policy == "auto" and in_cluster
             else run.precision.policy,
+            cpu_bfloat16_pays=run.model.target in CPU_BFLOAT16_PAYS,
             periodic_backups=periodic,
             backup_every_n_steps=backup.every_n_steps,
             max_rollbacks=rollbacks,
@@ -139,7 +150,13 @@ class RunPlan:
         hooks = ", ".join(map(str, self.hook_intervals)) or "none"
         return [
             f"loop: {self.loop}" + (" (cluster task)" if self.in_cluster else " (one process)"),
-            f"precision: {self.precision}",
+            f"precision: {self.precision}"
+            + (
+                f" (on a CPU: {'mixed_bfloat16' if self.cpu_bfloat16_pays else 'float32'} for "
+                "this model where the CPU has native bfloat16)"
+                if self.precision == "auto"
+                else ""
+            ),
             f"backups: {backups}; rollbacks on NaN/Inf: {rollbacks}",
             f"steps per call: {steps}; hook intervals (steps): {hooks}",
         ]

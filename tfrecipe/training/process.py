@@ -137,7 +137,10 @@ def setup_strategy(
     strategy = build_strategy(spec, cluster_resolver=cluster.build_resolver(cluster_spec))
     seed_everything(seed, deterministic=deterministic)
     set_precision(
-        plan.precision, require_native=require_native, device_kinds=device_kinds(strategy)
+        plan.precision,
+        require_native=require_native,
+        device_kinds=device_kinds(strategy),
+        cpu_bfloat16_pays=plan.cpu_bfloat16_pays,
     )
     return strategy
 
