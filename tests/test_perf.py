@@ -229,6 +229,10 @@ def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, cap
     perf = summary["perf"]
     assert perf["input_wait_fraction"] >= 0.3, perf
     assert "input-bound" in perf["diagnosis"]
+    # What the run could do names its value (this one caches nothing; the map is parallel).
+    assert "pipeline.cache=memory" in perf["diagnosis"]
+    assert "num_parallel_calls" not in perf["diagnosis"]
+    assert "1 of the epoch's 6" in perf["diagnosis"]
     assert any("input-bound" in r.getMessage() for r in caplog.records)
     profile = perf["profile"]
     assert profile["steps"] == 2 and profile["step_time_ms"] > 0, profile

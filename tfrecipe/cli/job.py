@@ -155,12 +155,12 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
 
 
 def _record_config_error(run_dir: Path, error: ConfigError) -> None:
-    from tfrecipe.rundir import SUMMARY, write_summary
+    from tfrecipe.rundir import SUMMARY, record_status
 
     log.error("%s\nrun dir: %s", error.report(), run_dir)
     if not (run_dir / SUMMARY).exists():  # an unreadable one is not ours to replace
         with contextlib.suppress(OSError):
-            write_summary(run_dir, {"status": "failed", "error": str(error)})
+            record_status(run_dir, "failed", str(error), fields={})
 
 
 def _record_crash(run_dir: Path, error: Exception) -> None:
@@ -181,12 +181,11 @@ def _record_crash(run_dir: Path, error: Exception) -> None:
 def mark_preempted(run_dir: Path, stopped: Exception) -> None:
     """summary.json says "preempted", unless it already tells how this run ended or the dir is
     not held by this process (a sweep job's before train() locks it)."""
-    from tfrecipe.rundir import SUMMARY, holds_run_dir, read_summary, write_summary
+    from tfrecipe.rundir import SUMMARY, holds_run_dir, read_summary, record_status
 
     summary = read_summary(run_dir)
     if summary is None and (run_dir / SUMMARY).exists():
         return  # unreadable: not ours to replace (ensure_fresh_run_dir refuses such a dir)
     summary = summary or {}
     if holds_run_dir(run_dir) and summary.get("status") in (None, "running", "failed"):
-        summary.update(status="preempted", error=f"Preempted: {stopped}")
-        write_summary(run_dir, summary)
+        record_status(run_dir, "preempted", f"Preempted: {stopped}", fields=summary)

@@ -27,6 +27,7 @@ from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
+from tfrecipe.perf import report
 from tfrecipe.perf.clock import InputClock
 from tfrecipe.training import lr_find, performance
 from tfrecipe.training.inputs import Inputs
@@ -179,8 +180,20 @@ def measurer(
     global_batch: int,
     hosts: int,
     deterministic: bool,
+    pipeline: PipelineOptions | None = None,
+    steps_per_call: int | None = None,
 ) -> Callable[..., dict[str, Any]]:
-    """`measure(model, clock=..., examples_per_sec=...)`: summary.json's `perf` of this run."""
+    """`measure(model, clock=..., examples_per_sec=...)`: summary.json's `perf` of this run;
+    its diagnosis names only remedies the run does not already apply (`pipeline`, the steps
+    per call)."""
+    knobs = report.Knobs(
+        cache=pipeline.cache if pipeline else None,
+        num_parallel_calls=pipeline.num_parallel_calls if pipeline else None,
+        steps_per_call=steps_per_call,
+        steps_per_epoch=inputs.steps_per_epoch,
+        steps_key="batching.steps_per_execution" if plan.loop == "fit" else "loop.steps_per_loop",
+        per_replica_batch=per_replica_batch,
+    )
     return functools.partial(
         performance.perf_fields,
         element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
@@ -189,6 +202,7 @@ def measurer(
         hosts=hosts,
         asynchronous=plan.parameter_servers,
         deterministic=deterministic,
+        knobs=knobs,
     )  # fmt: skip
 
 

@@ -52,6 +52,7 @@ def perf_fields(
     hosts: int,
     asynchronous: bool,
     deterministic: bool = False,
+    knobs: report.Knobs | None = None,
 ) -> dict[str, Any]:
     """The `perf` block (report.perf_block), with `overhead_s`: what measuring it cost here.
 
@@ -86,6 +87,7 @@ def perf_fields(
         peak_per_replica=device_peak.flops_per_sec,
         peak_source=device_peak.source,
         num_replicas=replicas,
+        knobs=knobs,
     )
     allreduce = _allreduce_ms(model)
     if allreduce is not None:  # an estimate from the link's bandwidth, named as one
