@@ -163,7 +163,7 @@ def initial_fields(
     """summary.json as it stands when training starts; `recorded`: `config_fields(...)`."""
     return {
         "status": "running",
-        "strategy": recorded["strategy"],
+        "strategy": recorded["strategy"],  # keeps summary.json's key order
         "num_replicas": num_replicas,
         **recorded,
         "per_replica_batch_size": per_replica_batch,
