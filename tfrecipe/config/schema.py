@@ -10,6 +10,7 @@ The schema lives in four modules, and every name of theirs the package uses is r
   run_sections.py       what surrounds it: callbacks, export, loggers, cluster, sweep; `RunConfig`
   cross_checks.py       the rules across sections (export limits: export_limits.py)
   messages.py           a pydantic error as one-line `Problem`s
+Here too: `member_config`, an ensemble member's run derived from the run's.
 """
 
 from __future__ import annotations
