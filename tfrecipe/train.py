@@ -77,16 +77,62 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
 def _train(
     config: Mapping[str, Any], run: schema.RunConfig, plan: RunPlan, task: cluster.Task, dirs: Dirs
 ) -> dict[str, Any]:
-    """Trains into `dirs.run_dir`; however it ends, summary.json says how."""
+    """Trains into `dirs.run_dir`, step by step, each step handed its own sections of `run`, the
+    plan and what the steps before it built; however it ends, summary.json says how."""
+    exporting = loop.Exporting(spec=run.export, pipeline=run.pipeline, task=run.task,
+                               batch_size=run.batching.per_replica_batch_size)  # fmt: skip
+    fit_baselines = baselines.fitter(run.baseline, task=run.task, pipeline=run.pipeline,
+                                     seed=run.seed,
+                                     allowed_targets=run.allowed_targets)  # fmt: skip
+    recorded = summaries.config_fields(strategy=run.strategy, loop=run.loop, model=run.model,
+                                       dataset=run.dataset, precision=run.precision,
+                                       seed=run.seed)  # fmt: skip
     with summaries.recording_unfinished(dirs.run_dir, chief=dirs.chief) as attempt:
-        if run.ensemble.seeds == 1:
-            return _train_steps(config, run, plan, task, dirs, attempt).fields
-        return ensemble.train_ensemble(
-            config, run, dirs, attempt,
-            train_member=lambda c, r, d: _train(c, r, RunPlan.from_config(r), task, d),
-            export=_exporting(run).export,
-            fit_baselines=_baselines(run),
-        ).fields  # fmt: skip
+        started = time.perf_counter()
+        dirs.claim(config, resume=run.resume, allowed=run.resume_allow_changes)
+        if run.ensemble.seeds > 1:
+
+            def train_member(index: int, member_dirs: Dirs) -> dict[str, Any]:
+                member_run, member = schema.member_config(run, config, index)
+                member_plan = RunPlan.from_config(member_run)
+                return _train(member, member_run, member_plan, task, member_dirs)
+
+            return ensemble.train_ensemble(
+                config, dirs, attempt, started=started, recorded=recorded, seed=run.seed,
+                seeds=run.ensemble.seeds, dataset=run.dataset, task=run.task,
+                allowed_targets=run.allowed_targets, pipeline=run.pipeline,
+                batch_size=run.batching.per_replica_batch_size, train_member=train_member,
+                export=exporting.export, fit_baselines=fit_baselines,
+            ).fields  # fmt: skip
+        data_files = dirs.check_data(run.dataset, resume=run.resume,
+                                     allowed=run.resume_allow_changes)  # fmt: skip
+        strategy = setup_strategy(
+            run.strategy, run.cluster, plan, seed=run.seed, deterministic=run.deterministic,
+            require_native=run.precision.require_native,
+        )  # fmt: skip
+        built = _build(
+            plan, dirs, strategy, batching=run.batching, dataset=run.dataset, task=run.task,
+            loop_spec=run.loop, optimizer=run.optimizer, model_spec=run.model, seed=run.seed,
+            pipeline=run.pipeline, allowed_targets=run.allowed_targets, baseline=run.baseline,
+            resume=run.resume, nan=run.callbacks.terminate_on_nan, exports=run.export.formats,
+        )  # fmt: skip
+        summary = _start_summary(
+            config, recorded, task, dirs, built, started=started, task_spec=run.task,
+            dataset=run.dataset, normalize=run.pipeline.normalize, data_files=data_files,
+        )  # fmt: skip
+        attempt["summary"] = summary
+        objective = models.objective(run.task, allowed_targets=run.allowed_targets)
+        if run.loop.lr_find.enabled and _find_learning_rate(
+            run.loop.lr_find, plan, built, dirs, summary, objective=objective, task=run.task,
+            optimizer=run.optimizer, jit=run.batching.jit_compile, allowed=run.allowed_targets,
+        ):  # fmt: skip
+            return summary.fields  # `tfrecipe lr-find`: the sweep is the run
+        _fit(config, plan, task, dirs, built, summary, callbacks=run.callbacks, logger=run.logger,
+             loop_spec=run.loop, cluster=run.cluster, deterministic=run.deterministic,
+             ema=run.optimizer.ema, allowed_targets=run.allowed_targets, objective=objective,
+             exports=run.export.formats, exporting=exporting,
+             fit_baselines=fit_baselines)  # fmt: skip
+        return summary.fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,112 +154,62 @@ class _Built:
     start_step: int  # the restored backup's step, or 0
 
 
-def _train_steps(
-    config: Mapping[str, Any],
-    run: schema.RunConfig,
-    plan: RunPlan,
-    task: cluster.Task,
-    dirs: Dirs,
-    attempt: dict[str, RunSummary],
-) -> RunSummary:
-    """The steps of one run; `attempt["summary"]` is its summary once the run dir holds it."""
-    started = time.perf_counter()
-    dirs.claim(config, resume=run.resume, allowed=run.resume_allow_changes)
-    data_files = dirs.check_data(run.dataset, resume=run.resume, allowed=run.resume_allow_changes)
-    strategy = setup_strategy(
-        run.strategy, run.cluster, plan, seed=run.seed, deterministic=run.deterministic,
-        require_native=run.precision.require_native,
-    )  # fmt: skip
-    built = _build(run, plan, dirs, strategy)
-    summary = _start_summary(config, run, task, dirs, built, started=started)
-    signature = models.describe(
-        built.splits, built.model, task=run.task, dataset=run.dataset,
-        normalize=run.pipeline.normalize,
-    )  # fmt: skip
-    dirs.record_inputs(signature, data_files)
-    attempt["summary"] = summary
-    if run.loop.lr_find.enabled:
-        summary.update(lr_find=_find_learning_rate(run, plan, built, dirs))
-        summary.write()
-        if run.loop.lr_find.only:  # `tfrecipe lr-find`: the sweep is the run
-            steps = built.start_step
-            summary.finish("completed", rows=[], steps_completed=steps, examples_per_sec=None)
-            return summary
-    _fit(config, run, plan, task, dirs, built, summary)
-    return summary
-
-
-def _build(run: schema.RunConfig, plan: RunPlan, dirs: Dirs, strategy) -> _Built:
+def _build(
+    plan: RunPlan, dirs: Dirs, strategy, *, batching: schema.Batching, dataset: schema.Target,
+    task: schema.Task, loop_spec: schema.Loop, optimizer: schema.Optimizer,
+    model_spec: schema.Target, pipeline, seed: int, allowed_targets: list[str],
+    baseline: schema.Baseline, resume: str, nan: schema.TerminateOnNaN, exports: list[str],
+) -> _Built:  # fmt: skip
     """Data, then (in the strategy's scope) model, optimizer and metrics, then the restore."""
-    per_replica_batch, global_batch = inputs.batch_sizes(
-        run.batching, strategy.num_replicas_in_sync
-    )
+    per_replica_batch, global_batch = inputs.batch_sizes(batching, strategy.num_replicas_in_sync)
     dirs.check_batch(global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync)
     splits, steps_per_epoch = inputs.load_data(
-        run.dataset, task=run.task, batching=run.batching, loop=run.loop, global_batch=global_batch,
-        allowed_targets=run.allowed_targets, stats_cache=dirs.stats_cache(),
+        dataset, task=task, batching=batching, loop=loop_spec, global_batch=global_batch,
+        allowed_targets=allowed_targets, stats_cache=dirs.stats_cache(),
     )  # fmt: skip
-    if run.baseline.name == "auto":  # refused before training, not after it
-        baselines.check_applicable(splits, dataset=run.dataset.target)
-    learning_rate = models.initial_learning_rate(
-        run.optimizer.learning_rate, run.batching, global_batch=global_batch, plan=plan
-    )
-    new_optimizer = models.optimizer_factory(
-        run.optimizer, learning_rate=learning_rate, plan=plan,
-        total_steps=steps_per_epoch * run.loop.epochs,
-    )  # fmt: skip
+    if baseline.name == "auto":  # refused before training, not after it
+        baselines.check_applicable(splits, dataset=dataset.target)
+    learning_rate = models.initial_learning_rate(optimizer.learning_rate, batching,
+                                                 global_batch=global_batch, plan=plan)  # fmt: skip
+    total_steps = steps_per_epoch * loop_spec.epochs
+    new_optimizer = models.optimizer_factory(optimizer, learning_rate=learning_rate, plan=plan,
+                                             total_steps=total_steps)  # fmt: skip
     model = models.build_compiled(
-        run.model, splits, strategy, task=run.task, batching=run.batching,
-        new_optimizer=new_optimizer, plan=plan, allowed_targets=run.allowed_targets,
+        model_spec, splits, strategy, task=task, batching=batching,
+        new_optimizer=new_optimizer, plan=plan, allowed_targets=allowed_targets,
     )  # fmt: skip
-    models.check_export_formats(run.export.formats, model)  # before training, not after it
+    models.check_export_formats(exports, model)  # before training, not after it
     phases = models.two_phases(
-        run.loop.finetune, strategy, model, task=run.task, jit_compile=run.batching.jit_compile,
+        loop_spec.finetune, strategy, model, task=task, jit_compile=batching.jit_compile,
         new_optimizer=new_optimizer, steps_per_epoch=steps_per_epoch,
     )  # fmt: skip
-    nan = run.callbacks.terminate_on_nan
-    policy, resumed = _restore(run.resume, nan, dirs, model, phases, steps_per_epoch)
+    policy, resumed = protection.restore_protected(
+        nan, resume=resume, model=model, phases=phases, backup_dir=dirs.backup_dir,
+        steps_per_epoch=steps_per_epoch,
+    )  # fmt: skip
     start_step = resumed.step if resumed else 0
     return _Built(
         strategy=strategy, splits=splits, model=model, per_replica_batch=per_replica_batch,
         global_batch=global_batch, learning_rate=learning_rate, phases=phases, policy=policy,
         resumed=resumed, start_step=start_step,
-        warm=models.warm_start_from(run.model, strategy, model) if resumed is None else None,
+        warm=models.warm_start_from(model_spec, strategy, model) if resumed is None else None,
         steps_per_call=models.pace(model, plan, steps_per_epoch, start_step),  # decided once
         data=inputs.build_inputs(
-            splits, strategy, task=run.task, pipeline=run.pipeline, seed=run.seed, plan=plan,
-            drop_remainder=run.batching.drop_remainder, steps_per_epoch=steps_per_epoch,
+            splits, strategy, task=task, pipeline=pipeline, seed=seed, plan=plan,
+            drop_remainder=batching.drop_remainder, steps_per_epoch=steps_per_epoch,
             global_batch=global_batch, start_step=start_step,
         ),
     )  # fmt: skip
 
 
-def _restore(
-    resume: str, nan: schema.TerminateOnNaN, dirs: Dirs, model, phases, steps_per_epoch: int
-):
-    """The NaN/Inf recovery policy and the restored backup (None: a fresh start)."""
-    if phases is not None:  # a backup past the switch holds phase two's optimizer
-        phases.resume_in_phase_two(protection.candidates(resume, dirs.backup_dir))
-    # before a restore, which sets a float rate's variable to the backup's
-    policy = protection.recovery_policy(
-        nan, resume=resume, model=model, backup_dir=dirs.backup_dir,
-        steps_per_epoch=steps_per_epoch,
-    )  # fmt: skip
-    return policy, protection.restore(model, resume=resume, backup_dir=dirs.backup_dir)
-
-
 def _start_summary(
-    config: Mapping[str, Any],
-    run: schema.RunConfig,
-    task: cluster.Task,
-    dirs: Dirs,
-    built: _Built,
-    *,
-    started: float,
-) -> RunSummary:
+    config: Mapping[str, Any], recorded: dict[str, Any], task: cluster.Task, dirs: Dirs,
+    built: _Built, *, started: float, task_spec: schema.Task, dataset: schema.Target,
+    normalize, data_files,
+) -> RunSummary:  # fmt: skip
     """summary.json as training starts ("running"), with the resolved config beside it."""
     fields = summaries.initial_fields(
-        run, num_replicas=built.strategy.num_replicas_in_sync,
+        recorded, num_replicas=built.strategy.num_replicas_in_sync,
         per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
         learning_rate=built.learning_rate, run_dir=dirs.run_dir,
     )  # fmt: skip
@@ -222,7 +218,7 @@ def _start_summary(
     summary.update(summaries.how_it_runs(model, steps_per_call=built.steps_per_call, task=task))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(built.phases, built.warm, built.data.class_weight))
-    summary.update(summaries.about_data(run.task, built.splits.info))
+    summary.update(summaries.about_data(task_spec, built.splits.info))
     if built.resumed:
         step = built.resumed.step
         rollbacks = built.policy.resume_rollbacks(model, dirs.shared_run_dir, step)
@@ -230,35 +226,39 @@ def _start_summary(
     if dirs.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
         summary.update(stalls=dirs.earlier_stalls())
     summary.start(config, chief=dirs.chief)
+    signature = models.describe(built.splits, model, task=task_spec, dataset=dataset,
+                                normalize=normalize)  # fmt: skip
+    dirs.record_inputs(signature, data_files)
     return summary
 
 
-def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: _Built, summary):
+def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
+         callbacks: schema.Callbacks, logger: schema.Logger, loop_spec: schema.Loop,
+         cluster: schema.Cluster, deterministic: bool, ema, allowed_targets: list[str],
+         exports: list[str], objective, exporting: loop.Exporting,
+         fit_baselines) -> None:  # fmt: skip
     """Trains (monitored, protected), tests, exports, fits baselines; summary.json says how."""
     model, data = built.model, built.data
-    knobs = monitors.Knobs(
-        allowed_targets=run.allowed_targets, export_formats=run.export.formats,
-        averaged_weights=bool(run.optimizer.ema), deterministic=run.deterministic,
-        sidecar_evaluator=bool(getattr(run.cluster, "evaluator", False)),
-        epoch_is_a_pass=not run.loop.steps_per_epoch,
-    )  # fmt: skip
+    knobs = monitors.Knobs(allowed_targets=allowed_targets, export_formats=exports,
+                           averaged_weights=bool(ema), deterministic=deterministic,
+                           sidecar_evaluator=bool(getattr(cluster, "evaluator", False)),
+                           epoch_is_a_pass=not loop_spec.steps_per_epoch)  # fmt: skip
     watched = monitors.build_monitors(
-        run.callbacks, run.logger, plan, knobs=knobs, config=config, chief=task.is_chief,
+        callbacks, logger, plan, knobs=knobs, config=config, chief=task.is_chief,
         run_dir=dirs.run_dir, inputs=data, global_batch=built.global_batch,
         strategy=built.strategy, start_step=built.start_step, resuming=built.resumed is not None,
-        watchdog=dirs.stall_watchdog(run.cluster.stall_timeout, task),
+        watchdog=dirs.stall_watchdog(cluster.stall_timeout, task),
     )  # fmt: skip
     protected = protection.fault_tolerance(
-        plan, run.callbacks.backup, model=model, run_dir=dirs.run_dir,
+        plan, callbacks.backup, model=model, run_dir=dirs.run_dir,
         steps_per_epoch=data.steps_per_epoch, resumed=built.resumed is not None,
     )  # fmt: skip
     measure = loop.measurer(
         plan, data, per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
-        hosts=summary["provenance"]["hosts"], deterministic=run.deterministic,
+        hosts=summary["provenance"]["hosts"], deterministic=deterministic,
     )  # fmt: skip
-    objective = models.objective(run.task, allowed_targets=run.allowed_targets)
     options = loop.options(
-        run.loop, objective=objective, progress=run.callbacks.progress.enabled, inputs=data,
+        loop_spec, objective=objective, progress=callbacks.progress.enabled, inputs=data,
         steps_per_call=built.steps_per_call, input_clock=watched.input_clock,
     )  # fmt: skip
     with loop.recording_end(summary, watched, model, protected, measure):
@@ -266,34 +266,29 @@ def _fit(config, run: schema.RunConfig, plan: RunPlan, task, dirs: Dirs, built: 
                                    monitors=watched, protected=protected, policy=built.policy,
                                    start_step=built.start_step, phases=built.phases)  # fmt: skip
         rows = watched.history.rows
-        summary.update(summaries.best_epoch(run.callbacks, rows, epochs=run.loop.epochs))
-        loop.test_and_export(trained, model, data, summary, _exporting(run), rows=rows,
+        summary.update(summaries.best_epoch(callbacks, rows, epochs=loop_spec.epochs))
+        loop.test_and_export(trained, model, data, summary, exporting, rows=rows,
                              objective=objective)  # fmt: skip
         # after the model: it names no layer first
-        if dirs.chief and (fit_baselines := _baselines(run)) is not None:
+        if dirs.chief and fit_baselines is not None:
             summary.update(baselines=fit_baselines(built.splits))
 
 
-def _find_learning_rate(run: schema.RunConfig, plan: RunPlan, built: _Built, dirs: Dirs):
+def _find_learning_rate(
+    spec: schema.LRFind, plan: RunPlan, built: _Built, dirs: Dirs, summary: RunSummary, *,
+    objective, task: schema.Task, optimizer: schema.Optimizer, jit: bool, allowed: list[str],
+) -> bool:  # fmt: skip
+    """The learning-rate sweep, in summary.json; True: the sweep is the run (`tfrecipe lr-find`)."""
     recompile = functools.partial(  # compiled as the run compiles it
-        models.compile_model, task=run.task, jit_compile=run.batching.jit_compile,
-        allowed_targets=run.allowed_targets,
-    )  # fmt: skip
-    return loop.find_learning_rate(
-        run.loop.lr_find, plan, built.model, built.data, optimizer=run.optimizer,
-        objective=models.objective(run.task, allowed_targets=run.allowed_targets),
+        models.compile_model, task=task, jit_compile=jit, allowed_targets=allowed
+    )
+    found = loop.find_learning_rate(
+        spec, plan, built.model, built.data, optimizer=optimizer, objective=objective,
         recompile=recompile, run_dir=dirs.run_dir, chief=dirs.chief,
     )  # fmt: skip
-
-
-def _exporting(run: schema.RunConfig) -> loop.Exporting:
-    return loop.Exporting(spec=run.export, pipeline=run.pipeline, task=run.task,
-                          batch_size=run.batching.per_replica_batch_size)  # fmt: skip
-
-
-def _baselines(run: schema.RunConfig):
-    """`fit(splits)`: scikit-learn's baselines on the run's splits, with `baseline=auto`."""
-    return baselines.fitter(
-        run.baseline, task=run.task, pipeline=run.pipeline, seed=run.seed,
-        allowed_targets=run.allowed_targets,
-    )  # fmt: skip
+    summary.update(lr_find=found)
+    summary.write()
+    if spec.only:
+        summary.finish("completed", rows=[], steps_completed=built.start_step,
+                       examples_per_sec=None)  # fmt: skip
+    return spec.only

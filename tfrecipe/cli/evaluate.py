@@ -57,7 +57,9 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
-def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
+def _load_model(
+    run_dir: Path, which: str, splits, *, model_spec, task: schema.Task, allowed_targets: list[str]
+):
     import keras
 
     if which != "best":
@@ -85,7 +87,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
         reading.check_file(weights, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
     except reading.UnreadableFile as error:
         raise ConfigError(f"evaluate: --model=best: {error}") from None
-    model = build_model(run.model, splits, task=run.task, allowed_targets=run.allowed_targets)
+    model = build_model(model_spec, splits, task=task, allowed_targets=allowed_targets)
     try:
         model.load_weights(weights)
     except Exception as error:  # a damaged file, or weights of another model
@@ -93,7 +95,7 @@ def _load_model(run: schema.RunConfig, run_dir: Path, which: str, splits):
             f"evaluate: --model=best: {weights} does not load into the run's model "
             f"({_first_line(error)})"
         ) from None
-    compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
+    compile_model(model, task=task, allowed_targets=allowed_targets)
     return model
 
 
@@ -116,7 +118,10 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
-    model = _load_model(run, run_dir, which, splits)
+    model = _load_model(
+        run_dir, which, splits, model_spec=run.model, task=run.task,
+        allowed_targets=run.allowed_targets,
+    )  # fmt: skip
     data = evaluation_data(
         splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size, seed=run.seed
     )

@@ -10,9 +10,14 @@ The schema lives in four modules, and every name of theirs the package uses is r
   run_sections.py       what surrounds it: callbacks, export, loggers, cluster, sweep; `RunConfig`
   cross_checks.py       the rules across sections (export limits: export_limits.py)
   messages.py           a pydantic error as one-line `Problem`s
+Here too: `member_config`, an ensemble member's run derived from the run's.
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
@@ -143,6 +148,7 @@ __all__ = [
     "TerminateOnNaN",
     "WandbLogger",
     "did_you_mean",
+    "member_config",
     "parse_freeze",
     "validate",
 ]
@@ -194,3 +200,23 @@ def _with_task_monitors(run: RunConfig) -> RunConfig:
     if not updates:
         return run
     return run.model_copy(update={"callbacks": callbacks.model_copy(update=updates)})
+
+
+def member_config(
+    run: RunConfig, config: Mapping[str, Any], index: int
+) -> tuple[RunConfig, dict[str, Any]]:
+    """`ensemble.seeds=N`: member `index`'s run (seed + index, no ensemble, model.keras only, no
+    baselines: the ensemble exports and fits those) and the config its config.yaml records."""
+    seed = run.seed + index
+    member_run = run.model_copy(
+        update={
+            "seed": seed,
+            "ensemble": Ensemble(seeds=1),
+            "baseline": Baseline(name="none"),
+            "export": run.export.model_copy(update={"formats": ["keras"]}),
+        }
+    )
+    member = copy.deepcopy(dict(config))
+    member.update(seed=seed, ensemble={"seeds": 1}, baseline={"name": "none"})
+    member["export"] = {**member.get("export", {}), "formats": ["keras"]}
+    return member_run, member

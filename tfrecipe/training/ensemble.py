@@ -1,11 +1,10 @@
-"""`ensemble.seeds=N`: the members' configs, what the ensemble's summary records of them, and the
-averaged model's scores (the model itself: tfrecipe.models.ensemble)."""
+"""`ensemble.seeds=N`: the members' training, what the ensemble's summary records of them, and
+the averaged model's scores (the members' configs: `schema.member_config`; the model itself:
+tfrecipe.models.ensemble)."""
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import keras
 
 from tfrecipe import rundir, signature
 from tfrecipe.config import schema
+from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.data.tabular import StatsCache
 from tfrecipe.models import ensemble as ensemble_model
 from tfrecipe.models.build import compile_model, register_custom_objects
@@ -27,26 +27,6 @@ log = logging.getLogger("tfrecipe")
 MEMBERS = "members"  # RUN_DIR/members/I: member I's run dir
 # What a member's summary holds of interest beside its test metrics.
 _MEMBER_FIELDS = ("seed", "status", "steps_completed", "epochs_completed", "wall_time_s")
-
-
-def member_config(
-    run: schema.RunConfig, config: Mapping[str, Any], index: int
-) -> tuple[schema.RunConfig, dict[str, Any]]:
-    """Member `index`'s run (seed + index, no ensemble, model.keras only, no baselines: the
-    ensemble exports and fits those) and the config its config.yaml records."""
-    seed = run.seed + index
-    member_run = run.model_copy(
-        update={
-            "seed": seed,
-            "ensemble": schema.Ensemble(seeds=1),
-            "baseline": schema.Baseline(name="none"),
-            "export": run.export.model_copy(update={"formats": ["keras"]}),
-        }
-    )
-    member = copy.deepcopy(dict(config))
-    member.update(seed=seed, ensemble={"seeds": 1}, baseline={"name": "none"})
-    member["export"] = {**member.get("export", {}), "formats": ["keras"]}
-    return member_run, member
 
 
 def record(seeds: int, members: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -112,51 +92,49 @@ def scores(
 
 
 def train_ensemble(
-    config: Mapping[str, Any],
-    run: schema.RunConfig,
-    dirs: Dirs,
-    attempt: dict[str, RunSummary],
-    *,
-    train_member: Callable[[Mapping[str, Any], schema.RunConfig, Dirs], dict[str, Any]],
+    config: Mapping[str, Any], dirs: Dirs, attempt: dict[str, RunSummary], *, started: float,
+    recorded: dict[str, Any], seeds: int, seed: int, dataset: schema.Target, task: schema.Task,
+    allowed_targets: list[str], pipeline: PipelineOptions, batch_size: int,
+    train_member: Callable[[int, Dirs], dict[str, Any]],
     export: Callable[[keras.Model, Path, Any], dict[str, Any]],
     fit_baselines: Callable[[Any], dict[str, Any]] | None,
-) -> RunSummary:
-    """`ensemble.seeds=N`: N member runs (RUN_DIR/members/I, seed + I; a completed member is
-    kept, an interrupted one resumes from its own backup), then one model averaging them,
-    evaluated, exported and recorded as a single run's.
+) -> RunSummary:  # fmt: skip
+    """`ensemble.seeds=N` in the claimed `dirs`: N member runs (RUN_DIR/members/I, seed + I; a
+    completed member is kept, an interrupted one resumes from its own backup), then one model
+    averaging them, evaluated, exported and recorded as a single run's.
 
     Args:
-      train_member: trains a member's run into its dirs; returns its summary.
+      recorded: what summary.json records of the config (`summary.config_fields`).
+      train_member: `train_member(index, dirs)` trains member `index`; returns its summary.
       export: `export(model, run_dir, splits)`: the exports' summary.
       fit_baselines: `fit_baselines(splits)`, when the run fits baselines.
+      The others: the run's sections the averaged model reads its data and scores with.
     """
-    started = time.perf_counter()
-    dirs.claim(config, resume=run.resume, allowed=run.resume_allow_changes)
-    summary = RunSummary(
-        dirs.run_dir, summaries.ensemble_fields(run, dirs.run_dir), started=started
-    )
+    fields = summaries.ensemble_fields(recorded, seeds=seeds, run_dir=dirs.run_dir)
+    summary = RunSummary(dirs.run_dir, fields, started=started)
     summary.start(config, chief=dirs.chief)
     attempt["summary"] = summary
-    members = _train_members(config, run, dirs, summary, train_member)
+    members = _train_members(seeds, seed, dirs, summary, train_member)
     first = dirs.run_dir / MEMBERS / "0"
     splits = load_splits(
-        run.dataset, allowed_targets=run.allowed_targets,
-        stats_cache=StatsCache(first, chief=False), task=run.task,
+        dataset, allowed_targets=allowed_targets, stats_cache=StatsCache(first, chief=False),
+        task=task,
     )  # fmt: skip
     summary.update(as_single_run(members))
     if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
         signature.write(dirs.run_dir, signature.read(first))
-    model = load(
-        dirs.run_dir, seeds=run.ensemble.seeds, task=run.task, allowed_targets=run.allowed_targets
-    )
-    scored = scores(  # test, and val_ metrics
-        model, splits, pipeline=run.pipeline, seed=run.seed,
-        batch_size=run.batching.per_replica_batch_size,
-    )  # fmt: skip
+    model = load(dirs.run_dir, seeds=seeds, task=task, allowed_targets=allowed_targets)
+    scored = scores(model, splits, pipeline=pipeline, seed=seed, batch_size=batch_size)  # + val_
     summary.update(test=scored["test"])
     summary.update(exports=export(model, dirs.run_dir, splits))
     if fit_baselines is not None:
         summary.update(baselines=fit_baselines(splits))
+    _finish(summary, members, scored)
+    return summary
+
+
+def _finish(summary: RunSummary, members: list[dict[str, Any]], scored) -> None:
+    """summary.json completed: the members' steps, their furthest epoch, the ensemble's scores."""
     summary.finish(
         "completed",
         rows=[],
@@ -167,21 +145,18 @@ def train_ensemble(
         metrics=scored["metrics"], epochs_completed=max(m["epochs_completed"] for m in members)
     )
     summary.write()
-    return summary
 
 
-def _train_members(config, run: schema.RunConfig, dirs: Dirs, summary: RunSummary, train_member):
+def _train_members(seeds: int, seed: int, dirs: Dirs, summary: RunSummary, train_member):
     """Each member's summary, trained unless an earlier attempt completed it."""
     members = []
-    for index in range(run.ensemble.seeds):
+    for index in range(seeds):
         member_dir = dirs.run_dir / MEMBERS / str(index)
-        member_run, member_cfg = member_config(run, config, index)
         done = rundir.read_summary(member_dir)
         if not (done and done.get("status") == "completed"):
-            log.info("ensemble: member %d of %d (seed %d)", index + 1, run.ensemble.seeds,
-                     member_run.seed)  # fmt: skip
-            done = train_member(member_cfg, member_run, Dirs(member_dir, member_dir))
+            log.info("ensemble: member %d of %d (seed %d)", index + 1, seeds, seed + index)
+            done = train_member(index, Dirs(member_dir, member_dir))
         members.append(done)
-        summary.update(ensemble=record(run.ensemble.seeds, members))
+        summary.update(ensemble=record(seeds, members))
         summary.write()
     return members

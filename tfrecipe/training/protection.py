@@ -51,6 +51,26 @@ def recovery_policy(
     )
 
 
+def restore_protected(
+    spec: schema.TerminateOnNaN,
+    *,
+    resume: str,
+    model: keras.Model,
+    phases,
+    backup_dir: Path,
+    steps_per_epoch: int,
+):
+    """`(policy, resumed)`: the NaN/Inf recovery policy, then the restored backup (None: a fresh
+    start); `phases`: the fine-tuning's two phases, or None."""
+    if phases is not None:  # a backup past the switch holds phase two's optimizer
+        phases.resume_in_phase_two(candidates(resume, backup_dir))
+    # before a restore, which sets a float rate's variable to the backup's
+    policy = recovery_policy(
+        spec, resume=resume, model=model, backup_dir=backup_dir, steps_per_epoch=steps_per_epoch
+    )
+    return policy, restore(model, resume=resume, backup_dir=backup_dir)
+
+
 def fault_tolerance(
     plan: RunPlan,
     spec: schema.Backup,

@@ -135,8 +135,24 @@ def record_unfinished(
         )
 
 
+def config_fields(
+    *,
+    strategy: schema.Strategy,
+    loop: schema.Loop,
+    model: schema.Target,
+    dataset: schema.Target,
+    precision: schema.Precision,
+    seed: int,
+) -> dict[str, Any]:
+    """What summary.json records of the run's config (`initial_fields`, `ensemble_fields`)."""
+    return {
+        "strategy": strategy.name, "loop": loop.name, "model": model.target,
+        "dataset": dataset.target, "precision": precision.policy, "seed": seed,
+    }  # fmt: skip
+
+
 def initial_fields(
-    run: schema.RunConfig,
+    recorded: dict[str, Any],
     *,
     num_replicas: int,
     per_replica_batch: int,
@@ -144,16 +160,12 @@ def initial_fields(
     learning_rate: float,
     run_dir: Path,
 ) -> dict[str, Any]:
-    """summary.json as it stands when training starts."""
+    """summary.json as it stands when training starts; `recorded`: `config_fields(...)`."""
     return {
         "status": "running",
-        "strategy": run.strategy.name,
+        "strategy": recorded["strategy"],  # keeps summary.json's key order
         "num_replicas": num_replicas,
-        "loop": run.loop.name,
-        "model": run.model.target,
-        "dataset": run.dataset.target,
-        "precision": run.precision.policy,
-        "seed": run.seed,
+        **recorded,
         "per_replica_batch_size": per_replica_batch,
         "global_batch_size": global_batch,
         "learning_rate": float(learning_rate),
@@ -170,18 +182,13 @@ def initial_fields(
     }
 
 
-def ensemble_fields(run: schema.RunConfig, run_dir: Path) -> dict[str, Any]:
+def ensemble_fields(recorded: dict[str, Any], *, seeds: int, run_dir: Path) -> dict[str, Any]:
     """summary.json of an ensemble (`ensemble.seeds` > 1) as its members start; the batch and
     replica fields are its members' (each member's own summary.json has all of a run's)."""
     return {
         "status": "running",
-        "strategy": run.strategy.name,
-        "loop": run.loop.name,
-        "model": run.model.target,
-        "dataset": run.dataset.target,
-        "precision": run.precision.policy,
-        "seed": run.seed,
-        "ensemble": {"seeds": run.ensemble.seeds, "members": []},
+        **recorded,
+        "ensemble": {"seeds": seeds, "members": []},
         "epochs_completed": 0,
         "steps_completed": 0,
         "resumed_from_step": None,
