@@ -130,7 +130,7 @@ def _train(
         _fit(config, plan, task, dirs, built, summary, callbacks=run.callbacks, logger=run.logger,
              loop_spec=run.loop, cluster=run.cluster, deterministic=run.deterministic,
              ema=run.optimizer.ema, allowed_targets=run.allowed_targets, objective=objective,
-             exports=run.export.formats, exporting=exporting,
+             exports=run.export.formats, exporting=exporting, pipeline=run.pipeline,
              fit_baselines=fit_baselines)  # fmt: skip
         return summary.fields
 
@@ -235,7 +235,7 @@ def _start_summary(
 def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
          callbacks: schema.Callbacks, logger: schema.Logger, loop_spec: schema.Loop,
          cluster: schema.Cluster, deterministic: bool, ema, allowed_targets: list[str],
-         exports: list[str], objective, exporting: loop.Exporting,
+         exports: list[str], objective, exporting: loop.Exporting, pipeline,
          fit_baselines) -> None:  # fmt: skip
     """Trains (monitored, protected), tests, exports, fits baselines; summary.json says how."""
     model, data = built.model, built.data
@@ -255,7 +255,8 @@ def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
     )  # fmt: skip
     measure = loop.measurer(
         plan, data, per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
-        hosts=summary["provenance"]["hosts"], deterministic=deterministic,
+        hosts=summary["provenance"]["hosts"], deterministic=deterministic, pipeline=pipeline,
+        steps_per_call=built.steps_per_call,
     )  # fmt: skip
     options = loop.options(
         loop_spec, objective=objective, progress=callbacks.progress.enabled, inputs=data,

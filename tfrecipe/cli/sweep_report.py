@@ -20,7 +20,7 @@ import json
 import math
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,19 +285,24 @@ def console_text(report: Mapping[str, Any]) -> str:
     ]
     counts = ", ".join(f"{n} {status}" for status, n in report["counts"].items())
     lines.insert(0, f"sweep: {len(jobs)} jobs ({counts})")
-    if best is None:
-        lines.append(f"best: none (no completed job has {metric})")
-    else:
-        shown = " ".join(f"{key}={best['overrides'].get(key, '')}" for key in keys)
-        lines.append(
-            f"best: job {best['job']} ({shown or best['run_dir']}): {metric}="
-            f"{number(best[metric])} ({report['direction']}; {report['chosen_by']})"
-        )
-        lines.append(f"rerun: {best['command']}")
+    lines.extend(_best_lines(report, number))
     sweep_dir = Path(report["sweep_dir"])
     plot = f" and {sweep_dir / report['plot']}" if report.get("plot") else ""
     lines.append(f"wrote {sweep_dir / SWEEP_FILE}{plot}")
     return "\n".join(lines)
+
+
+def _best_lines(report: Mapping[str, Any], number: Callable[[float], str]) -> list[str]:
+    """The best job, by what and how it was chosen, and the command that reruns it."""
+    best, metric, keys = report["best"], report["metric"], report["varied"]
+    if best is None:
+        return [f"best: none (no completed job has {metric})"]
+    shown = " ".join(f"{key}={best['overrides'].get(key, '')}" for key in keys)
+    return [
+        f"best: job {best['job']} ({shown or best['run_dir']}): {metric}="
+        f"{number(best[metric])} ({report['direction']}; {report['chosen_by']})",
+        f"rerun: {best['command']}",
+    ]
 
 
 def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepPlan, best: Job | None, path: Path):
