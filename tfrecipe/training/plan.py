@@ -151,15 +151,18 @@ class RunPlan:
         return [
             f"loop: {self.loop}" + (" (cluster task)" if self.in_cluster else " (one process)"),
             f"precision: {self.precision}"
-            + (
-                f" (on a CPU: {'mixed_bfloat16' if self.cpu_bfloat16_pays else 'float32'} for "
-                "this model where the CPU has native bfloat16)"
-                if self.precision == "auto"
-                else ""
-            ),
+            + (_AUTO[self.cpu_bfloat16_pays] if self.precision == "auto" else ""),
             f"backups: {backups}; rollbacks on NaN/Inf: {rollbacks}",
             f"steps per call: {steps}; hook intervals (steps): {hooks}",
         ]
+
+
+_AUTO = {
+    True: " (mixed_bfloat16 where the device runs it natively, a CPU with AVX512_BF16 or AMX "
+    "included; else float32)",
+    False: " (mixed_bfloat16 on a GPU or TPU that runs it natively; float32 for this model on a "
+    "CPU, where bfloat16 pays for convolutional models only)",
+}
 
 
 def _hook_intervals(logger: schema.Logger, backup_every: int | None) -> tuple[int, ...]:
