@@ -72,7 +72,13 @@ def test_diagnosis_names_only_what_the_run_does_not_do_already():
     assert "hooks" in line
     short = report.diagnosis(0.77, dataclasses.replace(done, steps_per_call=2), step_ms=0.76)
     assert "a larger batch (batching.per_replica_batch_size=16" in short
-    assert "2 of the epoch's 10" in short
+    assert "2 of the epoch's 10)" in short
+    bounded = dataclasses.replace(
+        done, steps_per_call=2, bounded_by=("logger.csv.every_n_steps=10",)
+    )
+    assert "2 of the epoch's 10; logger.csv.every_n_steps=10 bound it)" in report.diagnosis(
+        0.77, bounded
+    )
     assert short.index("larger batch") < short.index("steps per call")
 
 

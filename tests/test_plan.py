@@ -126,3 +126,12 @@ def test_auto_precision_picks_bfloat16_on_a_cpu_only_where_it_pays(compose_cfg):
     assert resolve_policy("auto", {"CPU"}, cpu_bfloat16_pays=False) == "float32"
     assert resolve_policy("auto", {"GPU"}, cpu_bfloat16_pays=False) == "mixed_bfloat16"
     assert resolve_policy("mixed_bfloat16", {"CPU"}, cpu_bfloat16_pays=False) == "mixed_bfloat16"
+
+
+def test_the_plan_names_the_hooks_that_keep_an_auto_call_short(compose_cfg):
+    """An 8-step epoch under the CSV log's 10-step rows: calls of 2; the perf line names why."""
+    plan = _plan(compose_cfg)
+    assert plan.hook_keys == ("logger.csv.every_n_steps",) and plan.hook_intervals == (10,)
+    assert plan.call_bounds(8) == ("logger.csv.every_n_steps=10",)
+    assert plan.call_bounds(5) == ()  # every second epoch ends on a row: no bound
+    assert _plan(compose_cfg, "batching.steps_per_execution=4").call_bounds(8) == ()

@@ -23,6 +23,7 @@ class Knobs:
     steps_per_call: int | None = None
     steps_per_epoch: int | None = None
     steps_key: str = "batching.steps_per_execution"  # the custom loop: loop.steps_per_loop
+    bounded_by: tuple[str, ...] = ()  # the hooks (`key=interval`) that keep calls short
     per_replica_batch: int | None = None
 
 
@@ -44,7 +45,9 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
     elif knobs.steps_per_call < knobs.steps_per_epoch:
         tried.append(
             f"more steps per call ({knobs.steps_key}: {knobs.steps_per_call} of the epoch's "
-            f"{knobs.steps_per_epoch})"
+            f"{knobs.steps_per_epoch}"
+            + (f"; {', '.join(knobs.bounded_by)} bound it" if knobs.bounded_by else "")
+            + ")"
         )
     tried.append(
         "fewer per-step Python hooks (logger.csv.every_n_steps, callbacks.backup.every_n_steps)"

@@ -193,6 +193,7 @@ def measurer(
         steps_per_epoch=inputs.steps_per_epoch,
         steps_key="batching.steps_per_execution" if plan.loop == "fit" else "loop.steps_per_loop",
         per_replica_batch=per_replica_batch,
+        bounded_by=plan.call_bounds(inputs.steps_per_epoch) if inputs.steps_per_epoch else (),
     )
     return functools.partial(
         performance.perf_fields,

@@ -58,6 +58,7 @@ class RunPlan:
     requested_steps_per_call: int | str
     one_step_per_call: str | None
     gradient_accumulation_steps: int
+    hook_keys: tuple[str, ...] = ()  # the key that set each of `hook_intervals`
 
     @classmethod
     def from_config(cls, run: schema.RunConfig) -> RunPlan:
@@ -70,6 +71,7 @@ class RunPlan:
         # back to the last backup.
         periodic = backup.enabled if backup.enabled is not None else in_cluster or rollbacks > 0
         backed_up = periodic or rollbacks > 0
+        hooks = _hooks(run.logger, backup.every_n_steps if backed_up else None)
         loop = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
         return cls(
             loop=loop,
@@ -83,7 +85,8 @@ class RunPlan:
             periodic_backups=periodic,
             backup_every_n_steps=backup.every_n_steps,
             max_rollbacks=rollbacks,
-            hook_intervals=_hook_intervals(run.logger, backup.every_n_steps if backed_up else None),
+            hook_intervals=tuple(hooks.values()),
+            hook_keys=tuple(hooks),
             requested_steps_per_call=run.batching.steps_per_execution
             if loop == "fit"
             else run.loop.steps_per_loop,
@@ -131,6 +134,16 @@ class RunPlan:
         period = math.gcd(*epoch, *self.hook_intervals) or MAX_STEPS_PER_CALL  # 0: unconstrained
         return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
 
+    def call_bounds(self, steps_per_epoch: int) -> tuple[str, ...]:
+        """The hooks (`key=interval`) that keep an auto call shorter than the epoch."""
+        if self.requested_steps_per_call != "auto" or self.one_step_per_call is not None:
+            return ()
+        return tuple(
+            f"{key}={interval}"
+            for key, interval in zip(self.hook_keys, self.hook_intervals, strict=True)
+            if interval % steps_per_epoch
+        )
+
     def steps_per_execution(self, steps_per_call: int) -> int | None:
         """fit's `Model.steps_per_execution` for `steps_per_call` optimizer steps (it counts
         micro-batches: each call ends on an update); None for the other loops."""
@@ -165,17 +178,18 @@ _AUTO = {
 }
 
 
-def _hook_intervals(logger: schema.Logger, backup_every: int | None) -> tuple[int, ...]:
-    """The step intervals per-batch hooks were configured at (a call boundary is a step's)."""
-    intervals = [] if backup_every is None else [backup_every]
+def _hooks(logger: schema.Logger, backup_every: int | None) -> dict[str, int]:
+    """The step intervals per-batch hooks were configured at (a call boundary is a step's), by
+    the key that sets each."""
+    hooks = {} if backup_every is None else {"callbacks.backup.every_n_steps": backup_every}
     if logger.csv is not None:
-        intervals.append(logger.csv.every_n_steps)
+        hooks["logger.csv.every_n_steps"] = logger.csv.every_n_steps
     if logger.wandb is not None and logger.wandb.log_every_n_steps:
-        intervals.append(logger.wandb.log_every_n_steps)
+        hooks["logger.wandb.log_every_n_steps"] = logger.wandb.log_every_n_steps
     if logger.tensorboard is not None and logger.tensorboard.update_freq != "epoch":
         update = logger.tensorboard.update_freq
-        intervals.append(1 if update == "batch" else update)
-    return tuple(intervals)
+        hooks["logger.tensorboard.update_freq"] = 1 if update == "batch" else update
+    return hooks
 
 
 def _one_step_per_call(loop: str, logger: schema.Logger) -> str | None:
