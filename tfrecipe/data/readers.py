@@ -232,7 +232,7 @@ class Table:
           ConfigError: `predict: file:line: column 'c': 'x' is not a number; ...` for the first
             bad cell, in words for new input (the run's model is fixed: the cell must change).
         """
-        from tfrecipe.data import table_files
+        from tfrecipe.data import table_files, table_stats
 
         strings = self.strings if strings is None else strings
         try:
@@ -240,26 +240,15 @@ class Table:
                 for first, batch in table_files.read(
                     table, unit, numeric=self.numeric, strings=strings
                 ):
-                    self._check_numbers(table, unit.file, batch, first)
+                    rows = np.arange(first, first + batch.num_rows)
+                    for name in self.numeric:  # training's own check (the statistics pass)
+                        table_stats.numbers(table, unit.file, batch, rows, name, self.allow_missing)
                     yield batch
         except table_files.CellError as error:
             problem = fault_text(error.fault, error.cell, error.column, predict=True)
             raise ConfigError(f"predict: {error.where}: {problem}") from None
         except ValueError as error:  # a ragged row, a file that is not CSV
             raise ConfigError(f"predict: {error}") from None
-
-    def _check_numbers(self, table, file: str, batch, first: int) -> None:
-        """Refuses NaN, Inf or beyond float32 as written, and a missing number where training
-        took none (training's own check, `table_stats.numbers`)."""
-        from tfrecipe.data import table_files
-
-        for name in self.numeric:
-            column = batch.column(name)
-            values = np.asarray(column.to_numpy(zero_copy_only=False), "float32")
-            nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False))
-            bad = (~np.isfinite(values) & ~nulls) | (nulls & (not self.allow_missing))
-            if bad.any():
-                raise table_files.bad_cell(table, file, first + int(bad.argmax()), name)
 
     def _batch(self, table) -> Batch:
         columns = {name: _column(table, name, t) for name, t in self.columns.items()}

@@ -386,11 +386,6 @@ def _physical_row(file: str, data_row: int, table: Table) -> tuple[int, list[str
     return data_row + (2 if table.csv.header else 1), []
 
 
-def cell_problem(table: Table, file: str, row: int, column: str) -> str:
-    """`file:line: column 'c': ...` for the bad number at data row `row` (0-based) of `file`."""
-    return str(bad_cell(table, file, row, column))
-
-
 def bad_cell(table: Table, file: str, row: int, column: str) -> ValueError:
     """The error for the bad number at data row `row` (0-based) of `file`: a `CellError` that
     says where, what the cell holds and what is wrong with it."""

@@ -273,15 +273,15 @@ def numbers(table: Table, file: str, batch, rows: np.ndarray, name: str, allow_m
     """A numeric column of a record batch as float32, a missing cell (null) as NaN.
 
     Raises:
-      ValueError: `file:line: column 'c': ...` for the first cell that is NaN or Inf as written
-        (never a number), or missing where `allow_missing` is false.
+      table_files.CellError: `file:line: column 'c': ...` for the first cell that is NaN or Inf
+        as written (never a number), or missing where `allow_missing` is false (a ValueError).
     """
     column = batch.column(name)
     values = np.asarray(column.to_numpy(zero_copy_only=False), "float32")
     nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False))
     bad = (~np.isfinite(values) & ~nulls) | (nulls & (not allow_missing))
     if bad.any():
-        raise ValueError(table_files.cell_problem(table, file, int(rows[bad.argmax()]), name))
+        raise table_files.bad_cell(table, file, int(rows[bad.argmax()]), name)
     return values
 
 
