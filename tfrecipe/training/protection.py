@@ -11,9 +11,7 @@ import keras
 from tfrecipe import optim
 from tfrecipe.config import schema
 from tfrecipe.fault import backup, preemption
-from tfrecipe.fault.recovery import Recovery
-from tfrecipe.fault.recovery import candidates as candidates  # the backups a resume reads
-from tfrecipe.fault.recovery import restore as restore  # a resume's restore
+from tfrecipe.fault.recovery import Recovery, candidates, restore
 from tfrecipe.outcome import BACKUP_DIR
 from tfrecipe.training.plan import RunPlan
 
