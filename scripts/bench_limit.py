@@ -13,6 +13,15 @@ Python per step. `fraction` = default / limit (1.0: the defaults leave nothing o
 limit is the median of 3 timings of `--limit-steps` steps after a warm-up. Both halves run
 back to back in one process, so the machine's load weighs on both alike.
 
+Two more figures say where the rest goes, each as a fraction of the limit:
+- `with_input`: the same loop taking each batch from the run's own training input (`next` on
+  its distributed dataset) instead of the resident one: what the input pipeline costs in the
+  graph, with no Python per step.
+- `keras_call` (fit only): Keras' own train function (`model.make_train_function()`) called
+  in a Python loop on that input, the run's steps per call each, with no callbacks: what a
+  call costs besides its steps. Between it and the default: the callbacks around each call
+  and the epochs' edges.
+
 The text family needs a text dataset on disk (`--text-dir DIR` with one folder per class);
 without one it is listed as skipped.
 """
@@ -50,21 +59,28 @@ NOT_HERE = {
 }
 
 
-def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch, steps):
-    """The in-graph limit: `steps` training steps in a while loop over one resident batch."""
+def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch, steps,
+                           dataset=None):  # fmt: skip
+    """The in-graph limit: `steps` training steps in a while loop over one resident batch, or
+    with `dataset` (the run's distributed training input) over its batches."""
     import tensorflow as tf
 
     from tfrecipe.perf.flops import per_replica_spec
 
-    spec = per_replica_spec(element_spec, per_replica_batch)
-    batch = tf.nest.map_structure(
-        lambda s: (
-            tf.zeros(s.shape, s.dtype)
-            if not s.dtype.is_floating
-            else tf.random.uniform(s.shape, dtype=s.dtype)
-        ),
-        spec,
-    )
+    if dataset is not None:
+        iterator = iter(dataset)
+        next_batch = lambda: next(iterator)  # noqa: E731
+    else:
+        spec = per_replica_spec(element_spec, per_replica_batch)
+        resident = tf.nest.map_structure(
+            lambda s: (
+                tf.zeros(s.shape, s.dtype)
+                if not s.dtype.is_floating
+                else tf.random.uniform(s.shape, dtype=s.dtype)
+            ),
+            spec,
+        )
+        next_batch = lambda: resident  # noqa: E731
     strategy = model.distribute_strategy
     step = getattr(model.train_step, "__wrapped_step__", model.train_step)
 
@@ -80,48 +96,82 @@ def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch,
     @tf.function
     def loop(n):
         for _ in tf.range(n):
-            one_step(batch)
+            one_step(next_batch())
         return tf.constant(0)
 
     loop(tf.constant(2)).numpy()  # traced, warmed up
+    return steps * global_batch / _median_seconds(lambda: loop(tf.constant(steps)).numpy())
+
+
+def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, steps):
+    """Keras' train function on `dataset` in a Python loop, `steps_per_call` steps per call,
+    no callbacks (fit's own per-call cost, without the hooks around it)."""
+    import tensorflow as tf
+
+    model.train_function = None
+    model.steps_per_execution = steps_per_call
+    function = model.make_train_function()
+    iterator = iter(dataset)
+    calls = max(1, steps // steps_per_call)
+
+    def run(n):
+        for _ in range(n):
+            tf.nest.map_structure(lambda t: t.numpy(), function(iterator))
+
+    run(2)  # traced, warmed up
+    return calls * steps_per_call * global_batch / _median_seconds(lambda: run(calls))
+
+
+def _median_seconds(work) -> float:
     timings = []
     for _ in range(3):
         start = time.perf_counter()
-        loop(tf.constant(steps)).numpy()
+        work()
         timings.append(time.perf_counter() - start)
-    return steps * global_batch / statistics.median(timings)
+    return statistics.median(timings)
 
 
 def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> dict:
     from tfrecipe.config.compose import compose
     from tfrecipe.train import train
-    from tfrecipe.training import performance
+    from tfrecipe.training import inputs, performance
 
-    measured = {}
-    original = performance.perf_fields
+    measured, built = {}, {}
+    original, original_inputs = performance.perf_fields, inputs.build_inputs
+
+    def keep_inputs(*args, **kwargs):
+        built["inputs"] = original_inputs(*args, **kwargs)
+        return built["inputs"]
 
     def perf_and_limit(model, **kwargs):
         fields = original(model, **kwargs)
-        measured["limit"] = limit_examples_per_sec(
-            model,
-            kwargs["element_spec"],
-            kwargs["per_replica_batch"],
-            kwargs["global_batch"],
-            limit_steps,
-        )
+        shape = (kwargs["element_spec"], kwargs["per_replica_batch"], kwargs["global_batch"])
+        measured["limit"] = limit_examples_per_sec(model, *shape, limit_steps)
+        train_data = built["inputs"].train
+        measured["with_input"] = limit_examples_per_sec(model, *shape, limit_steps, train_data)
+        measured["model"] = model
         return fields
 
+    inputs.build_inputs = keep_inputs
     performance.perf_fields = perf_and_limit
     cfg = compose([*overrides, f"loop.epochs={epochs}", "loop.verbose=0"])
     with tempfile.TemporaryDirectory() as run_dir:
         summary = train(cfg, run_dir=Path(run_dir) / "run")
     perf = summary["perf"]
-    default = summary["examples_per_sec"]
+    default, limit = summary["examples_per_sec"], measured["limit"]
+    keras_call = None
+    if summary["loop"] == "fit":
+        keras_call = keras_call_examples_per_sec(
+            measured["model"], built["inputs"].train, summary["global_batch_size"],
+            summary["steps_per_execution"], limit_steps,
+        )  # fmt: skip
     return {
         "job": name,
         "default_ex_s": round(default, 1),
-        "limit_ex_s": round(measured["limit"], 1),
-        "fraction": round(default / measured["limit"], 3),
+        "limit_ex_s": round(limit, 1),
+        "fraction": round(default / limit, 3),
+        "with_input": round(measured["with_input"] / limit, 3),
+        "keras_call": None if keras_call is None else round(keras_call / limit, 3),
         "input_wait": perf["input_wait_fraction"],
         "mfu": perf["mfu"],
         "steps_per_call": summary["steps_per_execution"],

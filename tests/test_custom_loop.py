@@ -218,7 +218,8 @@ def test_auto_calls_of_the_custom_loop_need_not_divide_the_epoch(train_run, tmp_
     assert list(zip(begins, ends, strict=True)) == [(0, 1), (2, 3), (4, 5), (6, 6)] * 2
     run_dir = next(tmp_path.glob("run*"))
     logged = [int(r.split(",")[0]) for r in (run_dir / "steps.csv").read_text().splitlines()[1:]]
-    assert logged == [2, 4, 6, 9, 11, 13]  # steps 2, 4, 6 of each epoch
+    # every second step of the run, at the first call end at or after it (8 ends the call 8-9)
+    assert logged == [2, 4, 6, 9, 11, 13, 14]
 
 
 def test_a_restored_epoch_realigns_its_calls_to_the_epochs_multiples():
@@ -449,6 +450,16 @@ def test_auto_steps_per_call_keep_the_steps_hooks_were_asked_for():
     assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, hook_intervals=(10,)) == 10
     # fit's multi-step calls fail across replicas (Keras 3.15): one step per call there
     assert _steps_per_call("auto", num_params=1, steps_per_epoch=20, replicas=2) == 1
+
+
+def test_epochs_shorter_than_the_step_log_interval_log_and_run_whole(train_run):
+    """3-step epochs under rows every 4 steps: one call per epoch (not 1-step calls, as the
+    interval's gcd with the epoch made them), and the row for step 4 comes at the call end
+    at step 6 (an epoch-relative count never reached 4: steps.csv stayed empty)."""
+    summary, run_dir = train_run("logger.csv.every_n_steps=4")  # TINY: 2 epochs of 3 steps
+    assert summary["steps_per_execution"] == 3
+    rows = (run_dir / "steps.csv").read_text().splitlines()
+    assert [int(r.split(",")[0]) for r in rows[1:]] == [6]
 
 
 def test_summary_says_how_the_run_ran(train_run):

@@ -129,9 +129,14 @@ def test_auto_precision_picks_bfloat16_on_a_cpu_only_where_it_pays(compose_cfg):
 
 
 def test_the_plan_names_the_hooks_that_keep_an_auto_call_short(compose_cfg):
-    """An 8-step epoch under the CSV log's 10-step rows: calls of 2; the perf line names why."""
+    """20-step epochs under the CSV log's 10-step rows: calls of 10, and the perf line names
+    why. An 8-step epoch is one call: its rows come at the first call end past each 10 steps
+    (tests/test_custom_loop.py), so the log no longer cuts its calls to 2."""
     plan = _plan(compose_cfg)
     assert plan.hook_keys == ("logger.csv.every_n_steps",) and plan.hook_intervals == (10,)
-    assert plan.call_bounds(8) == ("logger.csv.every_n_steps=10",)
-    assert plan.call_bounds(5) == ()  # every second epoch ends on a row: no bound
-    assert _plan(compose_cfg, "batching.steps_per_execution=4").call_bounds(8) == ()
+    numbers = {"num_params": 1, "replicas": 1}
+    assert plan.steps_per_call(steps_per_epoch=20, **numbers) == 10
+    assert plan.call_bounds(20) == ("logger.csv.every_n_steps=10",)
+    assert plan.steps_per_call(steps_per_epoch=8, **numbers) == 8
+    assert plan.call_bounds(8) == () and plan.call_bounds(5) == ()
+    assert _plan(compose_cfg, "batching.steps_per_execution=4").call_bounds(20) == ()

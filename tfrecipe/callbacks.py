@@ -109,31 +109,56 @@ class PeriodicExport(keras.callbacks.Callback):
             export_model(self.model, self.run_dir, self.formats, epoch=epoch + 1)
 
 
-def step_row(
-    model: keras.Model, epoch: int, batch: int, logs: dict | None, *, every_n_steps: int
-) -> dict[str, float] | None:
-    """A step log's row after the call that ends step `batch` of `epoch` (0-based), when that
-    is a multiple of `every_n_steps` steps into the epoch (else None): the optimizer step, the
-    epoch (1-based), the next step's learning rate and the call's logs. Steps per call divide
-    `every_n_steps` (tfrecipe.training.plan.RunPlan.hook_intervals), so calls end on those steps."""
-    if (batch + 1) % every_n_steps:
-        return None
-    row = {
-        "step": current_step(model),
-        "epoch": epoch + 1,
-        "learning_rate": current_learning_rate(model.optimizer),
-    }
-    return row | {k: float(v) for k, v in (logs or {}).items()}
+class StepLog(keras.callbacks.Callback):
+    """Writes a row (`write`) after each call that crossed a multiple of `every_n_steps`
+    optimizer steps, counted over the run (an epoch shorter than the interval still gets its
+    rows). An auto call is never longer than the interval
+    (tfrecipe.training.plan.RunPlan.steps_per_call), so each multiple gets a row of its own, at
+    the first call end at or after it; the row names the step it was written at: the optimizer
+    step, the epoch (1-based), the next step's learning rate and the call's logs.
+
+    Steps are counted in Python from each epoch's start, as the backups count them: reading the
+    optimizer's step after every call costs a device read."""
+
+    def __init__(self, every_n_steps: int):
+        super().__init__()
+        self.every_n_steps = every_n_steps
+        self._epoch = self._epoch_start = self._last = 0
+        self._first_batch: int | None = None
+
+    def write(self, row: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_start = self._last = current_step(self.model)  # a rollback's too
+        self._first_batch = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._first_batch is None:  # 0, or where a resumed epoch starts
+            self._first_batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._epoch_start + batch + 1 - (self._first_batch or 0)
+        last, self._last = self._last, step
+        if step // self.every_n_steps <= last // self.every_n_steps:
+            return
+        row = {
+            "step": current_step(self.model),
+            "epoch": self._epoch + 1,
+            "learning_rate": current_learning_rate(self.model.optimizer),
+        }
+        self.write(row | {k: float(v) for k, v in (logs or {}).items()})
 
 
-class StepCSVLogger(keras.callbacks.Callback):
+class StepCSVLogger(StepLog):
     """Writes training metrics and the learning rate every N steps to a CSV file (flushed as it
     goes, so a crash keeps what was logged). A resumed run keeps the rows up to the step it
     resumed from (later ones are redone)."""
 
     def __init__(self, path: Path, every_n_steps: int):
-        super().__init__()
-        self.path, self.every_n_steps = path, every_n_steps
+        super().__init__(every_n_steps)
+        self.path = path
         self._writer = None
 
     def on_train_begin(self, logs=None):
@@ -144,15 +169,8 @@ class StepCSVLogger(keras.callbacks.Callback):
             self._writer = csv.DictWriter(self._file, fieldnames=list(kept[0]))
             self._writer.writeheader()
             self._writer.writerows(kept)
-        self._epoch = 0
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        row = step_row(self.model, self._epoch, batch, logs, every_n_steps=self.every_n_steps)
-        if row is None:
-            return
+    def write(self, row: dict[str, float]) -> None:
         if self._writer is None:
             self._writer = csv.DictWriter(self._file, fieldnames=list(row))
             self._writer.writeheader()

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 
 from tfrecipe import reading, rundir
-from tfrecipe.callbacks import step_row
+from tfrecipe.callbacks import StepLog
 from tfrecipe.config import schema
 
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
@@ -104,16 +104,11 @@ def _text_fields(
     }
 
 
-class WandbStepLogger(keras.callbacks.Callback):
+class WandbStepLogger(StepLog):
     """Training metrics and the learning rate every N optimizer steps (the rows of steps.csv),
     as `batch/*` against `batch/step`. W&B's own `WandbMetricsLogger(log_freq=N)` counts hook
     calls, not steps, and logs where the call's last batch index is a multiple of N: with
     several steps per call (9, 19, ... at 10 per call) that never holds."""
-
-    def __init__(self, every_n_steps: int):
-        super().__init__()
-        self.every_n_steps = every_n_steps
-        self._epoch = 0
 
     def on_train_begin(self, logs=None):
         import wandb
@@ -121,12 +116,7 @@ class WandbStepLogger(keras.callbacks.Callback):
         wandb.define_metric("batch/step")
         wandb.define_metric("batch/*", step_metric="batch/step")
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
+    def write(self, row: dict[str, float]) -> None:
         import wandb
 
-        row = step_row(self.model, self._epoch, batch, logs, every_n_steps=self.every_n_steps)
-        if row is not None:
-            wandb.log({f"batch/{name}": value for name, value in row.items()})
+        wandb.log({f"batch/{name}": value for name, value in row.items()})

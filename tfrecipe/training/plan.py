@@ -41,7 +41,8 @@ class RunPlan:
       periodic_backups: back up every `backup_every_n_steps` optimizer steps.
       max_rollbacks: NaN/Inf rollbacks allowed (0: none; they need backups).
       hook_intervals: the step intervals per-step hooks were asked for (backups, step logs):
-        a call of several steps ends on each of their steps.
+        an auto call is no longer than the shortest, so each interval has a call end (where a
+        hook acts: at the first call end at or after each multiple of its interval).
       requested_steps_per_call: `batching.steps_per_execution` (fit) or `loop.steps_per_loop`.
       one_step_per_call: why every call takes one step whatever was requested, or None.
       gradient_accumulation_steps: micro-batches per optimizer step.
@@ -113,11 +114,13 @@ class RunPlan:
     ) -> int:
         """The loop's steps per `tf.function` call (fit: steps_per_execution, custom:
         steps_per_loop), with "auto" resolved: for a small model the largest number up to
-        MAX_STEPS_PER_CALL that divides every hook interval and, unless the loop ends an epoch
-        with a shorter call (the custom loop), `steps_per_epoch` and the steps left in the
-        epoch a restored run starts in (fit's last call of an epoch would otherwise run past
-        the epoch on endless data); else 1. It depends on the config, the model and the
-        restored step only, so every replica and worker picks the same."""
+        MAX_STEPS_PER_CALL and up to the shortest hook interval (each interval gets a call end
+        of its own: hooks act at the first call end at or after each multiple of their
+        interval) that, unless the loop ends an epoch with a shorter call (the custom loop),
+        divides `steps_per_epoch` and the steps left in the epoch a restored run starts in
+        (fit's last call of an epoch would otherwise run past the epoch on endless data); else
+        1. It depends on the config, the model and the restored step only, so every replica and
+        worker picks the same."""
         requested = self.requested_steps_per_call
         if self.one_step_per_call is not None:
             return 1
@@ -129,19 +132,29 @@ class RunPlan:
             return int(requested)
         if num_params >= SMALL_MODEL_PARAMS:
             return 1
-        short_last_call = self.loop == "custom"
-        epoch = () if short_last_call else (steps_per_epoch, start_step % steps_per_epoch)
-        period = math.gcd(*epoch, *self.hook_intervals) or MAX_STEPS_PER_CALL  # 0: unconstrained
-        return max(d for d in range(1, min(MAX_STEPS_PER_CALL, period) + 1) if period % d == 0)
+        return self._auto_steps(min(self.hook_intervals, default=MAX_STEPS_PER_CALL),
+                                steps_per_epoch, start_step)  # fmt: skip
+
+    def _auto_steps(self, most: int, steps_per_epoch: int, start_step: int) -> int:
+        """The largest call up to `most` and MAX_STEPS_PER_CALL that fit's calls can take (one
+        that divides the epoch and the rest of a restored one; the custom loop ends an epoch
+        with a shorter call)."""
+        most = min(most, MAX_STEPS_PER_CALL)
+        if self.loop == "custom":
+            return most
+        period = math.gcd(steps_per_epoch, start_step % steps_per_epoch)
+        return max(d for d in range(1, min(most, period) + 1) if period % d == 0)
 
     def call_bounds(self, steps_per_epoch: int) -> tuple[str, ...]:
-        """The hooks (`key=interval`) that keep an auto call shorter than the epoch."""
+        """The hooks (`key=interval`) that keep an auto call shorter than it would be without
+        them."""
         if self.requested_steps_per_call != "auto" or self.one_step_per_call is not None:
             return ()
+        unbounded = self._auto_steps(MAX_STEPS_PER_CALL, steps_per_epoch, 0)
         return tuple(
             f"{key}={interval}"
             for key, interval in zip(self.hook_keys, self.hook_intervals, strict=True)
-            if interval % steps_per_epoch
+            if self._auto_steps(interval, steps_per_epoch, 0) < unbounded
         )
 
     def steps_per_execution(self, steps_per_call: int) -> int | None:
