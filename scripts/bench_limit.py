@@ -110,7 +110,8 @@ def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, st
 
     model.train_function = None
     model.steps_per_execution = steps_per_call
-    function = model.make_train_function()
+    model.make_train_function()
+    function = model.train_function
     iterator = iter(dataset)
     calls = max(1, steps // steps_per_call)
 

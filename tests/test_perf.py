@@ -13,7 +13,7 @@ from tfrecipe.perf import cache, peak, provenance, report
 PERF_KEYS = {
     "examples_per_sec", "step_time_ms", "input_wait_fraction", "flops_per_example",
     "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas",
-    "per_replica", "diagnosis",
+    "per_replica", "wall_split", "diagnosis",
 }  # fmt: skip
 SLOW_INPUT = (
     "dataset._target_=tests.helpers.slow_input.slow_digits",
@@ -80,6 +80,23 @@ def test_diagnosis_names_only_what_the_run_does_not_do_already():
         0.77, bounded
     )
     assert short.index("larger batch") < short.index("steps per call")
+
+
+def test_diagnosis_says_where_the_wall_time_went_when_the_steps_took_little_of_it():
+    """A table recipe: 8 ms of steps an epoch against validation and a best-weights save. The
+    larger share comes first, validation with the key (and value) that spaces it out."""
+    knobs = report.Knobs(validation_freq=1)
+    line = report.diagnosis(0.05, knobs, wall_split={"steps": 0.2, "validation": 0.3, "other": 0.5})
+    assert line == (
+        "the training steps took 20% of the wall time: epoch-end work 50% (best-weights saves, "
+        "backups, exports, logs), validation 30% (loop.validation_freq=1: validate less often)"
+    )
+    assert (
+        report.diagnosis(0.05, knobs, wall_split={"steps": 0.6, "validation": 0.3, "other": 0.1})
+        is None
+    )
+    both = report.diagnosis(0.45, knobs, wall_split={"steps": 0.2, "validation": 0.7, "other": 0.1})
+    assert both.startswith("input-bound") and "; the training steps took 20%" in both
 
 
 def test_perf_words_on_the_console_line():
@@ -209,7 +226,10 @@ def test_default_run_reports_where_its_time_goes(train_run):
     assert perf["examples_per_sec"] == pytest.approx(summary["examples_per_sec"], rel=1e-3)
     assert 0 < perf["step_time_ms"]["median"] <= perf["step_time_ms"]["p90"]
     assert perf["input_wait_fraction"] <= 0.10, perf
-    assert perf["diagnosis"] is None
+    split = perf["wall_split"]
+    assert split["steps"] > 0 and split["validation"] > 0 and split["other"] >= 0, split
+    assert sum(split.values()) == pytest.approx(1, abs=0.01)
+    assert perf["diagnosis"] is None or perf["diagnosis"].startswith("the training steps"), perf
     # the default CNN: 3.0 MFLOP forward (2 x MACs), a training step about 3x that
     assert 8e6 < perf["flops_per_example"] < 10e6
     assert perf["achieved_flops_per_sec"] > 0 and perf["peak_flops_per_sec"] > 0

@@ -256,7 +256,7 @@ def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
     measure = loop.measurer(
         plan, data, per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
         hosts=summary["provenance"]["hosts"], deterministic=deterministic, pipeline=pipeline,
-        steps_per_call=built.steps_per_call,
+        steps_per_call=built.steps_per_call, validation_freq=loop_spec.validation_freq,
     )  # fmt: skip
     options = loop.options(
         loop_spec, objective=objective, progress=callbacks.progress.enabled, inputs=data,

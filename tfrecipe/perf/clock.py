@@ -126,12 +126,51 @@ class StepClock(keras.callbacks.Callback):
         self._epoch = 0
         # a single epoch's calls after its first: (seconds, wait per replica)
         self._single: tuple[float, list[float] | None] | None = None
+        # per epoch: (wall seconds to the next epoch's start or training's end, its calls'
+        # seconds, its validation's seconds)
+        self._walls: list[tuple[float, float, float]] = []
+        self._epoch_began: float | None = None
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._close_epoch()
+        self._epoch_began = time.perf_counter()
+        self._validation_seconds = 0.0
         self._epoch = epoch
         self._epoch_seconds = 0.0
         self._epoch_first: tuple[float, list[float] | None] | None = None
         self._epoch_wait = self._wait()
+
+    def on_test_begin(self, logs=None):
+        self._test_began = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        if self._epoch_began is not None:  # validation inside an epoch, not the final test
+            self._validation_seconds += time.perf_counter() - self._test_began
+
+    def on_train_end(self, logs=None):
+        self._close_epoch()
+
+    def _close_epoch(self) -> None:
+        """The epoch that began last ends here (after every epoch-end callback ran)."""
+        if self._epoch_began is None:
+            return
+        wall = time.perf_counter() - self._epoch_began
+        self._walls.append((wall, self._epoch_seconds, self._validation_seconds))
+        self._epoch_began = None
+
+    def wall_split(self) -> dict[str, float] | None:
+        """The steady state's wall time (the epochs after the first, or the only one) split
+        into the training calls (`steps`), validation, and the rest (epoch-end callbacks:
+        best-weights saves, backups, exports, logs; the loop's own Python)."""
+        walls = self._walls[1:] or self._walls
+        wall, steps, validation = (
+            (sum(column) for column in zip(*walls, strict=True)) if walls else (0, 0, 0)
+        )
+        if wall <= 0:
+            return None
+        shares = {"steps": steps / wall, "validation": validation / wall}
+        shares["other"] = max(1.0 - shares["steps"] - shares["validation"], 0.0)
+        return {name: round(min(share, 1.0), 3) for name, share in shares.items()}
 
     def on_train_batch_begin(self, batch, logs=None):
         self._first_step = batch

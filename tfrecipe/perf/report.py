@@ -11,6 +11,9 @@ INPUT_BOUND = 0.2
 # Steps shorter than this are dominated by what runs around them (the call, its hooks, the
 # iterator), not by the input's reading: a bigger batch is the remedy that counts.
 SHORT_STEP_MS = 2.0
+# Below this share of the steady state's wall time in its training calls, the run says where
+# the rest went (validation, epoch-end callbacks).
+STEPS_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Knobs:
     steps_key: str = "batching.steps_per_execution"  # the custom loop: loop.steps_per_loop
     bounded_by: tuple[str, ...] = ()  # the hooks (`key=interval`) that keep calls short
     per_replica_batch: int | None = None
+    validation_freq: int | None = None  # loop.validation_freq
 
 
 def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
@@ -66,11 +70,14 @@ def perf_block(
     peak_source: str,
     num_replicas: int,
     knobs: Knobs | None = None,
+    wall_split: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run's `perf` block: totals over all replicas, and `per_replica` figures.
 
     Args:
       input_wait: each local replica's input-wait fraction, or None (not measured: see note).
+      wall_split: the steady state's wall time in training calls, validation and the rest
+        (`StepClock.wall_split`).
       peak_per_replica: one replica's device peak FLOP/s in the compute dtype (replicas that
         share one CPU share its peak).
     """
@@ -92,7 +99,10 @@ def perf_block(
         "per_replica": _per_replica(
             examples_per_sec, achieved, peak_per_replica, input_wait, num_replicas
         ),
-        "diagnosis": diagnosis(wait, knobs, step_time_ms and step_time_ms.get("median")),
+        "wall_split": dict(wall_split) if wall_split else None,
+        "diagnosis": diagnosis(
+            wait, knobs, step_time_ms and step_time_ms.get("median"), wall_split=wall_split
+        ),
     }
     if input_wait_note:
         block["input_wait_note"] = input_wait_note
@@ -119,15 +129,38 @@ def _round(value: float | None) -> float | None:
 
 
 def diagnosis(
-    input_wait: float | None, knobs: Knobs | None = None, step_ms: float | None = None
+    input_wait: float | None,
+    knobs: Knobs | None = None,
+    step_ms: float | None = None,
+    *,
+    wall_split: Mapping[str, float] | None = None,
 ) -> str | None:
-    """One line when the steps waited on input more than INPUT_BOUND of the time, else None;
-    it names the remedies `knobs` (the run's settings) does not already apply."""
-    if input_wait is None or input_wait <= INPUT_BOUND:
-        return None
-    return (
-        f"input-bound: the steps waited on input {input_wait:.0%} of the training time; "
-        f"try {', '.join(remedies(knobs or Knobs(), step_ms))}"
+    """One line when the steps waited on input more than INPUT_BOUND of the time, or when the
+    training calls took under STEPS_SHARE of the wall time; else None. It names the remedies
+    `knobs` (the run's settings) does not already apply."""
+    knobs = knobs or Knobs()
+    said = []
+    if input_wait is not None and input_wait > INPUT_BOUND:
+        said.append(
+            f"input-bound: the steps waited on input {input_wait:.0%} of the training time; "
+            f"try {', '.join(remedies(knobs, step_ms))}"
+        )
+    if wall_split and wall_split["steps"] < STEPS_SHARE:
+        said.append(_wall_words(wall_split, knobs))
+    return "; ".join(said) or None
+
+
+def _wall_words(wall_split: Mapping[str, float], knobs: Knobs) -> str:
+    """Where the wall time went besides the training calls, the larger share first."""
+    freq = f"loop.validation_freq={knobs.validation_freq or '?'}: validate less often"
+    parts = {
+        "validation": f"validation {wall_split['validation']:.0%} ({freq})",
+        "other": f"epoch-end work {wall_split['other']:.0%} (best-weights saves, backups, "
+        "exports, logs)",
+    }
+    ordered = sorted(parts, key=lambda name: -wall_split[name])
+    return f"the training steps took {wall_split['steps']:.0%} of the wall time: " + ", ".join(
+        parts[name] for name in ordered
     )
 
 

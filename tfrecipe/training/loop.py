@@ -182,6 +182,7 @@ def measurer(
     deterministic: bool,
     pipeline: PipelineOptions | None = None,
     steps_per_call: int | None = None,
+    validation_freq: int | None = None,
 ) -> Callable[..., dict[str, Any]]:
     """`measure(model, clock=..., examples_per_sec=...)`: summary.json's `perf` of this run;
     its diagnosis names only remedies the run does not already apply (`pipeline`, the steps
@@ -194,6 +195,7 @@ def measurer(
         steps_key="batching.steps_per_execution" if plan.loop == "fit" else "loop.steps_per_loop",
         per_replica_batch=per_replica_batch,
         bounded_by=plan.call_bounds(inputs.steps_per_epoch) if inputs.steps_per_epoch else (),
+        validation_freq=validation_freq,
     )
     return functools.partial(
         performance.perf_fields,

@@ -88,6 +88,7 @@ def perf_fields(
         peak_source=device_peak.source,
         num_replicas=replicas,
         knobs=knobs,
+        wall_split=clock.wall_split(),
     )
     allreduce = _allreduce_ms(model)
     if allreduce is not None:  # an estimate from the link's bandwidth, named as one
