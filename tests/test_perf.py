@@ -202,14 +202,14 @@ def test_compare_shows_perf_and_marks_runs_from_other_hardware(tmp_path):
         summary = {
             "status": "completed", "metrics": {"loss": 0.1}, "examples_per_sec": 100.0,
             "perf": {"step_time_ms": {"median": 4.0, "p90": 5.0}, "input_wait_fraction": 0.02,
-                     "mfu": 0.19},
+                     "mfu": 0.19, "wall_split": {"steps": 0.7, "validation": 0.1, "other": 0.2}},
             "provenance": found,
         }  # fmt: skip
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
     header, rows = table(find_runs([tmp_path]), [])
     shown = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
     assert shown["a"]["step_ms"] == "4" and shown["a"]["input_wait"] == "0.02"
-    assert shown["a"]["mfu"] == "0.19"
+    assert shown["a"]["mfu"] == "0.19" and shown["a"]["steps_share"] == "0.7"
     assert [shown[name]["ran on"] for name in "abc"] == ["same", "same", "hw:cpu.model"]
 
 

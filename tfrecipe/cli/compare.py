@@ -34,8 +34,13 @@ from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 _THROUGHPUT = ("examples_per_sec", "wall_time_s")
 _BASELINE = "baseline_"
-# summary.json's perf block, where runs have one: column -> (key, lower is better)
-_PERF = {"step_ms": "step_time_ms", "input_wait": "input_wait_fraction", "mfu": "mfu"}
+# summary.json's perf block, where runs have one: column -> (key, the field of a dict value)
+_PERF = {
+    "step_ms": ("step_time_ms", "median"),
+    "input_wait": ("input_wait_fraction", None),
+    "mfu": ("mfu", None),
+    "steps_share": ("wall_split", "steps"),  # of the wall time
+}
 
 
 def _higher_is_better(name: str) -> bool:
@@ -43,7 +48,10 @@ def _higher_is_better(name: str) -> bool:
     val_/test_); everything else sorts ascending."""
     from tfrecipe.tasks import monitor_mode
 
-    return name in ("examples_per_sec", "mfu") or monitor_mode(name.removeprefix("test_")) == "max"
+    return (
+        name in ("examples_per_sec", "mfu", "steps_share")
+        or monitor_mode(name.removeprefix("test_")) == "max"
+    )
 
 
 def columns(runs: list[Run]) -> list[str]:
@@ -102,8 +110,9 @@ class Run:
         if metric.startswith(_BASELINE):
             return self._baseline_value(metric.removeprefix(_BASELINE))
         if metric in _PERF:
-            value = (self.summary.get("perf") or {}).get(_PERF[metric])
-            value = value.get("median") if isinstance(value, dict) else value
+            key, field = _PERF[metric]
+            value = (self.summary.get("perf") or {}).get(key)
+            value = value.get(field) if isinstance(value, dict) else value
             return float(value) if isinstance(value, int | float) else None
         return summary_value(self.summary, metric)
 
