@@ -1,11 +1,11 @@
 """Each shipped model family and offline recipe with its defaults, as a fraction of its in-graph
 compute limit, in one process per job.
 
-    python scripts/bench_limit.py                    # every job, 3 epochs each
+    python scripts/bench_limit.py                    # every job, as many epochs as it has
     python scripts/bench_limit.py --jobs cnn mlp --epochs 4
     python scripts/bench_limit.py --jobs cnn -- batching.steps_per_execution=20  # a knob
 
-The default: `tfrecipe.train` with the job's config (epochs capped by --epochs); its steady-state
+The default: `tfrecipe.train` with the job's config (its own epochs, or --epochs); its steady-state
 examples/s (summary.json's, the epochs after the first). The limit: right after that run, in the
 same process, the same model's training step (`model.train_step` under the run's strategy) in a
 `tf.while_loop` over one resident batch of the run's shape: no input pipeline, no callbacks, no
@@ -155,7 +155,8 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> d
 
     inputs.build_inputs = keep_inputs
     performance.perf_fields = perf_and_limit
-    cfg = compose([*overrides, f"loop.epochs={epochs}", "loop.verbose=0"])
+    epochs_override = [f"loop.epochs={epochs}"] if epochs else []
+    cfg = compose([*overrides, *epochs_override, "loop.verbose=0"])
     with tempfile.TemporaryDirectory() as run_dir:
         summary = train(cfg, run_dir=Path(run_dir) / "run")
     perf = summary["perf"]
@@ -174,6 +175,7 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> d
         "with_input": round(measured["with_input"] / limit, 3),
         "keras_call": None if keras_call is None else round(keras_call / limit, 3),
         "input_wait": perf["input_wait_fraction"],
+        "wall_split": perf["wall_split"],
         "mfu": perf["mfu"],
         "steps_per_call": summary["steps_per_execution"],
         "precision": summary["precision"],
@@ -183,7 +185,7 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", default=[j for j in JOBS if j != "text"])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=0, help="0: the job's own")
     parser.add_argument("--limit-steps", type=int, default=60)
     parser.add_argument("--text-dir", help="a text_folder dataset (one folder per class)")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for every job")
