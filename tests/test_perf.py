@@ -99,6 +99,20 @@ def test_diagnosis_says_where_the_wall_time_went_when_the_steps_took_little_of_i
     assert both.startswith("input-bound") and "; the training steps took 20%" in both
 
 
+def test_the_profiler_window_takes_its_steps_one_per_call(tmp_path):
+    """The custom loop's calls around a window at steps 5-6 with 4 planned per call: up to
+    step 4 (which traces the loopless step), one per call through the window, then as planned."""
+    from tfrecipe.perf.profiler import StepProfiler
+
+    profiler = StepProfiler(tmp_path, first=5, calls=2)
+    taken = []
+    while profiler.steps_seen < 12:
+        steps = profiler.call_steps(4)
+        taken.append(steps)
+        profiler._step += steps  # what on_train_batch_end counts (without starting a trace)
+    assert taken == [4, 1, 1, 1, 4, 4]  # steps 0-3, 4, 5, 6, 7-10, 11-14
+
+
 def test_perf_words_on_the_console_line():
     words = report.perf_words(
         {"examples_per_sec": 1234.5, "step_time_ms": {"median": 5.1, "p90": 6.0},
@@ -246,21 +260,22 @@ def test_default_run_reports_where_its_time_goes(train_run):
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, caplog):
     """A map that sleeps per example: the steps wait most of the time; the run says so in one
-    line. Both loops profile two calls of the first epoch (outside the steady state the perf
-    block measures), one step per call: xprof sees the steps (their time above 0) and the
-    input they waited for."""
+    line. Both loops profile steps 2 and 3 of the first epoch (outside the steady state the
+    perf block measures), one step per call: xprof sees the steps (their time above 0) and the
+    input they waited for. A profiled fit run takes one step per call throughout; the custom
+    loop only around its window (calls of 1, 1, 1, 2 in its first epoch, then 6)."""
     summary, run_dir = train_run(
         f"loop={loop}", "loop.steps_per_epoch=6", *SLOW_INPUT, "logger=[tensorboard]",
         "logger.tensorboard.profile_batch=2", "logger.tensorboard.profile_steps=2",
     )  # fmt: skip
-    assert summary["steps_per_execution"] == 1  # a profiled run: xprof sees no step in a loop
+    assert summary["steps_per_execution"] == (1 if loop == "fit" else 6)
     perf = summary["perf"]
     assert perf["input_wait_fraction"] >= 0.3, perf
     assert "input-bound" in perf["diagnosis"]
     # What the run could do names its value (this one caches nothing; the map is parallel).
     assert "pipeline.cache=memory" in perf["diagnosis"]
     assert "num_parallel_calls" not in perf["diagnosis"]
-    assert "1 of the epoch's 6" in perf["diagnosis"]
+    assert ("1 of the epoch's 6" in perf["diagnosis"]) == (loop == "fit")
     assert any("input-bound" in r.getMessage() for r in caplog.records)
     profile = perf["profile"]
     assert profile["steps"] == 2 and profile["step_time_ms"] > 0, profile

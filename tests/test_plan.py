@@ -32,7 +32,7 @@ def test_the_plan_is_made_without_tensorflow():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["custom 32", "[]"]
+    assert result.stdout.splitlines() == ["custom 8", "[]"]  # no call runs past its epoch
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,10 @@ def test_profiled_and_parameter_server_runs_take_one_step_per_call(compose_cfg):
     assert _plan(compose_cfg, "logger=none").steps_per_call(**numbers) == 8
     profiled = _plan(compose_cfg, "logger=tensorboard", "logger.tensorboard.profile_batch=2")
     assert profiled.one_step_per_call and profiled.steps_per_call(**numbers) == 1
+    # the custom loop takes only its profiler window one step per call (StepProfiler)
+    custom = _plan(compose_cfg, "loop=custom", "logger=tensorboard",
+                   "logger.tensorboard.profile_batch=2")  # fmt: skip
+    assert custom.one_step_per_call is None and custom.steps_per_call(**numbers) == 8
     fixed = _plan(compose_cfg, "batching.steps_per_execution=4")
     assert fixed.steps_per_call(**numbers) == 4
     assert (

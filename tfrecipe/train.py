@@ -260,7 +260,7 @@ def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
     )  # fmt: skip
     options = loop.options(
         loop_spec, objective=objective, progress=callbacks.progress.enabled, inputs=data,
-        steps_per_call=built.steps_per_call, input_clock=watched.input_clock,
+        steps_per_call=built.steps_per_call, monitors=watched,
     )  # fmt: skip
     with loop.recording_end(summary, watched, model, protected, measure):
         trained = loop.train_model(plan, model, data, options=options, summary=summary,

@@ -102,12 +102,12 @@ def _compiled_like_fit(model: keras.Model) -> Callable[[Callable], Callable]:
 
 def _make_train_function(
     model: keras.Model, objective: Objective, options: LoopOptions
-) -> Callable[[Any, tf.Tensor], dict[str, tf.Tensor]]:
-    """`train_steps(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
-    `tf.function` call (a graph loop, so Python runs once per call, not once per step; at
-    `steps_per_loop=1` a single step without a loop), each of `gradient_accumulation_steps`
-    micro-batches; with an `input_clock`, each `next(iterator)` is timed in the graph (outside
-    XLA's step)."""
+) -> Callable[[Any, int], dict[str, tf.Tensor]]:
+    """`train(iterator, num_steps) -> metric results`: `num_steps` optimizer steps in one
+    `tf.function` call (a graph loop, so Python runs once per call, not once per step; a
+    single step without a loop at `steps_per_loop=1`, and in a profiler's window, where xprof
+    finds no step inside a loop), each of `gradient_accumulation_steps` micro-batches; with an
+    `input_clock`, each `next(iterator)` is timed in the graph (outside XLA's step)."""
     strategy = model.distribute_strategy
     read = _reader(options.input_clock)
 
@@ -126,12 +126,18 @@ def _make_train_function(
         return objective.results()
 
     @tf.function
-    def train_step(iterator, num_steps):
-        # One step per call: no graph loop (the profiler's xprof finds no step inside one).
+    def train_step(iterator):
         step([read(iterator) for _ in range(options.gradient_accumulation_steps)])
         return objective.results()
 
-    return train_step if options.steps_per_loop == 1 else train_steps
+    loopless = options.steps_per_loop == 1 or options.call_steps is not None
+
+    def train(iterator, num_steps: int):
+        if num_steps == 1 and loopless:
+            return train_step(iterator)
+        return train_steps(iterator, tf.constant(num_steps))
+
+    return train
 
 
 def _reader(clock: InputClock | None) -> Callable[[Any], Any]:
@@ -229,7 +235,7 @@ def evaluate(
 
 def _train_epoch(
     model: keras.Model,
-    train_steps: Callable[[Any, tf.Tensor], dict[str, tf.Tensor]],
+    train_steps: Callable[[Any, int], dict[str, tf.Tensor]],
     iterator: Any,
     callbacks: keras.callbacks.CallbackList,
     options: LoopOptions,
@@ -237,12 +243,15 @@ def _train_epoch(
 ) -> None:
     """`options.steps_per_epoch` steps (from step `start` of a restored epoch), batch hooks around
     each call. Calls end where the epoch's multiples of `steps_per_loop` do (there the step
-    hooks fire, as in an epoch run from its start) and at the epoch's end."""
+    hooks fire, as in an epoch run from its start) and at the epoch's end, and where
+    `options.call_steps` shortens them (a profiler's window)."""
     first, per_call = start, options.steps_per_loop
     while first < options.steps_per_epoch:
         num_steps = min(per_call - first % per_call, options.steps_per_epoch - first)
+        if options.call_steps is not None:
+            num_steps = options.call_steps(num_steps)
         callbacks.on_train_batch_begin(first)
-        logs = train_steps(iterator, tf.constant(num_steps))
+        logs = train_steps(iterator, num_steps)
         first += num_steps
         callbacks.on_train_batch_end(first - 1, logs)
         if model.stop_training:

@@ -26,6 +26,8 @@ class LoopOptions:
     input_clock: stamps the steps' wait on input (tfrecipe.perf.clock), or None.
     objective: `make() -> (loss, metrics)`: what the custom loops optimize and report (the
       task's, as the model was compiled: tfrecipe.models.build.objective); fit needs none.
+    call_steps: the custom loop's `planned -> steps` for its next call, or None: a profiler's
+      window (`tfrecipe.perf.profiler.StepProfiler.call_steps`) takes its steps one per call.
     """
 
     epochs: int
@@ -38,3 +40,4 @@ class LoopOptions:
     train_data_from: Callable[[int], Any] | None = None
     input_clock: InputClock | None = None
     objective: Callable[[], tuple[Any, Any]] | None = None
+    call_steps: Callable[[int], int] | None = None

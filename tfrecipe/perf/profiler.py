@@ -1,5 +1,5 @@
-"""A profiler window that xprof can analyse: `logger.tensorboard.profile_batch` = the first call
-profiled, `logger.tensorboard.profile_steps` = how many calls.
+"""A profiler window that xprof can analyse: `logger.tensorboard.profile_batch` = the first step
+profiled, `logger.tensorboard.profile_steps` = how many steps (one per call).
 
 Keras 3's TensorBoard callback marks its profiled batch with `Trace("Profiled batch", ...)`,
 without the root marker `_r=1`, so xprof finds no step ("No step time measured"). Here each call
@@ -27,41 +27,58 @@ log = logging.getLogger("tfrecipe")
 
 
 class StepProfiler(keras.callbacks.Callback):
-    """Profiles calls `first` .. `first + calls - 1` of the run (0-based, counted over all epochs)
-    into `log_dir`, each call marked as a step.
+    """Profiles steps `first` .. `first + steps - 1` of the run (0-based, counted over all
+    epochs) into `log_dir`, one step per call, each call marked as a step.
+
+    fit takes one step per call for the whole of a profiled run (Keras fixes its steps per
+    call); the custom loop asks `call_steps` before each call, and takes the window's steps and
+    the one before it (which traces the loopless step outside the window) one per call, and
+    its planned calls elsewhere.
 
     Args:
       log_dir: the TensorBoard dir (the trace goes under plugins/profile/).
-      first: the first call profiled (later than the first, which traces the graph).
-      calls: how many calls.
+      first: the first step profiled (later than the first, which traces the graph).
+      calls: how many steps, one per call.
     """
 
     def __init__(self, log_dir: Path, *, first: int, calls: int):
         super().__init__()
         self.log_dir, self.first, self.calls = log_dir, first, calls
         self.result: dict[str, Any] | None = None
-        self._call = 0
+        self._step = 0  # steps this run has taken
+        self._call_began = 0
         self._trace: tf.profiler.experimental.Trace | None = None
         self._profiling = False
 
     @property
-    def calls_seen(self) -> int:
-        return self._call
+    def steps_seen(self) -> int:
+        return self._step
+
+    def call_steps(self, planned: int) -> int:
+        """The steps the next call may take: up to the step before the window, then one per
+        call through the window."""
+        one_step_from = max(self.first - 1, 0)
+        if self._step >= self.first + self.calls:
+            return planned
+        if self._step >= one_step_from:
+            return 1
+        return min(planned, one_step_from - self._step)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._call == self.first:
+        self._call_began = batch
+        if not self._profiling and self.first <= self._step < self.first + self.calls:
             tf.profiler.experimental.start(str(self.log_dir))
             self._profiling = True
         if self._profiling:
-            self._trace = tf.profiler.experimental.Trace("train", step_num=self._call, _r=1)
+            self._trace = tf.profiler.experimental.Trace("train", step_num=self._step, _r=1)
             self._trace.__enter__()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._trace is not None:
             self._trace.__exit__(None, None, None)
             self._trace = None
-        self._call += 1
-        if self._profiling and self._call >= self.first + self.calls:
+        self._step += batch - self._call_began + 1
+        if self._profiling and self._step >= self.first + self.calls:
             self._stop()
 
     def on_train_end(self, logs=None):

@@ -28,7 +28,6 @@ from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
 from tfrecipe.perf import report
-from tfrecipe.perf.clock import InputClock
 from tfrecipe.training import lr_find, performance
 from tfrecipe.training.inputs import Inputs
 from tfrecipe.training.monitors import Monitors
@@ -54,10 +53,12 @@ def options(
     progress: bool,
     inputs: Inputs,
     steps_per_call: int,
-    input_clock: InputClock | None,
+    monitors: Monitors,
 ) -> LoopOptions:
     """The loop's options (`objective`: the task's, `models.build.objective`; `progress`:
-    `callbacks.progress.enabled`)."""
+    `callbacks.progress.enabled`; `monitors`: the input clock, and a profiler's window, which
+    the custom loop takes one step per call)."""
+    profiler = monitors.profiler
     return LoopOptions(
         epochs=spec.epochs,
         steps_per_epoch=inputs.steps_per_epoch,
@@ -66,8 +67,9 @@ def options(
         steps_per_loop=steps_per_call,
         gradient_accumulation_steps=spec.gradient_accumulation_steps,
         train_data_from=inputs.train_from,
-        input_clock=input_clock,
+        input_clock=monitors.input_clock,
         objective=objective,
+        call_steps=profiler.call_steps if profiler is not None else None,
     )
 
 

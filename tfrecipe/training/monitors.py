@@ -45,14 +45,18 @@ class Monitors:
         return any(isinstance(c, keras.callbacks.TensorBoard) for c in self.callbacks)
 
     @property
+    def profiler(self) -> StepProfiler | None:
+        """The profiler window (`logger.tensorboard.profile_batch`), where one is asked for."""
+        return next((c for c in self.callbacks if isinstance(c, StepProfiler)), None)
+
+    @property
     def profile(self) -> dict[str, Any] | None:
-        """The profiler window's analysis (`logger.tensorboard.profile_batch`), once it closed."""
-        profilers = [c for c in self.callbacks if isinstance(c, StepProfiler)]
-        if not profilers:
+        """The profiler window's analysis, once it closed."""
+        profiler = self.profiler
+        if profiler is None:
             return None
-        profiler = profilers[0]
         if profiler.result is None:  # the window was never reached
-            return {"error": f"the run ended after {profiler.calls_seen} calls, before call "
+            return {"error": f"the run ended after {profiler.steps_seen} steps, before step "
                     f"{profiler.first} (logger.tensorboard.profile_batch)"}  # fmt: skip
         return profiler.result
 
