@@ -133,3 +133,38 @@ def test_a_sidecar_evaluator_scores_every_epochs_checkpoint(launch, tmp_path):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         f"epoch-{epoch:03d}.weights.h5" for epoch in (1, 2, 3)
     ]
+
+
+def test_a_port_taken_before_its_task_binds_it_starts_the_cluster_on_new_ports(
+    tmp_path, monkeypatch, capfd
+):
+    """The launcher's free ports are released for the tasks to bind: another process can take
+    one first (seen in a full test run). Worker 0's port is held here: its server cannot
+    listen, it exits 69, and the launcher starts the cluster again on new ports without
+    spending a restart (max_restarts=0), and the run completes."""
+    import socket
+
+    from tfrecipe.distribute import launcher
+
+    taken = socket.create_server(("127.0.0.1", 0))  # listening, without SO_REUSEPORT
+    found, asked = launcher.free_ports, []
+
+    def first_port_taken(count: int) -> list[int]:
+        asked.append(count)
+        ports = found(count)
+        return [taken.getsockname()[1], *ports[1:]] if len(asked) == 1 else ports
+
+    monkeypatch.setattr(launcher, "free_ports", first_port_taken)
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "run"
+    with taken:
+        code = launcher.launch(
+            [*MWMS, *TINY, f"hydra.run.dir={run_dir}"],
+            launcher.LaunchOptions(num_workers=2, max_restarts=0),
+        )
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    assert len(asked) == 2
+    assert "worker 0 exited with code 69 (its port was taken)" in err
+    assert "starting again on new ports (1 of 3)" in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -18,7 +18,7 @@ from tests.helpers.configs import validate
 from tests.helpers.launch import launching
 from tfrecipe import rundir
 from tfrecipe.config.compose import compose
-from tfrecipe.distribute import launcher
+from tfrecipe.distribute import launcher, processes
 from tfrecipe.fault import watchdog
 from tfrecipe.outcome import EXIT_STALLED
 
@@ -104,7 +104,7 @@ def _python(code: str) -> list[str]:
 def test_a_worker_that_outlives_its_peer_is_stopped_and_named(capfd, tmp_path):
     """Worker 1 saved and exited; worker 0 hangs, deaf to SIGTERM (the 2-worker SIGTERM test's
     hang): the launcher stops it after exit_grace_s + grace_period_s, and says so."""
-    group = launcher._Cluster(grace_period_s=0.5)
+    group = processes.TaskGroup(grace_period_s=0.5)
     ready = tmp_path / "deaf"
     deaf = (
         "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

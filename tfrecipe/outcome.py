@@ -21,11 +21,20 @@ EXIT_PREEMPTED = 75
 # to RUN_DIR/stall-TASK.txt and stopped. Restartable: a rerun resumes from the last backup.
 EXIT_STALLED = 76
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anything
+# A cluster task could not listen on its address: the port the local launcher picked was taken
+# by another process before the task bound it. EX_UNAVAILABLE (sysexits.h); the launcher starts
+# the cluster again on new ports without spending a restart.
+EXIT_PORT_TAKEN = 69
 
 BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from
 # The local launcher numbers its attempts at running a cluster (0 first) in every task's env:
 # a restarted attempt continues the same run in the same run dir.
 ATTEMPT_ENV = "TFRECIPE_CLUSTER_ATTEMPT"
+
+
+def port_taken(error: BaseException) -> bool:
+    """TensorFlow's server could not bind its address (its words are the only sign it gives)."""
+    return "Could not start gRPC server" in str(error)
 
 
 class TrainingError(RuntimeError):

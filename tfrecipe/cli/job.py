@@ -16,7 +16,14 @@ from pathlib import Path
 
 from tfrecipe.cli import sweep_jobs
 from tfrecipe.errors import ConfigError, DataError
-from tfrecipe.outcome import EXIT_CONFIG, EXIT_PREEMPTED, EXIT_TRAINING, TrainingError
+from tfrecipe.outcome import (
+    EXIT_CONFIG,
+    EXIT_PORT_TAKEN,
+    EXIT_PREEMPTED,
+    EXIT_TRAINING,
+    TrainingError,
+    port_taken,
+)
 
 log = logging.getLogger("tfrecipe")
 
@@ -108,6 +115,8 @@ def _failed(cfg, run_dir: Path, error: Exception) -> float:
 
 
 def _exit_code(error: Exception) -> int:
+    if port_taken(error):  # the local launcher tries again on new ports
+        return EXIT_PORT_TAKEN
     return EXIT_CONFIG if isinstance(error, ConfigError | DataError) else EXIT_TRAINING
 
 

@@ -224,7 +224,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "shutil.rmtree": "that scratch folder",
     },
     "tfrecipe/distribute/cluster.py": {"os.environ.*": "GRPC_FAIL_FAST for parameter servers"},
-    "tfrecipe/distribute/launcher.py": {
+    "tfrecipe/distribute/processes.py": {
         "subprocess.Popen": "the local cluster's tasks: python -m tfrecipe, no shell",
         "tempfile.mkdtemp": "the tasks' logs",
         "shutil.rmtree": "those logs",

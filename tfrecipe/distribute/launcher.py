@@ -18,6 +18,9 @@ Faults, as a cluster manager (Kubernetes, SLURM) would handle them, at most `max
 - a stall: a worker that makes no training step for `cluster.stall_timeout` seconds writes its
   threads' stacks to RUN_DIR/stall-TASK.txt and exits with EXIT_STALLED, a failure like any other:
   the cluster starts again from the last backup.
+- a port taken between the launcher picking it and its task binding it (another process's): the
+  task exits with EXIT_PORT_TAKEN and the cluster starts again on new ports, not counted as a
+  restart (PORT_RETRIES times).
 - no wait is unbounded: once a worker has exited, the others get `exit_grace_s` to finish, then
   they are stopped and named; a task that ignores SIGTERM is killed after `grace_period_s`.
 
@@ -32,18 +35,20 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
-from tfrecipe.outcome import ATTEMPT_ENV, EXIT_CONFIG, EXIT_PREEMPTED, EXIT_STALLED
+from tfrecipe.distribute.processes import TaskGroup, log
+from tfrecipe.outcome import (
+    ATTEMPT_ENV,
+    EXIT_CONFIG,
+    EXIT_PORT_TAKEN,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+)
 from tfrecipe.outcome import EXIT_TRAINING as EXIT_FAILED
 
 _POLL_S = 0.2
@@ -76,6 +81,11 @@ class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.exit_code = 128 + signum
+
+
+# Starts on new ports after a task found its port taken (free_ports releases the ports it found
+# for the tasks to bind: another process may take one in between).
+PORT_RETRIES = 3
 
 
 def free_ports(count: int) -> list[int]:
@@ -145,121 +155,6 @@ def task_argv(
     return [sys.executable, "-m", "tfrecipe", *argv]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it if the launcher dies without cleaning up."""
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the launcher's own cleanup has to do
-        pass
-
-
-@dataclasses.dataclass
-class _Task:
-    name: str  # "worker 1": its role and index, as its output's prefix shows it
-    argv: list[str]
-    env: dict[str, str]
-    process: subprocess.Popen
-    streamer: threading.Thread
-    watched: bool = True  # False: its exit was dealt with, the run goes on without it
-
-    @property
-    def role(self) -> str:
-        return self.name.split()[0]
-
-
-def _stream(prefix: str, pipe, lock: threading.Lock) -> None:
-    for line in iter(pipe.readline, ""):
-        with lock:
-            sys.stdout.write(f"{prefix} {line}")
-            sys.stdout.flush()
-    pipe.close()
-
-
-class _Cluster:
-    """One start of the cluster's processes; stops them all, whatever happens.
-
-    Args:
-      grace_period_s: seconds a task gets after SIGTERM before SIGKILL.
-      stop_first: the task stopped (and waited for) before the others: a parameter-server
-        cluster's coordinator, which needs the servers to save its backup.
-    """
-
-    def __init__(self, grace_period_s: float, stop_first: str | None = None):
-        self.grace_period_s = grace_period_s
-        self.stop_first = stop_first
-        self.tasks: dict[str, _Task] = {}
-        self._lock = threading.Lock()
-        # Each task's TMPDIR: what a killed task could not delete (its scratch run dir,
-        # autograph's files) goes with this folder when the cluster stops.
-        self.scratch = Path(tempfile.mkdtemp(prefix="tfrecipe-cluster-"))
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        tmp = self.scratch / name.replace(" ", "")
-        tmp.mkdir(exist_ok=True)
-        process = subprocess.Popen(
-            argv,
-            env={**env, "TMPDIR": str(tmp)},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # signals reach it only through us, and its whole group
-            preexec_fn=_die_with_parent,
-        )
-        streamer = threading.Thread(
-            target=_stream, args=(f"[{name}]", process.stdout, self._lock), daemon=True
-        )
-        streamer.start()
-        self.tasks[name] = _Task(name, argv, env, process, streamer)
-
-    def restart(self, name: str, attempt: int) -> None:
-        """Starts the (dead) task `name` again with its command, at its address."""
-        task = self.tasks[name]
-        task.streamer.join(timeout=5)
-        self.start(name, task.argv, {**task.env, ATTEMPT_ENV: str(attempt)})
-
-    def poll(self) -> dict[str, int | None]:
-        return {name: task.process.poll() for name, task in self.tasks.items()}
-
-    def exit_code(self, name: str) -> int | None:
-        task = self.tasks.get(name)
-        return task.process.poll() if task else None
-
-    def stop(self) -> None:
-        """SIGTERM to every task's process group (`stop_first` alone first), SIGKILL after the
-        grace period."""
-        first = [t for name, t in self.tasks.items() if name == self.stop_first]
-        self._terminate(first)
-        self._terminate([t for t in self.tasks.values() if t not in first])
-        for task in self.tasks.values():
-            _signal_group(task.process, signal.SIGKILL)  # whatever its children left behind
-            task.streamer.join(timeout=5)
-        shutil.rmtree(self.scratch, ignore_errors=True)
-
-    def _terminate(self, tasks: list[_Task]) -> None:
-        running = [t for t in tasks if t.process.poll() is None]
-        for task in running:
-            _signal_group(task.process, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_period_s
-        for task in running:
-            try:
-                task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _log(f"{task.name} did not stop {self.grace_period_s:g} s after SIGTERM: killed")
-                _signal_group(task.process, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    task.process.wait(timeout=self.grace_period_s)
-
-
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signum)
-
-
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """Turns SIGINT and SIGTERM into `Interrupted` in the main thread, for orderly cleanup."""
@@ -277,10 +172,6 @@ def _signals_interrupt() -> Iterator[None]:
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
-
-
-def _log(message: str) -> None:
-    print(f"[launcher] {message}", file=sys.stderr, flush=True)
 
 
 def _task_env(spec, task_type: str, index: int, attempt: int) -> dict[str, str]:
@@ -318,7 +209,7 @@ def _chief(options: LaunchOptions) -> str:
     return "chief 0" if options.num_ps else "worker 0"
 
 
-def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: int) -> None:
+def _start(group: TaskGroup, overrides, spec, options: LaunchOptions, attempt: int) -> None:
     """Servers first, then the workers; the coordinator last (it connects to all of them)."""
     for task_type in ("ps", "worker", "chief"):
         for index in range(len(spec.get(task_type, []))):
@@ -338,7 +229,7 @@ def _start(group: _Cluster, overrides, spec, options: LaunchOptions, attempt: in
         )
 
 
-def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
+def _watch(group: TaskGroup, options: LaunchOptions, restarts: _Restarts) -> int:
     """Waits until the run ends; returns its exit code (0: every worker/the coordinator done)."""
     finishing = _Finishing(options.exit_grace_s, chief=_chief(options))
     while True:
@@ -352,6 +243,7 @@ def _watch(group: _Cluster, options: LaunchOptions, restarts: _Restarts) -> int:
 
 
 _NOTES = {
+    EXIT_PORT_TAKEN: " (its port was taken)",
     EXIT_PREEMPTED: " (preempted: the workers saved a backup to resume from)",
     EXIT_STALLED: " (stalled: no training step within cluster.stall_timeout; its threads' stacks "
     "are in the run dir's stall-*.txt)",
@@ -373,7 +265,7 @@ class _Finishing:
         if time.monotonic() - self.since < self.grace_s:
             return None
         running = [name for name, code in codes.items() if code is None]
-        _log(
+        log(
             f"{', '.join(running)} still running {self.grace_s:g} s after "
             f"{', '.join(n for n, c in codes.items() if c == 0)} exited: stopping "
             f"{'them' if len(running) > 1 else 'it'} (cluster.exit_grace_s)"
@@ -382,13 +274,13 @@ class _Finishing:
         return 0 if codes.get(self.chief) == 0 else EXIT_FAILED
 
 
-def _watch_workers(group: _Cluster, finishing: _Finishing) -> int | None:
+def _watch_workers(group: TaskGroup, finishing: _Finishing) -> int | None:
     """Mirrored workers train in lockstep: one that fails stops the run; once one has exited
     0, the others get `finishing`'s grace."""
     codes = group.poll()
     for name, code in codes.items():
         if code not in (None, 0):
-            _log(f"{name} exited with code {code}{_NOTES.get(code, '')}")
+            log(f"{name} exited with code {code}{_NOTES.get(code, '')}")
             return code
     if all(code == 0 for code in codes.values()):
         return 0
@@ -398,7 +290,7 @@ def _watch_workers(group: _Cluster, finishing: _Finishing) -> int | None:
     return finishing.overdue(codes) if 0 in trained else None
 
 
-def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:
+def _watch_coordinator(group: TaskGroup, restarts: _Restarts) -> int | None:
     """The coordinator's exit ends the run. Servers run until they are stopped: a dead parameter
     server fails the run; a dead worker's steps go to the others, and it is started again."""
     for name, code in group.poll().items():
@@ -407,16 +299,16 @@ def _watch_coordinator(group: _Cluster, restarts: _Restarts) -> int | None:
             continue
         if task.role == "chief":
             if code:
-                _log(f"the coordinator ({name}) exited with code {code}")
+                log(f"the coordinator ({name}) exited with code {code}")
             return code
-        _log(f"{name} exited with code {code} during training{_NOTES.get(code, '')}")
+        log(f"{name} exited with code {code} during training{_NOTES.get(code, '')}")
         if task.role != "worker":
-            return EXIT_FAILED
+            return EXIT_PORT_TAKEN if code == EXIT_PORT_TAKEN else EXIT_FAILED
         if not restarts.take():
-            _log(f"the coordinator goes on without {name} (no restarts left)")
+            log(f"the coordinator goes on without {name} (no restarts left)")
             task.watched = False
             continue
-        _log(f"restarting {name} ({restarts}); the coordinator reschedules its steps meanwhile")
+        log(f"restarting {name} ({restarts}); the coordinator reschedules its steps meanwhile")
         group.restart(name, restarts.used)
     return None
 
@@ -428,21 +320,23 @@ def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
       overrides: the user's command-line overrides, with `hydra.run.dir` pinned to one directory.
       options: cluster shape and restart policy.
     """
-    restarts = _Restarts(options.max_restarts)
+    restarts, new_ports = _Restarts(options.max_restarts), _Restarts(PORT_RETRIES)
+    starts = 0  # every start after the first continues the same run (ATTEMPT_ENV)
     with _signals_interrupt():
         while True:
             spec = cluster_spec(options)
             coordinator = _chief(options) if options.num_ps else None
-            group = _Cluster(options.grace_period_s, stop_first=coordinator)
+            group = TaskGroup(options.grace_period_s, stop_first=coordinator)
             interrupt = None
             try:
                 if restarts.used:  # the first start is what the user asked for: nothing to say
                     attempt = f"attempt {restarts.used + 1} of {options.max_restarts + 1}"
-                    _log(f"starting {_describe(spec)} ({attempt})")
-                _start(group, overrides, spec, options, restarts.used)
+                    log(f"starting {_describe(spec)} ({attempt})")
+                _start(group, overrides, spec, options, starts)
+                starts += 1
                 code = _watch(group, options, restarts)
             except Interrupted as caught:
-                _log(f"{caught}: stopping every task")
+                log(f"{caught}: stopping every task")
                 interrupt = caught
             finally:
                 group.stop()
@@ -450,18 +344,30 @@ def launch(overrides: Sequence[str], options: LaunchOptions) -> int:
                 return _interrupted_exit_code(group, options, interrupt)
             if code in (0, EXIT_CONFIG):  # a configuration error repeats on every start
                 return code
-            if not restarts.take():
+            if not _start_again(code, restarts, new_ports):
                 break
-            _log(f"restarting the cluster ({restarts})")
-    _log(f"the cluster could not finish after {options.max_restarts} restart(s)")
+    log(f"the cluster could not finish after {options.max_restarts} restart(s)")
     # Preempted or stalled: the code says so to whatever runs the launcher (it may try again).
     return code if code in (EXIT_PREEMPTED, EXIT_STALLED) else EXIT_FAILED
 
 
-def _interrupted_exit_code(group: _Cluster, options: LaunchOptions, interrupt) -> int:
+def _start_again(code: int, restarts: _Restarts, new_ports: _Restarts) -> bool:
+    """Whether a cluster that ended with `code` starts again: on new ports after a port was
+    taken (not a restart: nothing ran), else while restarts remain."""
+    if code == EXIT_PORT_TAKEN and new_ports.take():
+        log("a task could not listen on its port (another process took it after it was "
+            f"picked): starting again on new ports ({new_ports.used} of {PORT_RETRIES})")  # fmt: skip
+        return True
+    if not restarts.take():
+        return False
+    log(f"restarting the cluster ({restarts})")
+    return True
+
+
+def _interrupted_exit_code(group: TaskGroup, options: LaunchOptions, interrupt) -> int:
     """EXIT_PREEMPTED when the chief saved a backup on the way out, else 128 + the signal."""
     if group.exit_code(_chief(options)) == EXIT_PREEMPTED:
-        _log("the chief saved a backup; rerun the same command to resume")
+        log("the chief saved a backup; rerun the same command to resume")
         return EXIT_PREEMPTED
     return interrupt.exit_code
 
