@@ -26,7 +26,7 @@ def log(message: str) -> None:
     print(f"[launcher] {message}", file=sys.stderr, flush=True)
 
 
-def die_with_parent() -> None:
+def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it if the launcher dies without cleaning up."""
     try:
         import ctypes
@@ -51,7 +51,7 @@ class Task:
         return self.name.split()[0]
 
 
-def stream(prefix: str, pipe, lock: threading.Lock) -> None:
+def _stream(prefix: str, pipe, lock: threading.Lock) -> None:
     for line in iter(pipe.readline, ""):
         with lock:
             sys.stdout.write(f"{prefix} {line}")
@@ -89,10 +89,10 @@ class TaskGroup:
             text=True,
             bufsize=1,
             start_new_session=True,  # signals reach it only through us, and its whole group
-            preexec_fn=die_with_parent,
+            preexec_fn=_die_with_parent,
         )
         streamer = threading.Thread(
-            target=stream, args=(f"[{name}]", process.stdout, self._lock), daemon=True
+            target=_stream, args=(f"[{name}]", process.stdout, self._lock), daemon=True
         )
         streamer.start()
         self.tasks[name] = Task(name, argv, env, process, streamer)
@@ -117,25 +117,25 @@ class TaskGroup:
         self._terminate(first)
         self._terminate([t for t in self.tasks.values() if t not in first])
         for task in self.tasks.values():
-            signal_group(task.process, signal.SIGKILL)  # whatever its children left behind
+            _signal_group(task.process, signal.SIGKILL)  # whatever its children left behind
             task.streamer.join(timeout=5)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _terminate(self, tasks: list[Task]) -> None:
         running = [t for t in tasks if t.process.poll() is None]
         for task in running:
-            signal_group(task.process, signal.SIGTERM)
+            _signal_group(task.process, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_period_s
         for task in running:
             try:
                 task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log(f"{task.name} did not stop {self.grace_period_s:g} s after SIGTERM: killed")
-                signal_group(task.process, signal.SIGKILL)
+                _signal_group(task.process, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     task.process.wait(timeout=self.grace_period_s)
 
 
-def signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
