@@ -156,6 +156,7 @@ def log_to_tensorboard(log_dir: Path, perf: Mapping[str, Any], *, step: int) -> 
         "input_wait_fraction": perf.get("input_wait_fraction"),
         "achieved_flops_per_sec": perf.get("achieved_flops_per_sec"),
         "mfu": perf.get("mfu"),
+        **{f"wall_{part}": share for part, share in (perf.get("wall_split") or {}).items()},
     }
     writer = tf.summary.create_file_writer(str(log_dir / "perf"))
     with writer.as_default():
