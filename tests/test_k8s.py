@@ -178,7 +178,7 @@ class Pod:
         env.pop("TF_CONFIG", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tfrecipe", *args, "cluster.loopback=true",
-             "cluster.stall_timeout=6", f"hydra.run.dir={run_dir}", *RUN],
+             "cluster.stall_timeout=12", f"hydra.run.dir={run_dir}", *RUN],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )  # fmt: skip
@@ -225,7 +225,7 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
     assert 4 <= killed_at < STEPS
     pods[1] = start_pod(1)  # the Job restarts index 1 at once
     # Worker 0, left in a collective, stops by itself (a collective error, at the latest its
-    # watchdog's 6 s) and is restarted in turn; the two meet again and resume.
+    # watchdog's 12 s) and is restarted in turn; the two meet again and resume.
     code, out = pods[0].finish(timeout=90)
     assert code in (EXIT_TRAINING, EXIT_STALLED), out[-3000:]
     pods[0] = start_pod(0)
