@@ -71,6 +71,16 @@ def test_the_inventory_names_no_key_that_is_gone():
 
 
 # --- code writes, imports, starts programs and sets the environment only where listed -------------
+_FILE_MODULES = {"io", "gzip", "bz2", "lzma", "tarfile", "zipfile", "codecs"}  # open(path, mode)
+# Calls that write, delete, import or run by their name alone; the last row: library calls that
+# write files under a path they are given.
+_SINK_NAMES = {"write_text", "write_bytes", "rmtree", "mkstemp", "mkdtemp", "unlink", "save",
+               "save_weights", "symlink_to", "import_module", "Popen", "system", "putenv",
+               "__import__",
+               "TensorBoard", "ModelCheckpoint", "CSVLogger", "BackupAndRestore",
+               "create_file_writer", "CheckpointManager"}  # fmt: skip
+
+
 def _sink_calls(tree: ast.AST):
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
@@ -82,15 +92,23 @@ def _sink_calls(tree: ast.AST):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         base = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
-        if name == "open" and not base:
-            mode = node.args[1] if len(node.args) > 1 else None
+        if name == "open" and base == "os":  # os.open(path, flags): writing flags
+            if any(flag in ast.unparse(node) for flag in ("O_WRONLY", "O_RDWR", "O_CREAT")):
+                yield "os.open"
+        elif name == "open":  # open(p, "w"), gzip.open(p, "wb"); a Path's p.open("w")
+            path_method = (
+                base not in _FILE_MODULES
+                and node.args[:1]
+                and isinstance(node.args[0], ast.Constant)
+            )  # Path.open(mode); not ZipFile.open(name, mode)
+            at = 0 if base and path_method else 1
+            mode = node.args[at] if len(node.args) > at else None
             mode = next((k.value for k in node.keywords if k.arg == "mode"), mode)
             text = mode.value if isinstance(mode, ast.Constant) else ("?" if mode else "r")
             if any(c in text for c in "wax?+"):
-                yield f"open({text})"
-        elif name in {"write_text", "write_bytes", "rmtree", "mkstemp", "mkdtemp", "unlink",
-                      "save", "save_weights", "symlink_to", "import_module", "Popen", "system",
-                      "putenv", "__import__"}:  # fmt: skip
+                yield f"{base}.open({text})" if base else f"open({text})"
+        elif name in _SINK_NAMES:
+            yield f"{base}.{name}" if base else name
             yield f"{base}.{name}" if base else name
         elif base in ("os", "shutil") and name in {"replace", "rename", "move", "copy", "copy2",
                                                    "copyfile", "copytree", "remove"}:  # fmt: skip
@@ -120,10 +138,15 @@ def test_the_sink_scan_sees_a_new_door():
     snippet = textwrap.dedent("""\
         open(p, "w"); Path(p).write_text("x"); os.replace(a, b); importlib.import_module(m)
         subprocess.run(["x"]); os.environ["A"] = "1"; os.environ.update(B="2")
+        self.path.open("a", newline=""); gzip.open(p, "wb"); os.open(p, os.O_WRONLY)
+        keras.callbacks.TensorBoard(log_dir=d); tf.summary.create_file_writer(d)
+        open(p); self.path.open(); os.open(d, os.O_RDONLY)
         """)
     found = set(_sink_calls(ast.parse(snippet)))
     assert found == {"open(w)", "Path(p).write_text", "os.replace", "importlib.import_module",
-                     "subprocess.run", "os.environ[]=", "os.environ.*"}  # fmt: skip
+                     "subprocess.run", "os.environ[]=", "os.environ.*", "self.path.open(a)",
+                     "gzip.open(wb)", "os.open", "keras.callbacks.TensorBoard",
+                     "tf.summary.create_file_writer"}  # fmt: skip
 
 
 # --- a payload through each door --------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import math
+import operator
 import os
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import keras
 
-from tfrecipe import reading
+from tfrecipe import files, reading
 from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.distribute.cluster import is_chief_process
@@ -163,12 +165,13 @@ class StepCSVLogger(StepLog):
 
     def on_train_begin(self, logs=None):
         kept = _rows_up_to(self.path, current_step(self.model))
-        self._file = self.path.open("w", newline="")
-        self._writer = None
+        text, columns = io.StringIO(newline=""), list(kept[0]) if kept else None
         if kept:
-            self._writer = csv.DictWriter(self._file, fieldnames=list(kept[0]))
-            self._writer.writeheader()
-            self._writer.writerows(kept)
+            writer = csv.DictWriter(text, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(kept)
+        self._file = files.open_log(self.path, text.getvalue())  # a new file, never a link
+        self._writer = csv.DictWriter(self._file, fieldnames=columns) if kept else None
 
     def write(self, row: dict[str, float]) -> None:
         if self._writer is None:
@@ -209,39 +212,32 @@ def _mode(monitor: str, mode: str) -> str:
     return monitor_mode(monitor) if mode == "auto" else mode
 
 
-class BestCheckpoint(keras.callbacks.ModelCheckpoint):
-    """`best.weights.h5`: the weights of the best epoch so far. A resumed run starts from the best
-    value its earlier epochs logged (Keras' checkpoint would start from scratch and overwrite the
-    file with a worse epoch, keras#17012); with `optimizer.ema` it saves the averaged weights,
-    which the monitored validation scored."""
+class BestCheckpoint(keras.callbacks.Callback):
+    """`best.weights.h5`: the weights of the best epoch so far (the first of equals), replaced
+    whole through tfrecipe.files (a crash mid-save leaves the previous best, and a link planted
+    in its place is refused, not written through; Keras' ModelCheckpoint writes in place). An
+    epoch that did not log the monitored value (`loop.validation_freq` > 1) is not scored, so not
+    saved. A resumed run starts from the best value its earlier epochs logged (Keras' checkpoint
+    would start from scratch and overwrite the file with a worse epoch, keras#17012); with
+    `optimizer.ema` it saves the averaged weights, which the monitored validation scored."""
 
     def __init__(self, path: Path, *, monitor: str, mode: str, best_so_far: float | None):
-        super().__init__(
-            str(path),
-            monitor=monitor,
-            mode=mode,
-            save_best_only=True,
-            save_weights_only=True,
-            initial_value_threshold=best_so_far,
-        )
-
-    def on_epoch_end(self, epoch, logs=None):
-        with averaged_weights(self.model):
-            super().on_epoch_end(epoch, logs)
-
-
-class RoomForWeights(keras.callbacks.Callback):
-    """Before ModelCheckpoint writes `best.weights.h5` at an epoch end: a disk without room for
-    the weights raises ENOSPC here (fault/disk.py), where h5py would crash the process."""
-
-    def __init__(self, run_dir: Path):
         super().__init__()
-        self.run_dir = run_dir
+        self.path, self.monitor, self.best = path, monitor, best_so_far
+        self._better = operator.gt if mode == "max" else operator.lt
 
     def on_epoch_end(self, epoch, logs=None):
-        previous = self.run_dir / "best.weights.h5"  # rewritten in place: its room is reused
-        reused = previous.stat().st_size if previous.is_file() else 0
-        disk.check_room(self.run_dir, disk.weights_bytes(self.model) - reused)
+        current = (logs or {}).get(self.monitor)
+        if current is None or not math.isfinite(current):
+            return
+        if self.best is not None and not self._better(current, self.best):
+            return
+        self.best = float(current)
+        # the new file is written beside the old one: a disk without room for it raises ENOSPC
+        # here (fault/disk.py), where h5py would crash the process
+        disk.check_room(self.path.parent, disk.weights_bytes(self.model))
+        with averaged_weights(self.model), files.replace_with(self.path) as scratch:
+            self.model.save_weights(scratch)
 
 
 def build_callbacks(
@@ -299,7 +295,6 @@ def _best_checkpoint(
     mode = _mode(checkpoint.monitor, checkpoint.mode)
     best = best_row(earlier_epochs, checkpoint.monitor, mode)
     return [
-        RoomForWeights(run_dir),  # runs first: before h5py writes
         BestCheckpoint(
             run_dir / "best.weights.h5",
             monitor=checkpoint.monitor,
@@ -318,7 +313,7 @@ def _logger_callbacks(logger: schema.Logger, run_dir: Path) -> list[keras.callba
         tb = logger.tensorboard
         callbacks.append(
             keras.callbacks.TensorBoard(
-                log_dir=str(run_dir / "tensorboard"),
+                log_dir=str(files.library_dir(run_dir / "tensorboard")),
                 update_freq=tb.update_freq,
                 histogram_freq=tb.histogram_freq,
                 profile_batch=0,  # Keras' marker gives xprof no step: StepProfiler's does

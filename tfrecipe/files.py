@@ -10,6 +10,11 @@
   never overwritten. Each file written is added to the manifest.
 - `check_output` is the rule for outputs a user names (`predict -o`): not an input, not a
   directory, not a link, not a file of a run dir.
+- What a library writes goes through here too: weights into `replace_with`'s scratch folder, a
+  log written as it goes through `open_log`, and a folder a library fills (TensorBoard's events,
+  tf.train's checkpoints, W&B's and MLflow's records) through `library_dir`. A run dir a run
+  holds is checked whole first (`check_tree`): a received run dir with a link leading out of it,
+  or a FIFO or device inside, is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 from tfrecipe.errors import ConfigError
 
@@ -143,6 +150,64 @@ def check_writable(path: Path) -> Path | None:
             "tfrecipe never replaces a file it did not create: move it, or choose another dir"
         )
     return root
+
+
+# Folders of a run dir whose library makes links of its own and never writes through one: W&B
+# links its debug logs into its cache and `latest-run` to its newest run, and each start writes a
+# new folder and replaces those links.
+LINKING_LIBRARIES = frozenset({"wandb"})
+
+
+def check_tree(folder: Path, *, key: str | None = "hydra.run.dir") -> None:
+    """Refuses `folder` when anything inside it is a link leading out of it (but inside
+    `LINKING_LIBRARIES`' folders), or neither a regular file, a folder nor a link (a FIFO, a
+    device, a socket): what a run or a library writes there then lands inside the folder, in
+    files of its own. Links that stay inside are left alone. The refusal names `key` (None: the
+    folder alone)."""
+    folder = Path(os.path.realpath(folder))
+    named, fix = (f"{key}={folder}", f"choose another {key}") if key else (str(folder), "move it")
+    for parent, names, file_names in os.walk(folder):
+        for name in [*names, *file_names]:
+            path = Path(parent) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                target = Path(os.path.realpath(path))
+                inside = target == folder or target.is_relative_to(folder)
+                if inside or path.relative_to(folder).parts[0] in LINKING_LIBRARIES:
+                    continue
+                raise NotOurs(
+                    f"{named}: {path.relative_to(folder)} is a link to {target}, outside it; "
+                    f"tfrecipe writes only files it created, never through a link: remove the "
+                    f"link, or {fix}"
+                )
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise NotOurs(
+                    f"{named}: {path.relative_to(folder)} is not a regular file or folder (a "
+                    f"FIFO, device or socket); remove it, or {fix}"
+                )
+
+
+def library_dir(path: Path) -> Path:
+    """`path`, a folder filled with files of a library's naming (TensorBoard, tf.train's
+    CheckpointManager, W&B, MLflow) or appended to as the run goes: refused as `check_writable` and `check_tree` refuse, then
+    made and listed in the run's manifest (a folder listed owns its contents)."""
+    path = _absolute(path)
+    root = check_writable(path)
+    if path.exists() and path.name not in LINKING_LIBRARIES:
+        check_tree(path, key=None)
+    path.mkdir(parents=True, exist_ok=True)
+    if root is not None and not is_owned(path, root):
+        claim(root, [str(path.relative_to(root))])
+    return path
+
+
+def open_log(path: Path, kept: str = "") -> TextIO:
+    """A log written as it goes (steps.csv, the evaluator's metrics.csv): `kept` (a resumed run's
+    rows) written as a new file by `write_atomic`, then that file opened for appending, never
+    through a link."""
+    write_atomic(path, kept)
+    descriptor = os.open(_absolute(path), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    return os.fdopen(descriptor, "a", newline="")
 
 
 def check_output(path: Path, *, inputs: Iterable[Path] = (), key: str = "--output") -> None:

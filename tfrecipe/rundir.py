@@ -94,7 +94,9 @@ def lock_run_dir(run_dir: Path) -> None:
 
 def _own(run_dir: Path) -> None:
     """The held dir's files are the run's to write (tfrecipe/files.py's manifest); a run dir of
-    an earlier version (a summary, no manifest) has its files adopted."""
+    an earlier version (a summary, no manifest) has its files adopted. A dir holding a link that
+    leads out of it is refused first (a received run dir: files.check_tree)."""
+    files.check_tree(run_dir)
     files.own_dir(run_dir, adopt=(run_dir / SUMMARY).exists())
 
 

@@ -141,6 +141,12 @@ FILE_DOORS = (
     Door("RUN_DIR/lr_find.png", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/lr_find.csv", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
+    Door(
+        "RUN_DIR/* (a received run dir)",
+        WRITE,
+        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through "
+        "files.write_atomic/replace_with/open_log/library_dir (tests/test_run_dir_writes.py)",
+    ),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
     Door(
@@ -191,6 +197,10 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/__init__.py": {"importlib.import_module": "the package's lazy public names"},
     "tfrecipe/compat.py": {"importlib.import_module": "TensorFlow's private modules, by name"},
     "tfrecipe/config/instantiate.py": {"importlib.import_module": "targets that passed the check"},
+    "tfrecipe/callbacks.py": {
+        "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
+        "self.model.save_weights": "best.weights.h5, into files.replace_with's scratch folder",
+    },
     "tfrecipe/cli/console.py": {"subprocess.Popen": "nvidia-smi, fixed arguments, no shell"},
     "tfrecipe/cli/commands.py": {
         "open(x)": "`tfrecipe cp`: a new file only (mode x), never over one",
@@ -199,6 +209,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/cli/main.py": {
         "os.environ.*": "TF_CPP_MIN_LOG_LEVEL (a default)",
         "os.environ[]=": "HYDRA_FULL_ERROR: Hydra's errors reach the one-line report",
+        "os.open": "os.devnull, under a quiet stdout",
     },
     "tfrecipe/cli/precheck.py": {
         "os.environ.*": "the command line's Trust, for this process's jobs and a sweep's",
@@ -224,13 +235,20 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "shutil.rmtree": "that scratch folder",
     },
     "tfrecipe/distribute/cluster.py": {"os.environ.*": "GRPC_FAIL_FAST for parameter servers"},
+    "tfrecipe/distribute/evaluator.py": {
+        "self.model.save_weights": "RUN_DIR/checkpoints/epoch-N, into files.replace_with's scratch",
+    },
     "tfrecipe/distribute/processes.py": {
         "subprocess.Popen": "the local cluster's tasks: python -m tfrecipe, no shell",
         "tempfile.mkdtemp": "the tasks' logs",
         "shutil.rmtree": "those logs",
     },
-    "tfrecipe/fault/backup.py": {"*.save": "tf.train.CheckpointManager in RUN_DIR/backup"},
+    "tfrecipe/fault/backup.py": {
+        "*.save": "tf.train.CheckpointManager in RUN_DIR/backup",
+        "tf.train.CheckpointManager": "its directory is files.library_dir's (RUN_DIR/backup)",
+    },
     "tfrecipe/fault/disk.py": {
+        "os.open": "its own .reserve file, in the held run dir (files.check_tree: no link)",
         "path.unlink": "its own .reserve file",
         "log_file.unlink": "an empty log Hydra made for a start the full disk stopped",
         "run_dir / RESERVE.unlink": "its own .reserve file",
@@ -238,6 +256,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     },
     "tfrecipe/fault/preemption.py": {
         "*save": "PreemptionCheckpointHandler's checkpoint in RUN_DIR/backup",
+        "tf.train.CheckpointManager": "an empty one, in its own mkdtemp folder",
         "os.environ.*": "TF_CONFIG for the handler, restored",
         "os.environ[]=": "the same",
         "tempfile.mkdtemp": "a worker's checkpoint dir",
@@ -250,6 +269,12 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     },
     "tfrecipe/models/warm_start.py": {"model.save_weights": "a temporary file it reads back"},
     "tfrecipe/rundir.py": {"os.environ[]=": "the run dir's lock holder, for its tasks"},
+    "tfrecipe/tracking/hparams.py": {
+        "tf.summary.create_file_writer": "files.library_dir(RUN_DIR/tensorboard)",
+    },
+    "tfrecipe/training/performance.py": {
+        "tf.summary.create_file_writer": "files.library_dir(RUN_DIR/tensorboard/perf)",
+    },
     "tfrecipe/perf/provenance.py": {
         "subprocess.run": "git rev-parse/status in the current directory: fixed argv, no shell, "
         "hooks and fsmonitor off",

@@ -19,22 +19,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tfrecipe import rundir
+from tfrecipe import files, rundir
 
 CHECKPOINTS = "checkpoints"
 PATTERN = "epoch-{epoch:03d}.weights.h5"
 
 
 def checkpoint_callbacks(run_dir: Path) -> list:
-    """The per-epoch weight checkpoints a sidecar evaluator reads."""
+    """The per-epoch weight checkpoints a sidecar evaluator reads, each file written whole
+    (tfrecipe.files.replace_with) before its name appears."""
     import keras
 
-    (run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-    return [
-        keras.callbacks.ModelCheckpoint(
-            str(run_dir / CHECKPOINTS / PATTERN), save_weights_only=True, save_freq="epoch"
-        )
-    ]
+    folder = files.library_dir(run_dir / CHECKPOINTS)
+
+    class EpochWeights(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            with files.replace_with(folder / PATTERN.format(epoch=epoch + 1)) as scratch:
+                self.model.save_weights(scratch)
+
+    return [EpochWeights()]
 
 
 def _training_ended(run_dir: Path) -> bool:
@@ -90,11 +93,10 @@ def evaluate_checkpoints(
         counts building the model and data; now when not given.
     """
     started = time.perf_counter() if started is None else started
-    out = run_dir / "evaluator"
-    out.mkdir(parents=True, exist_ok=True)
+    out = files.library_dir(run_dir / "evaluator")
     seen: set[Path] = set()
     last: dict[str, float] = {}
-    with (out / "metrics.csv").open("w", newline="") as file:
+    with files.open_log(out / "metrics.csv") as file:
         table = _MetricsTable(file)
         while True:
             ended = _training_ended(run_dir)  # before listing: the last checkpoint is not missed

@@ -38,7 +38,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from tfrecipe import compat
+from tfrecipe import compat, files
 from tfrecipe.outcome import BACKUP_DIR
 
 log = logging.getLogger("tfrecipe")
@@ -271,6 +271,7 @@ def make_manager(
     absl = logging.getLogger("absl")
     if not any(isinstance(f, _QuietSharding) for f in absl.filters):
         absl.addFilter(_QuietSharding())
+    directory = files.library_dir(directory)  # never through a link out of the run dir
     _repair_state(directory)
     return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
 

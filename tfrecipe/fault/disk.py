@@ -8,7 +8,7 @@ the summary itself, which stayed `running`. So:
   run starts; `release` frees them right before the final summary.json is written, which then
   fits however full the disk is;
 - `check_room` raises an ENOSPC `OSError` before a weights file (h5py) is written where there is
-  less free space than the weights take (`callbacks.RoomForWeights`, `models.export.export_model`);
+  less free space than the weights take (`callbacks.BestCheckpoint`, `models.export.export_model`);
 - `is_disk_full` recognizes the error wherever it was raised (Python's `OSError`, TensorFlow's
   and h5py's messages), and `remove_partial_files` deletes the temporary files the failed writes
   left (`.NAME.tmp`, `.partial-*`, a backup's `*_temp` files);

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfrecipe import files
+
 if TYPE_CHECKING:
     import keras
 
@@ -45,7 +47,7 @@ class HParamsTracker:
         numbers |= {f"test_{k}": v for k, v in (summary.get("test") or {}).items()}
         numbers |= {k: summary.get(k) for k in ("examples_per_sec", "wall_time_s")}
         step = int(summary.get("epochs_completed") or 0)
-        writer = tf.summary.create_file_writer(str(self.run_dir / LOG_DIR))
+        writer = tf.summary.create_file_writer(str(files.library_dir(self.run_dir / LOG_DIR)))
         try:
             with writer.as_default():
                 hp.hparams(self.hparams, trial_id=self.trial)

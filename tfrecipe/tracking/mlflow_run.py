@@ -34,7 +34,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import rundir
+from tfrecipe import files, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.secrets import redact_text
 from tfrecipe.tracking.mlflow_store import (
@@ -132,7 +132,7 @@ class MlflowTracker:
         self.run_id, self.experiment_id = run_id, experiment_id
         record = {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": shown(self.uri),
                   "local": self.local, "parent_run_id": parent}  # fmt: skip
-        (self.run_dir / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+        files.library_dir(self.run_dir / RECORD_DIR)
         rundir.atomic_write(self.run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
 
     def _log_params(self, client, run_id: str, *, resumed: bool) -> None:
@@ -149,7 +149,7 @@ class MlflowTracker:
         """SWEEP_DIR/mlflow/parent.lock held (a sweep job's), else nothing to hold."""
         if self.sweep_dir is None or self.local:
             return contextlib.nullcontext()
-        (self.sweep_dir / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+        files.library_dir(self.sweep_dir / RECORD_DIR)
         return _locked(self.sweep_dir / RECORD_DIR / "parent.lock")
 
     def _parent(self, client, experiment_id: str) -> str | None:
@@ -220,7 +220,7 @@ class MlflowTracker:
         return f"sqlite:///{(self.run_dir / RECORD_DIR / LOCAL_STORE).resolve()}"
 
     def _switch_to_local(self) -> None:
-        (self.run_dir / RECORD_DIR).mkdir(parents=True, exist_ok=True)
+        files.library_dir(self.run_dir / RECORD_DIR)
         self.intended_uri = self.uri
         self.uri, self.local, self._client = self._local_uri(), True, None
 

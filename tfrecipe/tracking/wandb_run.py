@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import reading, rundir
+from tfrecipe import files, reading, rundir
 from tfrecipe.callbacks import StepLog
 from tfrecipe.config import schema
 
@@ -43,7 +43,7 @@ class WandbTracker:
         import wandb
 
         self.spec = spec
-        id_file = run_dir / "wandb" / RUN_ID_FILE
+        id_file = files.library_dir(run_dir / "wandb") / RUN_ID_FILE
         previous = _previous_run_id(id_file) if resume else None
         self.run = wandb.init(
             id=previous,
@@ -56,7 +56,6 @@ class WandbTracker:
             settings=wandb.Settings(save_code=False, console="off"),
         )
         if previous is None:
-            id_file.parent.mkdir(parents=True, exist_ok=True)
             rundir.atomic_write(id_file, self.run.id)
         self.run_dir = run_dir
 

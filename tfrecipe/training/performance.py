@@ -13,6 +13,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfrecipe import files
 from tfrecipe.distribute import cluster
 from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.perf import flops, peak, provenance, report
@@ -158,7 +159,7 @@ def log_to_tensorboard(log_dir: Path, perf: Mapping[str, Any], *, step: int) -> 
         "mfu": perf.get("mfu"),
         **{f"wall_{part}": share for part, share in (perf.get("wall_split") or {}).items()},
     }
-    writer = tf.summary.create_file_writer(str(log_dir / "perf"))
+    writer = tf.summary.create_file_writer(str(files.library_dir(log_dir / "perf")))
     with writer.as_default():
         for name, value in scalars.items():
             if value is not None:
