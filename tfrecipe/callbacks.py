@@ -19,7 +19,7 @@ from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.distribute.cluster import is_chief_process
 from tfrecipe.fault import disk
-from tfrecipe.fault.backup import current_step
+from tfrecipe.fault.backup import StepCounter, crossed, current_step
 from tfrecipe.models.export import export_model
 from tfrecipe.optim import averaged_weights, current_learning_rate
 from tfrecipe.perf.profiler import StepProfiler
@@ -111,7 +111,7 @@ class PeriodicExport(keras.callbacks.Callback):
             export_model(self.model, self.run_dir, self.formats, epoch=epoch + 1)
 
 
-class StepLog(keras.callbacks.Callback):
+class StepLog(StepCounter):
     """Writes a row (`write`) after each call that crossed a multiple of `every_n_steps`
     optimizer steps, counted over the run (an epoch shorter than the interval still gets its
     rows). An auto call is never longer than the interval
@@ -119,31 +119,24 @@ class StepLog(keras.callbacks.Callback):
     the first call end at or after it; the row names the step it was written at: the optimizer
     step, the epoch (1-based), the next step's learning rate and the call's logs.
 
-    Steps are counted in Python from each epoch's start, as the backups count them: reading the
-    optimizer's step after every call costs a device read."""
+    Steps are counted in Python (`StepCounter`), as the backups count them."""
 
     def __init__(self, every_n_steps: int):
         super().__init__()
         self.every_n_steps = every_n_steps
-        self._epoch = self._epoch_start = self._last = 0
-        self._first_batch: int | None = None
+        self._epoch = self._last = 0
 
     def write(self, row: dict[str, float]) -> None:
         raise NotImplementedError
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-        self._epoch_start = self._last = current_step(self.model)  # a rollback's too
-        self._first_batch = None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self._first_batch is None:  # 0, or where a resumed epoch starts
-            self._first_batch = batch
+        super().on_epoch_begin(epoch, logs)
+        self._epoch, self._last = epoch, self._epoch_start  # a rollback's too
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self._epoch_start + batch + 1 - (self._first_batch or 0)
+        step = self.step_after(batch)
         last, self._last = self._last, step
-        if step // self.every_n_steps <= last // self.every_n_steps:
+        if not crossed(self.every_n_steps, last, step):
             return
         row = {
             "step": current_step(self.model),

@@ -91,6 +91,30 @@ def current_step(model: keras.Model) -> int:
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+class StepCounter(keras.callbacks.Callback):
+    """A callback that knows the optimizer step at each call's end without a device read:
+    reading `iterations` after every call costs ~250 µs, a tenth of a small model's step. The
+    step is read once per epoch (a resume or a rollback moves it) and counted on from the
+    epoch's first batch (0, or where a resumed epoch starts)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = current_step(self.model)
+        self._first_batch: int | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._first_batch is None:
+            self._first_batch = batch
+
+    def step_after(self, batch: int) -> int:
+        """The optimizer step after the call that ended at `batch` (`on_train_batch_end`)."""
+        return self._epoch_start + batch + 1 - (self._first_batch or 0)
+
+
+def crossed(every: int, before: int, after: int) -> bool:
+    """Whether the steps from `before` to `after` passed a multiple of `every`."""
+    return after // every > before // every
+
+
 def checkpoints_in(path: Path) -> list[str]:
     """The checkpoints a CheckpointManager keeps in `path`, newest first ([] when none).
 
@@ -164,7 +188,7 @@ def restore_latest(checkpoint: tf.train.Checkpoint, candidates: list[str]) -> st
     return None
 
 
-class Backup(keras.callbacks.Callback):
+class Backup(StepCounter):
     """Saves the training state every N steps and at each epoch end, and on preemption.
 
     Every worker runs this callback at the same steps (the step counts are the same everywhere),
@@ -217,18 +241,8 @@ class Backup(keras.callbacks.Callback):
         if self.options.save_at_start:
             self.save()
 
-    def on_epoch_begin(self, epoch, logs=None):
-        # Steps are counted from here in Python: reading `iterations` at every batch costs
-        # ~250 µs (a device read), a tenth of a small model's step.
-        self._epoch_start = current_step(self.model)
-        self._first_batch: int | None = None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self._first_batch is None:  # 0, or where a resumed epoch starts
-            self._first_batch = batch
-
     def on_train_batch_end(self, batch, logs=None):
-        step = self._epoch_start + batch + 1 - (self._first_batch or 0)
+        step = self.step_after(batch)
         if step % self.steps_per_epoch == 0:
             return  # the epoch's last step: its epoch end saves (after validation)
         self._at_boundary(step, logs)
@@ -248,7 +262,7 @@ class Backup(keras.callbacks.Callback):
         if not self.options.periodic:
             return
         every = self.options.every_n_steps
-        if epoch_end or step // every > self._interval_start // every:
+        if epoch_end or crossed(every, self._interval_start, step):
             self.save()
 
 
