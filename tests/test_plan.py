@@ -133,12 +133,16 @@ def test_auto_precision_picks_bfloat16_on_a_cpu_only_where_it_pays(compose_cfg):
 
 
 def test_the_plan_names_the_hooks_that_keep_an_auto_call_short(compose_cfg):
-    """20-step epochs under the CSV log's 10-step rows: calls of 10, and the perf line names
-    why. An 8-step epoch is one call: its rows come at the first call end past each 10 steps
-    (tests/test_custom_loop.py), so the log no longer cuts its calls to 2."""
-    plan = _plan(compose_cfg)
-    assert plan.hook_keys == ("logger.csv.every_n_steps",) and plan.hook_intervals == (10,)
+    """20-step epochs under 10-step rows: calls of 10, and the perf line names why; under the
+    default 50-step rows, one call per epoch. An 8-step epoch is one call: its rows come at the
+    first call end past each 10 steps (tests/test_custom_loop.py), so the log no longer cuts its
+    calls to 2."""
     numbers = {"num_params": 1, "replicas": 1}
+    default = _plan(compose_cfg)
+    assert default.hook_keys == ("logger.csv.every_n_steps",) and default.hook_intervals == (50,)
+    assert default.steps_per_call(steps_per_epoch=20, **numbers) == 20
+    assert default.call_bounds(20) == ()
+    plan = _plan(compose_cfg, "logger.csv.every_n_steps=10")
     assert plan.steps_per_call(steps_per_epoch=20, **numbers) == 10
     assert plan.call_bounds(20) == ("logger.csv.every_n_steps=10",)
     assert plan.steps_per_call(steps_per_epoch=8, **numbers) == 8
