@@ -145,3 +145,19 @@ def test_the_best_weights_are_replaced_whole_only_by_a_better_scored_epoch(tmp_p
     restored = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     restored.load_weights(path)
     assert not np.array_equal(restored.get_weights()[0], model.get_weights()[0])
+
+
+def test_the_disk_reserve_is_a_file_of_its_own(tmp_path):
+    """A `.reserve` left in a run dir (a crash's; a hard link in a received one) is removed, not
+    grown to the reserve's size."""
+    from tfrecipe.fault import disk
+
+    yours = tmp_path / "yours.txt"
+    yours.write_text("your file\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.link(yours, run_dir / disk.RESERVE)
+    disk.reserve(run_dir)
+    assert yours.read_text() == "your file\n"
+    assert (run_dir / disk.RESERVE).stat().st_size == disk.RESERVE_BYTES
+    disk.release(run_dir)

@@ -32,8 +32,11 @@ _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded", "File too la
 
 
 def reserve(run_dir: Path) -> None:
-    """Sets aside RESERVE_BYTES for the final summary (raises OSError on a disk already full)."""
-    descriptor = os.open(run_dir / RESERVE, os.O_WRONLY | os.O_CREAT, 0o600)
+    """Sets aside RESERVE_BYTES for the final summary (raises OSError on a disk already full), in
+    a file of its own: one left there (a crash's, or a received run dir's) is removed first."""
+    release(run_dir)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    descriptor = os.open(run_dir / RESERVE, flags, 0o600)
     try:
         os.posix_fallocate(descriptor, 0, RESERVE_BYTES)
     except OSError:
