@@ -189,8 +189,9 @@ def check_tree(folder: Path, *, key: str | None = "hydra.run.dir") -> None:
 
 def library_dir(path: Path) -> Path:
     """`path`, a folder filled with files of a library's naming (TensorBoard, tf.train's
-    CheckpointManager, W&B, MLflow) or appended to as the run goes: refused as `check_writable` and `check_tree` refuse, then
-    made and listed in the run's manifest (a folder listed owns its contents)."""
+    CheckpointManager, W&B, MLflow) or appended to as the run goes: refused as `check_writable`
+    and `check_tree` refuse, then made and listed in the run's manifest (a folder listed owns
+    its contents)."""
     path = _absolute(path)
     root = check_writable(path)
     if path.exists() and path.name not in LINKING_LIBRARIES:
