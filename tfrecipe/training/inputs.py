@@ -119,7 +119,9 @@ def build_inputs(
         if dataset is None:
             return None
         training = split == "train"
-        dataset = prepare(dataset, pipeline, split=split, training=training, seed=seed,
+        cache_batches = not training and pipeline.cache == "memory" and not splits.batched
+        rows_pipeline = pipeline.model_copy(update={"cache": None}) if cache_batches else pipeline
+        dataset = prepare(dataset, rows_pipeline, split=split, training=training, seed=seed,
                           chunks=splits.batched)  # fmt: skip
         return distribute_dataset(
             strategy,
@@ -135,6 +137,7 @@ def build_inputs(
             skip=start * plan.gradient_accumulation_steps,
             chunks=splits.batched,
             num_rows=rows.get(split) if shard[1] == 1 else None,
+            cache_batches=cache_batches,
         )
 
     def train_from(step: int) -> tf.distribute.DistributedDataset:
