@@ -31,6 +31,7 @@ PRIVATE_NAMES = [
     ),
     (TRAINER, "reduce_per_replica", ["values", "strategy", "reduction"]),
     ("keras.src.tree", "flatten", ["structure"]),
+    ("keras.src.saving.saving_lib", "get_attr_skipset", None),  # cached: obj_type -> a set
     ("keras.src.losses.loss", "unscale_loss_for_distribution", ["value"]),
     (
         "keras.src.trainers.data_adapters.data_adapter_utils",
@@ -120,6 +121,7 @@ READ_BY = [
     (TRAINER, "self.train_step"),
     ("keras.src.optimizers.loss_scale_optimizer", "self._stateful_handle_non_finite_grads"),
     ("tensorflow.python.distribute.mirrored_strategy", "container_strategy._collective_key_base"),
+    ("keras.src.saving.saving_lib", "attr_skipset = get_attr_skipset(obj_type)"),
 ]
 
 
@@ -207,3 +209,29 @@ def test_a_moved_name_fails_loudly_naming_the_compat_function_and_the_versions()
     assert f"Keras {keras.__version__}, TensorFlow {tf.__version__}" in message
     with pytest.raises(compat.PrivateAPIMoved, match=r"keras\.src\.gone\.f does not exist"):
         compat._private_import("keras.src.gone", "f", user="x")
+
+
+def test_weights_saved_with_cached_skip_sets_load_back_the_same(tmp_path):
+    """cache_saving_skipsets keeps Keras' save and load exact: every variable of a trained model
+    (its optimizer's too) comes back, and a cached skip set is the one Keras builds."""
+    import numpy as np
+
+    saving_lib = importlib.import_module("keras.src.saving.saving_lib")
+    built_by_keras = saving_lib.get_attr_skipset("Layer")
+    compat.cache_saving_skipsets()
+    assert saving_lib.get_attr_skipset("Layer") == built_by_keras
+    assert saving_lib.get_attr_skipset("Layer") is saving_lib.get_attr_skipset("Layer")
+
+    def trained():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        model.fit(np.random.default_rng(0).normal(size=(8, 3)), np.ones((8, 2)), verbose=0)
+        return model
+
+    model, other = trained(), trained()
+    other.set_weights([w + 1 for w in other.get_weights()])
+    model.save_weights(tmp_path / "m.weights.h5")
+    other.load_weights(tmp_path / "m.weights.h5")
+    for saved, loaded in zip(model.weights + model.optimizer.variables,
+                             other.weights + other.optimizer.variables, strict=True):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(saved), np.asarray(loaded))

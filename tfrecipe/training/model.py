@@ -10,7 +10,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe import optim, signature, tasks
+from tfrecipe import compat, optim, signature, tasks
 from tfrecipe.config import schema
 from tfrecipe.data.splits import Splits
 from tfrecipe.distribute.strategy import model_scope
@@ -37,6 +37,7 @@ def build_compiled(
     """Model, optimizer, loss and metrics, created under the strategy's scope (one step per
     call until `pace` decides, after the restore)."""
     _check_fit_accumulation(plan, strategy.num_replicas_in_sync)
+    compat.cache_saving_skipsets()  # its best-weights saves and exports, 2x faster on an MLP
     with model_scope(strategy):
         model = build_model(spec, splits, task=task, allowed_targets=allowed_targets)
         if batching.fused_batch_norm:
