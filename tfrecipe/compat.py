@@ -22,8 +22,7 @@ What uses what:
 - `learning_rate_setting`: an optimizer's schedule itself, not its value (optim.py, rollbacks).
 - `disable_op_determinism`: the half TensorFlow does not export (train.py).
 - `set_collective_key_base`: MirroredStrategy's collective keys (distribute/strategy.py).
-- `cache_saving_skipsets`: Keras' `saving_lib.get_attr_skipset` (wrapped with a cache; every
-  save and load of weights or a `.keras` file walks through it).
+- `cache_saving_skipsets`: Keras' `saving_lib.get_attr_skipset`, cached (saves and loads).
 - `stop_preemption_watchers`: PreemptionCheckpointHandler's threads (fault/preemption.py).
 
 Hydra's private API (`hydra._internal`, Hydra 1.3.8, pyproject.toml: >=1.3.2,<1.4) stays at its
@@ -492,24 +491,10 @@ def stop_preemption_watchers(
     _private(handler, "_stop_cluster_wise_termination_watcher_thread", user=user)()
 
 
-# --- Saving: Keras' skip sets, meant to be cached, are built again on every call --------------
-#
-# `keras.src.saving.saving_lib.get_attr_skipset(obj_type)` gives the attribute names a save or a
-# load walks past, by constructing a reference object of that type (a Layer, an Optimizer, a
-# Metric and a CompileMetrics, ...) and listing its `dir()`: about 1 ms a call, and a save calls it
-# for every layer, metric and optimizer it walks. It means to keep the set in Keras' global state,
-# but it reads `saving_attr_skiplist_<type>` and writes `saving_attr_skipset_<type>`, so it never
-# finds it: 14 of the 27 ms `save_weights` took for wine's MLP (every best-weights save of a table
-# recipe, each export). The set depends on the type alone, so a cache per type is what Keras
-# meant.
-
-
+# --- Saving: `saving_lib.get_attr_skipset`, asked per layer/metric/optimizer by each save and load,
+# rebuilds its set every call (~1 ms): Keras stores `saving_attr_skipset_T`, reads `..._skiplist_T`.
 def cache_saving_skipsets() -> None:
-    """Caches Keras' `saving_lib.get_attr_skipset` per object type (see above); idempotent."""
-    user = "cache_saving_skipsets"
-    saving_lib = _private_import("keras.src.saving", "saving_lib", user=user)
-    original = _private(saving_lib, "get_attr_skipset", user=user)
-    if not getattr(original, "_tfrecipe_cached", False):
-        cached = functools.cache(original)
-        cached._tfrecipe_cached = True
-        saving_lib.get_attr_skipset = cached
+    """Caches Keras' `saving_lib.get_attr_skipset` per object type, as Keras meant."""
+    lib = _private_import("keras.src.saving", "saving_lib", user="cache_saving_skipsets")
+    original = _private(lib, "get_attr_skipset", user="cache_saving_skipsets")
+    lib.get_attr_skipset = functools.cache(getattr(original, "__wrapped__", original))
