@@ -109,7 +109,6 @@ def _sink_calls(tree: ast.AST):
                 yield f"{base}.open({text})" if base else f"open({text})"
         elif name in _SINK_NAMES:
             yield f"{base}.{name}" if base else name
-            yield f"{base}.{name}" if base else name
         elif base in ("os", "shutil") and name in {"replace", "rename", "move", "copy", "copy2",
                                                    "copyfile", "copytree", "remove"}:  # fmt: skip
             yield f"{base}.{name}"

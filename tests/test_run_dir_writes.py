@@ -49,8 +49,8 @@ def test_every_file_a_run_writes_is_listed_in_its_manifest(finished_run):
     not_the_runs = [str(p.relative_to(finished_run)) for p in written
                     if not files.is_owned(p, finished_run)]  # fmt: skip
     assert not not_the_runs, (
-        "written without tfrecipe.files (write_atomic, replace_with, open_log, library_dir): "
-        f"{not_the_runs}"
+        "written without tfrecipe.files (write_atomic, replace_with, write_weights, open_log, "
+        f"library_dir): {not_the_runs}"
     )
 
 

@@ -229,8 +229,8 @@ class BestCheckpoint(keras.callbacks.Callback):
         # the new file is written beside the old one: a disk without room for it raises ENOSPC
         # here (fault/disk.py), where h5py would crash the process
         disk.check_room(self.path.parent, disk.weights_bytes(self.model))
-        with averaged_weights(self.model), files.replace_with(self.path) as scratch:
-            self.model.save_weights(scratch)
+        with averaged_weights(self.model):
+            files.write_weights(self.model, self.path)
 
 
 def build_callbacks(

@@ -10,7 +10,7 @@
   never overwritten. Each file written is added to the manifest.
 - `check_output` is the rule for outputs a user names (`predict -o`): not an input, not a
   directory, not a link, not a file of a run dir.
-- What a library writes goes through here too: weights into `replace_with`'s scratch folder, a
+- What a library writes goes through here too: weights through `write_weights`, a
   log written as it goes through `open_log`, and a folder a library fills (TensorBoard's events,
   tf.train's checkpoints, W&B's and MLflow's records) through `library_dir`. A run dir a run
   holds is checked whole first (`check_tree`): a received run dir with a link leading out of it,
@@ -200,6 +200,13 @@ def library_dir(path: Path) -> Path:
     if root is not None and not is_owned(path, root):
         claim(root, [str(path.relative_to(root))])
     return path
+
+
+def write_weights(model, path: Path) -> None:
+    """`model.save_weights(path)` made in `replace_with`'s scratch folder: Keras' h5 writer writes
+    in place, so a crash mid-save would leave half a file, and it follows a link."""
+    with replace_with(path) as scratch:
+        model.save_weights(scratch)
 
 
 def open_log(path: Path, kept: str = "") -> TextIO:

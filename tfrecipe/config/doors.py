@@ -145,7 +145,7 @@ FILE_DOORS = (
         "RUN_DIR/* (a received run dir)",
         WRITE,
         "files.check_tree when a run takes it (no link out, no FIFO/device); each write through "
-        "files.write_atomic/replace_with/open_log/library_dir (tests/test_run_dir_writes.py)",
+        "files.write_atomic/write_weights/open_log/library_dir (tests/test_run_dir_writes.py)",
     ),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
@@ -199,7 +199,6 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/config/instantiate.py": {"importlib.import_module": "targets that passed the check"},
     "tfrecipe/callbacks.py": {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
-        "self.model.save_weights": "best.weights.h5, into files.replace_with's scratch folder",
     },
     "tfrecipe/cli/console.py": {"subprocess.Popen": "nvidia-smi, fixed arguments, no shell"},
     "tfrecipe/cli/commands.py": {
@@ -235,9 +234,6 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "shutil.rmtree": "that scratch folder",
     },
     "tfrecipe/distribute/cluster.py": {"os.environ.*": "GRPC_FAIL_FAST for parameter servers"},
-    "tfrecipe/distribute/evaluator.py": {
-        "self.model.save_weights": "RUN_DIR/checkpoints/epoch-N, into files.replace_with's scratch",
-    },
     "tfrecipe/distribute/processes.py": {
         "subprocess.Popen": "the local cluster's tasks: python -m tfrecipe, no shell",
         "tempfile.mkdtemp": "the tasks' logs",
@@ -248,7 +244,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "tf.train.CheckpointManager": "its directory is files.library_dir's (RUN_DIR/backup)",
     },
     "tfrecipe/fault/disk.py": {
-        "os.open": "its own .reserve file, in the held run dir (files.check_tree: no link)",
+        "os.open": "its own .reserve file: O_EXCL | O_NOFOLLOW, after removing one left there",
         "path.unlink": "its own .reserve file",
         "log_file.unlink": "an empty log Hydra made for a start the full disk stopped",
         "run_dir / RESERVE.unlink": "its own .reserve file",

@@ -27,15 +27,14 @@ PATTERN = "epoch-{epoch:03d}.weights.h5"
 
 def checkpoint_callbacks(run_dir: Path) -> list:
     """The per-epoch weight checkpoints a sidecar evaluator reads, each file written whole
-    (tfrecipe.files.replace_with) before its name appears."""
+    (tfrecipe.files.write_weights) before its name appears."""
     import keras
 
     folder = files.library_dir(run_dir / CHECKPOINTS)
 
     class EpochWeights(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            with files.replace_with(folder / PATTERN.format(epoch=epoch + 1)) as scratch:
-                self.model.save_weights(scratch)
+            files.write_weights(self.model, folder / PATTERN.format(epoch=epoch + 1))
 
     return [EpochWeights()]
 
