@@ -129,18 +129,27 @@ def test_perf_words_on_the_console_line():
     ("description", "dtype", "expected"),
     [
         ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12),
+        ("NVIDIA H200", "float32", 494.7e12),  # TF32 on (TensorFlow's default)
+        ("NVIDIA H100 PCIe", "float32", 378e12),
+        ("Tesla T4", "float32", 8.1e12),  # no TF32: plain fp32
         ("NVIDIA H100 PCIe", "bfloat16", 756e12),
         ("NVIDIA H200", "float16", 989e12),
-        ("NVIDIA A100-SXM4-40GB", "float32", 19.5e12),
+        ("NVIDIA A100-SXM4-40GB", "float32", 156e12),
         ("Tesla T4", "float16", 65e12),
         ("Tesla V100-SXM2-16GB", "bfloat16", None),  # no bf16 tensor cores: said, not guessed
         ("Some Future GPU", "float32", None),
     ],
 )
 def test_gpu_peak_table_from_device_descriptions(description, dtype, expected):
-    found = peak.gpu_peak(description, dtype)
+    found = peak.gpu_peak(description, dtype, tf32=True)
     assert found.flops_per_sec == expected
     assert found.source.startswith("table:" if expected else "none:")
+
+
+def test_float32_is_held_to_plain_fp32_when_tf32_is_off():
+    found = peak.gpu_peak("NVIDIA H200", "float32", tf32=False)
+    assert (found.flops_per_sec, found.source) == (67e12, "table:H200 float32")
+    assert peak.gpu_peak("NVIDIA H200", "float32", tf32=True).source == "table:H200 tensorfloat32"
 
 
 def test_tpu_peak_table():

@@ -20,18 +20,23 @@ from tfrecipe.perf.cache import remembered
 _N = 2048
 _REPEATS = 3
 
-# Dense peak FLOP/s per device by the compute dtype's family (fp32 = plain float32, no TF32;
-# bf16/fp16 = tensor cores / MXU, no sparsity). Keys are matched against the device's name.
+# Dense peak FLOP/s per device by the compute dtype's family, from the vendors' data sheets, no
+# sparsity: float32 = plain fp32; tensorfloat32 = float32 matmuls and convolutions on tensor cores
+# (TensorFlow's default on Ampere and later: tf.config.experimental.
+# enable_tensor_float_32_execution); bf16/fp16 = tensor cores / MXU. Keys are matched against the
+# device's name. Measured on an H200 (TF 2.21, docs/benchmarks.md): an 8192² matmul ran at
+# 398 TFLOP/s in float32 with TF32 on, 6x the plain-fp32 figure: without the TF32 column a float32
+# run's MFU would be 7x too high.
 GPU_PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"float32": 67e12, "bfloat16": 989e12, "float16": 989e12},
-    "H100 PCIe": {"float32": 51e12, "bfloat16": 756e12, "float16": 756e12},
-    "H100": {"float32": 67e12, "bfloat16": 989e12, "float16": 989e12},  # SXM
-    "A100": {"float32": 19.5e12, "bfloat16": 312e12, "float16": 312e12},
-    "L40S": {"float32": 91.6e12, "bfloat16": 362e12, "float16": 362e12},
-    "L4": {"float32": 30.3e12, "bfloat16": 121e12, "float16": 121e12},
-    "A10G": {"float32": 31.2e12, "bfloat16": 70e12, "float16": 70e12},
-    "A10": {"float32": 31.2e12, "bfloat16": 125e12, "float16": 125e12},
-    "V100": {"float32": 15.7e12, "float16": 125e12},
+    "H200": {"float32": 67e12, "tensorfloat32": 494.7e12, "bfloat16": 989e12, "float16": 989e12},
+    "H100 PCIe": {"float32": 51e12, "tensorfloat32": 378e12, "bfloat16": 756e12, "float16": 756e12},
+    "H100": {"float32": 67e12, "tensorfloat32": 494.7e12, "bfloat16": 989e12, "float16": 989e12},
+    "A100": {"float32": 19.5e12, "tensorfloat32": 156e12, "bfloat16": 312e12, "float16": 312e12},
+    "L40S": {"float32": 91.6e12, "tensorfloat32": 183e12, "bfloat16": 362e12, "float16": 362e12},
+    "L4": {"float32": 30.3e12, "tensorfloat32": 60e12, "bfloat16": 121e12, "float16": 121e12},
+    "A10G": {"float32": 31.2e12, "tensorfloat32": 35e12, "bfloat16": 70e12, "float16": 70e12},
+    "A10": {"float32": 31.2e12, "tensorfloat32": 62.5e12, "bfloat16": 125e12, "float16": 125e12},
+    "V100": {"float32": 15.7e12, "float16": 125e12},  # Volta, Turing: no TF32
     "T4": {"float32": 8.1e12, "float16": 65e12},
 }
 TPU_PEAKS: dict[str, dict[str, float]] = {  # per chip
@@ -83,11 +88,14 @@ class Peak:
     source: str  # "table:<device>", "calibration:<dtype> matmul (cached)", "none: <why>"
 
 
-def gpu_peak(device_name: str, dtype: str) -> Peak:
+def gpu_peak(device_name: str, dtype: str, *, tf32: bool = False) -> Peak:
     """The table's peak for a GPU named like `device_name` (TensorFlow's device description:
-    "NVIDIA H100 80GB HBM3"), the longest matching key first (H100 PCIe before H100)."""
+    "NVIDIA H100 80GB HBM3"), the longest matching key first (H100 PCIe before H100). `tf32`:
+    TensorFloat-32 execution is on, so float32 is held to the TF32 peak where the GPU has one."""
     for key in sorted(GPU_PEAKS, key=len, reverse=True):
         if key.lower() in device_name.lower():
+            if dtype == "float32" and tf32 and "tensorfloat32" in GPU_PEAKS[key]:
+                dtype = "tensorfloat32"
             figure = GPU_PEAKS[key].get(dtype)
             if figure is None:
                 return Peak(None, f"none: no {dtype} peak for {key} in the table")

@@ -133,7 +133,8 @@ def _peak(strategy: tf.distribute.Strategy, *, hosts: int, reached: float) -> Pe
     if "GPU" in kinds:
         gpus = tf.config.list_physical_devices("GPU")
         name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-        return peak.gpu_peak(name, dtype)
+        tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+        return peak.gpu_peak(name, dtype, tf32=tf32)
     if "TPU" in kinds:
         # Cloud TPU VMs name their kind ("v4-8", "v5litepod-16"); TensorFlow does not.
         return peak.tpu_peak(os.environ.get("TPU_ACCELERATOR_TYPE", "TPU"), dtype)
