@@ -6,8 +6,8 @@
 #     bash scripts/gpu_check.sh                 # 5 epochs each, run dirs under $OUT or a temp dir
 #     EPOCHS=10 bash scripts/gpu_check.sh model=resnet dataset=synthetic   # extra overrides
 #
-# No figures recorded in docs/benchmarks.md come from this script yet: it was written without a
-# GPU machine and has not been run on one.
+# Run on an H200 (docs/benchmarks.md, "On a GPU"); scripts/gpu_bundle.sh brings TensorFlow to a
+# GPU host that has none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
