@@ -305,6 +305,17 @@ def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, cap
     } <= tags
 
 
+def test_input_wait_is_measured_under_xla_in_fit(train_run):
+    """XLA has no clock op: the step is compiled by itself and stamped from outside, so a GPU's
+    default (Keras turns XLA on there) still measures its input wait."""
+    summary, _ = train_run("batching.jit_compile=true", "loop.steps_per_epoch=6", *SLOW_INPUT)
+    assert summary["jit_compile"] is True
+    perf = summary["perf"]
+    assert perf["input_wait_fraction"] >= 0.3, perf
+    assert "input_wait_note" not in perf
+    assert "input-bound" in perf["diagnosis"]
+
+
 def test_two_replicas_report_per_replica_and_in_total(train_run):
     """Mirrored on two logical CPUs of one machine: each replica's wait is measured; they
     share the CPU's peak, so the total peak is the machine's."""

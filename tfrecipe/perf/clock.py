@@ -89,18 +89,21 @@ def _components(variable: tf.Variable) -> tuple[tf.Variable, ...]:
 
 
 def time_train_step(model: keras.Model, clock: InputClock) -> bool:
-    """Makes fit's step stamp its input's arrival and its end (before fit traces it). Not under
-    XLA (`jit_compile`), which has no clock op: returns False, and the wait is not measured."""
-    if model.jit_compile:
-        return False
+    """Makes fit's step stamp its input's arrival and its end (before fit traces it). Under XLA
+    (`jit_compile`), which has no clock op, the step is compiled by itself, as Keras would, and
+    the stamps sit around it, in the plain graph of fit's call."""
     step = model.train_step
     clock.measuring = "busy"
     if getattr(step, "_tfrecipe_clock", None) is clock:
         return True
+    compiled = step
+    if model.jit_compile:
+        compiled = tf.function(step, jit_compile=True, reduce_retracing=True)
+        _train_function_without_xla(model)
 
     def timed_step(data):
         return clock.timed_step(
-            step, data, lambda: [tf.convert_to_tensor(v) for v in model.trainable_variables]
+            compiled, data, lambda: [tf.convert_to_tensor(v) for v in model.trainable_variables]
         )
 
     timed_step._tfrecipe_clock = clock
@@ -108,6 +111,22 @@ def time_train_step(model: keras.Model, clock: InputClock) -> bool:
     model.train_step = timed_step
     model.train_function = None  # traced again, with the stamps
     return True
+
+
+def _train_function_without_xla(model: keras.Model) -> None:
+    """Keras compiles fit's whole replica step with XLA when `model.jit_compile`; the timed step
+    compiles its inner step itself, so fit's train function is made without (evaluate's and
+    predict's keep XLA, and `model.jit_compile` still says True)."""
+    make = model.make_train_function
+
+    def make_train_function(force=False):
+        model.jit_compile = False
+        try:
+            return make(force)
+        finally:
+            model.jit_compile = True
+
+    model.make_train_function = make_train_function
 
 
 class StepClock(keras.callbacks.Callback):
