@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe import reading, rundir
+from tfrecipe import compat, reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
@@ -118,6 +118,7 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
     dataset = splits.test if splits.test is not None else splits.validation
     if dataset is None:
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
+    compat.cache_saving_skipsets()  # each load walks every layer and metric: ~20% of a small one
     model = _load_model(
         run_dir, which, splits, model_spec=run.model, task=run.task,
         allowed_targets=run.allowed_targets,

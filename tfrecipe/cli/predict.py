@@ -250,8 +250,10 @@ def load_model(run: Run):
     """
     import keras
 
+    from tfrecipe import compat
     from tfrecipe.models.build import register_custom_objects
 
+    compat.cache_saving_skipsets()  # each load walks every layer and metric: ~20% of a small one
     register_custom_objects()
     path = run.model_files[0]
     try:

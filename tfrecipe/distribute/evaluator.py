@@ -91,6 +91,9 @@ def evaluate_checkpoints(
       started: when the evaluator task began (`time.perf_counter()`), so that its wall time
         counts building the model and data; now when not given.
     """
+    from tfrecipe import compat
+
+    compat.cache_saving_skipsets()  # a load per checkpoint, each walking every layer and metric
     started = time.perf_counter() if started is None else started
     out = files.library_dir(run_dir / "evaluator")
     seen: set[Path] = set()
