@@ -316,6 +316,16 @@ def test_input_wait_is_measured_under_xla_in_fit(train_run):
     assert "input-bound" in perf["diagnosis"]
 
 
+def test_xla_under_mirrored_trains_and_says_why_its_wait_is_not_measured(train_run):
+    """MirroredStrategy all-reduces inside the step (a merge_call, refused in a nested function):
+    there fit keeps Keras' XLA around the strategy's whole step, and the wait is not measured."""
+    summary, _ = train_run(
+        "strategy=mirrored", "batching.jit_compile=true", "loop.steps_per_epoch=3"
+    )
+    assert summary["status"] == "completed" and summary["jit_compile"] is True
+    assert "XLA" in summary["perf"]["input_wait_note"]
+
+
 def test_two_replicas_report_per_replica_and_in_total(train_run):
     """Mirrored on two logical CPUs of one machine: each replica's wait is measured; they
     share the CPU's peak, so the total peak is the machine's."""

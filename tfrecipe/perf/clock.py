@@ -91,8 +91,12 @@ def _components(variable: tf.Variable) -> tuple[tf.Variable, ...]:
 def time_train_step(model: keras.Model, clock: InputClock) -> bool:
     """Makes fit's step stamp its input's arrival and its end (before fit traces it). Under XLA
     (`jit_compile`), which has no clock op, the step is compiled by itself, as Keras would, and
-    the stamps sit around it, in the plain graph of fit's call."""
+    the stamps sit around it, in the plain graph of fit's call: on the default strategy and
+    OneDeviceStrategy. The others all-reduce inside the step (a `merge_call`, which TensorFlow
+    refuses in a nested function): there the wait is not measured under XLA (returns False)."""
     step = model.train_step
+    if model.jit_compile and not _step_compiles_alone(model.distribute_strategy):
+        return False
     clock.measuring = "busy"
     if getattr(step, "_tfrecipe_clock", None) is clock:
         return True
@@ -111,6 +115,12 @@ def time_train_step(model: keras.Model, clock: InputClock) -> bool:
     model.train_step = timed_step
     model.train_function = None  # traced again, with the stamps
     return True
+
+
+def _step_compiles_alone(strategy: tf.distribute.Strategy) -> bool:
+    """The default strategy (no scope entered) or OneDeviceStrategy: no `merge_call` in the step."""
+    default = not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy()
+    return default or isinstance(strategy, tf.distribute.OneDeviceStrategy)
 
 
 def _train_function_without_xla(model: keras.Model) -> None:

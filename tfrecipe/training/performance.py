@@ -76,6 +76,8 @@ def perf_fields(
             "parameter servers train asynchronously" if asynchronous
             else "deterministic=true (TensorFlow refuses clock ops in a graph)" if deterministic
             else "the step runs on TPUs, which have no clock op" if "TPU" in device_kinds(strategy)
+            else "XLA (jit_compile) compiles this strategy's whole step, which has no clock op"
+            if model.jit_compile
             else "no steady-state steps"
         )  # fmt: skip
     block = report.perf_block(
