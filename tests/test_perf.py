@@ -326,6 +326,13 @@ def test_xla_under_mirrored_trains_and_says_why_its_wait_is_not_measured(train_r
     assert "XLA" in summary["perf"]["input_wait_note"]
 
 
+def test_xla_on_several_local_devices_is_refused_before_training(train_run):
+    from tfrecipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"batching.jit_compile=true: .* exactly one device.*2"):
+        train_run("strategy=mirrored", "strategy.logical_cpus=2", "batching.jit_compile=true")
+
+
 def test_two_replicas_report_per_replica_and_in_total(train_run):
     """Mirrored on two logical CPUs of one machine: each replica's wait is measured; they
     share the CPU's peak, so the total peak is the machine's."""

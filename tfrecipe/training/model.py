@@ -37,6 +37,7 @@ def build_compiled(
     """Model, optimizer, loss and metrics, created under the strategy's scope (one step per
     call until `pace` decides, after the restore)."""
     _check_fit_accumulation(plan, strategy.num_replicas_in_sync)
+    _check_xla(batching.jit_compile, strategy)
     compat.cache_saving_skipsets()  # its best-weights saves and exports, 2x faster on an MLP
     with model_scope(strategy):
         model = build_model(spec, splits, task=task, allowed_targets=allowed_targets)
@@ -62,6 +63,21 @@ def _check_fit_accumulation(plan: RunPlan, num_replicas: int) -> None:
             f"loop.gradient_accumulation_steps={steps}: loop=fit accumulates with Keras' "
             f"optimizer, which fails on {num_replicas} replicas (Keras 3.15: a merge_call inside "
             "its cond); use loop=custom, which accumulates on any strategy"
+        )
+
+
+def _check_xla(jit_compile: bool | str, strategy: tf.distribute.Strategy) -> None:
+    """An XLA program runs on exactly one device (TensorFlow's XLA known issues: "tf.Variable on a
+    different device"); both loops compile the strategy's whole step, which on several local
+    devices fails at the first step. Keras' `auto` turns XLA off under any strategy."""
+    if jit_compile is not True or strategy.num_replicas_in_sync < 2:
+        return
+    devices = strategy.extended.worker_devices
+    if len(devices) > 1:
+        raise ConfigError(
+            f"batching.jit_compile=true: an XLA program runs on exactly one device, and this "
+            f"strategy trains on {len(devices)} here ({', '.join(devices)}); allowed with it: "
+            "auto (Keras turns XLA off under a strategy) or false"
         )
 
 
