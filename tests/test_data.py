@@ -79,6 +79,46 @@ def test_augmentation_flips_and_crops_reproducibly_and_differs_each_epoch():
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(first, rerun, strict=True))
 
 
+def test_a_memory_cached_training_split_is_mapped_once_unless_it_must_not_be():
+    """Under cache=memory the training split is normalized before its cache, so that its epochs
+    only shuffle and batch; augmentation (it works on the rows as read), a split that would pass
+    PREMAP_MAX_BYTES as float32, a file cache or none map each batch; evaluation splits are
+    cached as mapped batches."""
+    from types import SimpleNamespace
+
+    from tfrecipe.data.pipeline import PipelineOptions, batch_transform
+    from tfrecipe.training import inputs
+
+    def placed(rows=32, *, training=True, **options):
+        options = PipelineOptions(**options)
+        splits = SimpleNamespace(batched=False, info=SimpleNamespace(num_train=rows))
+        return inputs._placement(
+            options, batch_transform(options), _images(), training=training, splits=splits
+        )
+
+    once = placed()
+    assert once.premap is not None and once.batch_map is None and not once.cache_batches
+    x, y = _first(once.rows_mapped(_images()))  # mapped as a batch would be
+    assert x.dtype == np.float32 and y.dtype == np.int32 and x.max() <= 1
+    too_large = inputs.PREMAP_MAX_BYTES // (4 * 4 * 3 * 4) + 1  # rows of 4x4x3 float32
+    for each_batch in (
+        placed(augment_flip=True),
+        placed(too_large),
+        placed(cache=None),
+        placed(cache="/c"),
+    ):
+        assert each_batch.premap is None and each_batch.batch_map is not None
+    validation = placed(training=False)
+    assert validation.cache_batches and validation.premap is None and validation.rows.cache is None
+
+
+def test_mapping_the_training_split_before_its_cache_trains_exactly_as_each_batch(train_run):
+    mapped_once, _ = train_run("model=mlp", "pipeline.cache=memory")
+    each_batch, _ = train_run("model=mlp", "pipeline.cache=null")
+    assert mapped_once["metrics"] == each_batch["metrics"]
+    assert mapped_once["test"] == each_batch["test"]
+
+
 def test_augmenting_vectors_is_a_config_error():
     import tensorflow as tf
 

@@ -7,6 +7,9 @@ tf.data performance guide recommends::
     decoded split -> cache -> shuffle (training) -> augment (training) -> [distribute: batch ->
     normalize (batch_transform) -> repeat -> prefetch, sharded across workers]
 
+(Under `cache=memory` the normalization moves before the cache, where that is safe:
+`tfrecipe.training.inputs._placement`.)
+
 Importing this module does not import TensorFlow (the schema validates `PipelineOptions` before
 TensorFlow starts).
 """

@@ -119,10 +119,10 @@ def build_inputs(
         if dataset is None:
             return None
         training = split == "train"
-        cache_batches = not training and pipeline.cache == "memory" and not splits.batched
-        rows_pipeline = pipeline.model_copy(update={"cache": None}) if cache_batches else pipeline
-        dataset = prepare(dataset, rows_pipeline, split=split, training=training, seed=seed,
-                          chunks=splits.batched)  # fmt: skip
+        batch_map = _batch_map(pipeline, class_weight if training else None)
+        place = _placement(pipeline, batch_map, dataset, training=training, splits=splits)
+        dataset = prepare(place.rows_mapped(dataset), place.rows, split=split, training=training,
+                          seed=seed, chunks=splits.batched)  # fmt: skip
         return distribute_dataset(
             strategy,
             dataset,
@@ -132,12 +132,12 @@ def build_inputs(
             # with the default (one pass per epoch) each epoch sees every example once.
             repeat=training,
             auto_shard_policy=pipeline.auto_shard_policy,
-            batch_map=_batch_map(pipeline, class_weight if training else None),
+            batch_map=place.batch_map,
             # A restored run continues the same seeded stream where the backup was taken.
             skip=start * plan.gradient_accumulation_steps,
             chunks=splits.batched,
             num_rows=rows.get(split) if shard[1] == 1 else None,
-            cache_batches=cache_batches,
+            cache_batches=place.cache_batches,
         )
 
     def train_from(step: int) -> tf.distribute.DistributedDataset:
@@ -153,6 +153,59 @@ def build_inputs(
         class_weight=class_weight,
         splits=splits,
     )
+
+
+# A training split mapped before its memory cache grows by the map (uint8 images: 4x as float32);
+# above this it stays as read, mapped batch by batch.
+PREMAP_MAX_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where a split's batch map runs, and what is cached: `rows` is the pipeline `prepare`
+    applies to the rows, `premap` maps the rows once before it (and its cache), `batch_map` maps
+    each batch after batching, `cache_batches` holds the mapped batches in memory."""
+
+    rows: PipelineOptions
+    premap: Callable | None
+    batch_map: Callable | None
+    cache_batches: bool
+
+    def rows_mapped(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        if self.premap is None:
+            return dataset
+        # vectorized, in chunks: the map is written for batches (the values are the same)
+        mapped = dataset.batch(1024).map(self.premap, num_parallel_calls=tf.data.AUTOTUNE)
+        return mapped.unbatch()
+
+
+def _placement(pipeline, batch_map, dataset, *, training: bool, splits: Splits) -> _Placement:
+    """Under `pipeline.cache=memory` the map runs once, not on every batch of every epoch:
+    - evaluation splits are cached as mapped batches (a new iterator per validation then skips
+      instantiating the map's function, 2.9 ms);
+    - the training split is mapped before its cache, so that its epochs only shuffle and batch
+      (57 against 108-116 us per batch of 64 on the 2-core EPYC), unless augmentation works on
+      the rows as read or the mapped rows would pass PREMAP_MAX_BYTES.
+    Anything else (a file cache, no cache, streamed tables) maps each batch."""
+    as_read = _Placement(pipeline, None, batch_map, cache_batches=False)
+    if pipeline.cache != "memory" or splits.batched:
+        return as_read
+    if not training:
+        return _Placement(pipeline.model_copy(update={"cache": None}), None, batch_map, True)
+    augments = pipeline.augment_flip or pipeline.augment_crop_padding
+    if augments or _mapped_bytes(dataset.element_spec[0], splits.info.num_train) > PREMAP_MAX_BYTES:
+        return as_read
+    return _Placement(pipeline, batch_map, None, cache_batches=False)
+
+
+def _mapped_bytes(features: object, rows: int) -> float:
+    """What `rows` examples of `features` take as float32 after the map (0: not integer arrays,
+    which the map leaves as large as they are; infinite: a shape not known before reading)."""
+    if not isinstance(features, tf.TensorSpec) or not features.dtype.is_integer:
+        return 0
+    if not features.shape.is_fully_defined():
+        return math.inf
+    return 4 * rows * features.shape.num_elements()
 
 
 def _batch_map(pipeline: PipelineOptions, class_weight: np.ndarray | None):
