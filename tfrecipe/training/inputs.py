@@ -179,7 +179,14 @@ class _Placement:
         return mapped.unbatch()
 
 
-def _placement(pipeline, batch_map, dataset, *, training: bool, splits: Splits) -> _Placement:
+def _placement(
+    pipeline: PipelineOptions,
+    batch_map: Callable,
+    dataset: tf.data.Dataset,
+    *,
+    training: bool,
+    splits: Splits,
+) -> _Placement:
     """Under `pipeline.cache=memory` the map runs once, not on every batch of every epoch:
     - evaluation splits are cached as mapped batches (a new iterator per validation then skips
       instantiating the map's function, 2.9 ms);
