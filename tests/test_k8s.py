@@ -218,7 +218,8 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not ('ckpt-4"' in _read(state) or any(p.process.poll() is not None for p in pods)):  # fmt: skip
         time.sleep(0.2)
-    assert pods[1].process.poll() is None, pods[1].finish(5)[1][-3000:]
+    ended = [pod.finish(5)[1][-3000:] for pod in pods if pod.process.poll() is not None]
+    assert not ended, ended  # both still training: what an early exit printed, if one did
     os.killpg(pods[1].process.pid, signal.SIGKILL)  # worker 1's pod is killed mid-training
     pods[1].finish(10)
     killed_at = cluster.latest_backup_step(run_dir / "backup")
