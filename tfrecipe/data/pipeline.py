@@ -40,6 +40,11 @@ class PipelineOptions(BaseModel):
     num_parallel_calls: Literal["autotune"] | Annotated[int, Field(gt=0)] = "autotune"
     auto_shard_policy: Literal["auto", "file", "data", "off"] = "auto"
 
+    @property
+    def augments(self) -> bool:
+        """Training examples are flipped or cropped (as read, before normalization)."""
+        return bool(self.augment_flip or self.augment_crop_padding)
+
 
 def prepare(
     dataset,
@@ -74,7 +79,7 @@ def prepare(
         dataset = dataset.cache(f"{options.cache}.{split}")
     if training and options.shuffle_buffer:
         dataset = dataset.shuffle(options.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if not (training and (options.augment_flip or options.augment_crop_padding)):
+    if not (training and options.augments):
         return dataset
     return _augmented(dataset, options, seed=seed)
 

@@ -199,8 +199,10 @@ def _placement(
         return as_read
     if not training:
         return _Placement(pipeline.model_copy(update={"cache": None}), None, batch_map, True)
-    augments = pipeline.augment_flip or pipeline.augment_crop_padding
-    if augments or _mapped_bytes(dataset.element_spec[0], splits.info.num_train) > PREMAP_MAX_BYTES:
+    if (
+        pipeline.augments
+        or _mapped_bytes(dataset.element_spec[0], splits.info.num_train) > PREMAP_MAX_BYTES
+    ):
         return as_read
     return _Placement(pipeline, batch_map, None, cache_batches=False)
 
