@@ -54,11 +54,14 @@ class InputClock:
         `updated()` reads the weights after the step: the reads follow the step's assignments
         (the graph orders ops on one variable as written), so the end stamp follows the update;
         the outputs (metrics) alone are ready after the forward pass.
+
+        The step itself does not wait for the arrival stamp: its ops that use the batch wait for
+        it anyway, and holding all of them behind one more op cost the MLP 8-10% per step (the
+        2-core EPYC: 0.75 against 0.67 ms, against 0.69 ms this way).
         """
         with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
             arrived = tf.timestamp()
-        with tf.control_dependencies([arrived]):
-            outputs = step(data)
+        outputs = step(data)
         done = [*tf.nest.flatten(outputs, expand_composites=True), *updated()]
         with tf.control_dependencies(done):
             self.busy.assign_add(tf.timestamp() - arrived)
