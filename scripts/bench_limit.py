@@ -8,10 +8,11 @@ compute limit, in one process per job.
 The default: `tfrecipe.train` with the job's config (its own epochs, or --epochs); its steady-state
 examples/s (summary.json's, the epochs after the first). The limit: right after that run, in the
 same process, the same model's training step (`model.train_step` under the run's strategy) in a
-`tf.while_loop` over one resident batch of the run's shape: no input pipeline, no callbacks, no
-Python per step. `fraction` = default / limit (1.0: the defaults leave nothing on the table); the
-limit is the median of 3 timings of `--limit-steps` steps after a warm-up. Both halves run
-back to back in one process, so the machine's load weighs on both alike.
+`tf.while_loop` over one resident batch (the first of the run's own training input): no input
+pipeline, no callbacks, no Python per step. `fraction` = default / limit (1.0: the defaults leave nothing on the table); the
+limit is the median of 5 timings of at least `--limit-seconds` each (as many steps as fill
+that), after a warm-up: a timing of a few dozen sub-millisecond steps swung 1.5x from run to run.
+Both halves run back to back in one process, so the machine's load weighs on both alike.
 
 Two more figures say where the rest goes, each as a fraction of the limit:
 - `with_input`: the same loop taking each batch from the run's own training input (`next` on
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -60,28 +62,13 @@ NOT_HERE = {
 }
 
 
-def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch, steps,
-                           dataset=None):  # fmt: skip
-    """The in-graph limit: `steps` training steps in a while loop over one resident batch, or
-    with `dataset` (the run's distributed training input) over its batches."""
+def limit_examples_per_sec(model, dataset, global_batch, seconds, *, resident=True):
+    """The in-graph limit: training steps in a while loop over one resident batch (the first
+    of `dataset`, the run's distributed training input: real values, which a text model's
+    string ops need), or with `resident=False` over `dataset`'s batches, one per step."""
     import tensorflow as tf
 
-    from tfrecipe.perf.flops import per_replica_spec
-
-    if dataset is not None:
-        iterator = iter(dataset)
-        next_batch = lambda: next(iterator)  # noqa: E731
-    else:
-        spec = per_replica_spec(element_spec, per_replica_batch)
-        resident = tf.nest.map_structure(
-            lambda s: (
-                tf.zeros(s.shape, s.dtype)
-                if not s.dtype.is_floating
-                else tf.random.uniform(s.shape, dtype=s.dtype)
-            ),
-            spec,
-        )
-        next_batch = lambda: resident  # noqa: E731
+    iterator = iter(dataset)
     strategy = model.distribute_strategy
     step = getattr(model.train_step, "__wrapped_step__", model.train_step)
 
@@ -95,16 +82,17 @@ def limit_examples_per_sec(model, element_spec, per_replica_batch, global_batch,
             return strategy.run(step, args=(data,))
 
     @tf.function
-    def loop(n):
+    def loop(n, batch):
         for _ in tf.range(n):
-            one_step(next_batch())
+            one_step(batch if resident else next(iterator))
         return tf.constant(0)
 
-    loop(tf.constant(2)).numpy()  # traced, warmed up
-    return steps * global_batch / _median_seconds(lambda: loop(tf.constant(steps)).numpy())
+    batch = next(iterator)
+    loop(tf.constant(2), batch).numpy()  # traced, warmed up
+    return global_batch * _units_per_sec(lambda n: loop(tf.constant(n), batch).numpy(), seconds)
 
 
-def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, steps):
+def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, seconds):
     """Keras' train function on `dataset` in a Python loop, `steps_per_call` steps per call,
     no callbacks (fit's own per-call cost, without the hooks around it)."""
     import tensorflow as tf
@@ -113,27 +101,35 @@ def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, st
     model.steps_per_execution = steps_per_call
     model.make_train_function()
     function = model.train_function
-    iterator = iter(dataset)
-    calls = max(1, steps // steps_per_call)
+    iterator = iter(dataset)  # endless: training data repeat
 
     def run(n):
         for _ in range(n):
             tf.nest.map_structure(lambda t: t.numpy(), function(iterator))
 
     run(2)  # traced, warmed up
-    return calls * steps_per_call * global_batch / _median_seconds(lambda: run(calls))
+    return steps_per_call * global_batch * _units_per_sec(run, seconds)
 
 
-def _median_seconds(work) -> float:
-    timings = []
-    for _ in range(3):
+def _units_per_sec(run, seconds: float) -> float:
+    """`run(n)` does n units of work (steps, calls): the median rate of 5 timings of as many
+    units as take at least `seconds` each."""
+    units, took = 1, 0.0
+    while took < seconds / 4:
+        units *= 4
         start = time.perf_counter()
-        work()
+        run(units)
+        took = time.perf_counter() - start
+    units = max(units, math.ceil(units * seconds / took))
+    timings = []
+    for _ in range(5):
+        start = time.perf_counter()
+        run(units)
         timings.append(time.perf_counter() - start)
-    return statistics.median(timings)
+    return units / statistics.median(timings)
 
 
-def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> dict:
+def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) -> dict:
     from tfrecipe.config.compose import compose
     from tfrecipe.train import train
     from tfrecipe.training import inputs, performance
@@ -147,10 +143,11 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> d
 
     def perf_and_limit(model, **kwargs):
         fields = original(model, **kwargs)
-        shape = (kwargs["element_spec"], kwargs["per_replica_batch"], kwargs["global_batch"])
-        measured["limit"] = limit_examples_per_sec(model, *shape, limit_steps)
-        train_data = built["inputs"].train
-        measured["with_input"] = limit_examples_per_sec(model, *shape, limit_steps, train_data)
+        train_data, global_batch = built["inputs"].train, kwargs["global_batch"]
+        measured["limit"] = limit_examples_per_sec(model, train_data, global_batch, limit_seconds)
+        measured["with_input"] = limit_examples_per_sec(
+            model, train_data, global_batch, limit_seconds, resident=False
+        )
         measured["model"] = model
         return fields
 
@@ -166,7 +163,7 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_steps: int) -> d
     if summary["loop"] == "fit":
         keras_call = keras_call_examples_per_sec(
             measured["model"], built["inputs"].train, summary["global_batch_size"],
-            summary["steps_per_execution"], limit_steps,
+            summary["steps_per_execution"], limit_seconds,
         )  # fmt: skip
     return {
         "job": name,
@@ -204,7 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", default=list(JOBS))
     parser.add_argument("--epochs", type=int, default=0, help="0: the job's own")
-    parser.add_argument("--limit-steps", type=int, default=60)
+    parser.add_argument("--limit-seconds", type=float, default=0.5)
     parser.add_argument("--text-dir", help="a text_folder dataset (one folder per class)")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for every job")
     options = parser.parse_args()
@@ -218,7 +215,7 @@ def main() -> None:
 
         child = subprocess.run(
             [sys.executable, __file__, "--one", name, str(options.epochs),
-             str(options.limit_steps), json.dumps(overrides)],
+             str(options.limit_seconds), json.dumps(overrides)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
@@ -229,7 +226,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        name, epochs, limit_steps, overrides = sys.argv[2:6]
-        print(json.dumps(run_job(name, json.loads(overrides), int(epochs), int(limit_steps))))
+        name, epochs, limit_seconds, overrides = sys.argv[2:6]
+        print(json.dumps(run_job(name, json.loads(overrides), int(epochs), float(limit_seconds))))
     else:
         main()

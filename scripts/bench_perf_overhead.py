@@ -3,9 +3,16 @@ and off, alternating in one process, with a warm perf cache (FLOPs and peak cach
 run after a machine's first).
 
     python scripts/bench_perf_overhead.py --pairs 3 --epochs 5
+    python scripts/bench_perf_overhead.py --steps -- model=mlp    # per step, any job
 
 Reported: per pair, steady-state examples/s and wall time of both; the medians of the ratios
 (on / off: throughput, wall) and the end-of-run measuring (`perf.overhead_s`) against wall time.
+
+Whole runs of a few seconds swing far more than the clock costs; `--steps` measures what it
+costs per step instead: after a short run of the job, Keras' train function of that run's model
+with the stamped step and with the plain one, called on the run's training input, alternating
+(`--rounds` timings of each, at least 0.2 s apiece). Reported: ms per step of both, and the
+median of the rounds' ratios (on / off).
 """
 
 from __future__ import annotations
@@ -40,11 +47,79 @@ def run(epochs: int, clock: bool) -> dict:
     }
 
 
+def step_cost(overrides: list[str], rounds: int) -> dict:
+    """Per step: the job's train function with the clock's stamps and without, alternating."""
+    import time
+
+    import tensorflow as tf
+
+    from tfrecipe.config.compose import compose
+    from tfrecipe.train import train
+    from tfrecipe.training import inputs, performance
+
+    kept, original, original_inputs = {}, performance.perf_fields, inputs.build_inputs
+
+    def keep(*args, **kwargs):
+        kept["inputs"] = original_inputs(*args, **kwargs)
+        return kept["inputs"]
+
+    def keep_model(model, **kwargs):
+        kept["model"] = model
+        return original(model, **kwargs)
+
+    inputs.build_inputs, performance.perf_fields = keep, keep_model
+    with tempfile.TemporaryDirectory() as run_dir:
+        train(compose([*overrides, "loop.epochs=2", "loop.verbose=0"]), run_dir=Path(run_dir) / "r")
+    model, iterator = kept["model"], iter(kept["inputs"].train)
+    stamped = model.train_step
+    plain = getattr(stamped, "__wrapped_step__", None)
+    if plain is None:
+        return {"clock": "not on for this job"}
+    functions = {}
+    for name, step in (("on", stamped), ("off", plain)):
+        model.train_step, model.train_function = step, None
+        model.make_train_function()
+        functions[name] = model.train_function
+
+    def call(function):
+        tf.nest.map_structure(lambda t: t.numpy(), function(iterator))
+
+    calls = 1
+    while True:  # as many calls as take 0.2 s
+        start = time.perf_counter()
+        for _ in range(calls):
+            call(functions["off"])
+        if time.perf_counter() - start > 0.2:
+            break
+        calls *= 2
+    per_step = {name: [] for name in functions}
+    steps = calls * model.steps_per_execution
+    for _ in range(rounds):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call(function)
+            per_step[name].append(1000 * (time.perf_counter() - start) / steps)
+    ratios = [on / off for on, off in zip(per_step["on"], per_step["off"], strict=True)]
+    return {
+        "ms_per_step_on": round(statistics.median(per_step["on"]), 4),
+        "ms_per_step_off": round(statistics.median(per_step["off"]), 4),
+        "on_over_off": round(statistics.median(ratios), 3),
+        "rounds": rounds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--steps", action="store_true", help="the clock's cost per step")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("overrides", nargs="*", help="after --: the job (with --steps)")
     options = parser.parse_args()
+    if options.steps:
+        print(json.dumps(step_cost(options.overrides, options.rounds)))
+        return
     run(2, True)  # warms the perf cache (FLOPs, peak) and the process
     throughput, wall, end = [], [], []
     for pair in range(options.pairs):
