@@ -49,8 +49,12 @@ def _split_cpu_in_two() -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _two_logical_cpus_before_anything_starts_tensorflow() -> None:
     """Whichever test first starts TensorFlow in this process (a tier or `-k` selection may start
-    with any), the CPU is split by then: mirrored tests need it, and it cannot happen later."""
+    with any), the CPU is split by then: mirrored tests need it, and it cannot happen later. Its
+    intra-op threads are set as a run sets them (`strategy.intra_op_threads=auto`)."""
+    from tfrecipe.distribute.strategy import configure_threads
+
     _split_cpu_in_two()
+    configure_threads("auto")
 
 
 @pytest.fixture

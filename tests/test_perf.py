@@ -263,7 +263,39 @@ def test_default_run_reports_where_its_time_goes(train_run):
     ran = summary["provenance"]
     assert ran["versions"]["tensorflow"] and ran["versions"]["keras"]
     assert ran["cpu"]["model"] and ran["cpu"]["count"] >= 1
+    cores = ran["cpu"]["count"]
+    assert ran["cpu"]["intra_op_threads"] == (1 if cores <= 2 else cores), ran["cpu"]
     assert (ran["hosts"], ran["replicas"], ran["gpus"], ran["cluster"]) == (1, 1, [], None)
+
+
+def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
+    """strategy.intra_op_threads: auto runs each op on one thread on a machine of at most 2
+    cores (TensorFlow's default, every core, elsewhere); a number is set as given. Both apply
+    before TensorFlow starts; after, auto keeps what runs and another number is a config
+    error naming the key."""
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    from tfrecipe.distribute.strategy import _cores, configure_threads
+    from tfrecipe.errors import ConfigError
+
+    script = (
+        "import sys; from tfrecipe.distribute.strategy import configure_threads; "
+        "import tensorflow as tf; value = sys.argv[1]; "
+        "configure_threads(value if value == 'auto' else int(value)); tf.constant(1) + 1; "
+        "print(tf.config.threading.get_intra_op_parallelism_threads())"
+    )
+    for value, expected in (("auto", 1 if _cores() <= 2 else 0), ("3", 3)):
+        ran = subprocess.run([sys.executable, "-c", script, value], capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        assert ran.stdout.split()[-1] == str(expected), ran.stderr[-500:]
+    tf.constant(1) + 1  # this process's TensorFlow has started
+    running = tf.config.threading.get_intra_op_parallelism_threads()
+    assert configure_threads("auto") == running
+    with pytest.raises(ConfigError, match=r"strategy.intra_op_threads=7: .* fresh process"):
+        configure_threads(7)
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

@@ -1,6 +1,6 @@
 """Strategy equivalence, run the way users run it: with the same seed, data order and global
 batch, every synchronous strategy, with either loop, ends a 20-step run with the same training
-and test loss (within 1e-4 relative), each run a separate `python -m tfrecipe` process (forked
+and test loss (within 5e-4 relative), each run a separate `python -m tfrecipe` process (forked
 from one that imported TensorFlow: tests/helpers/zygote.py).
 
 default, one_device, mirrored and central_storage (2 logical CPUs) are one process each;
@@ -50,7 +50,10 @@ STRATEGIES = {
 }
 REPLICAS = {"default": 1, "one_device": 1}  # the others: 2
 LOOPS = ["fit", "custom"]
-RELATIVE = 1e-4
+# Each op on one thread (strategy.intra_op_threads=auto on 2 cores) sums a replica's half batch
+# in another order than the whole batch: the test loss differs by 3e-4 between 1 and 2 replicas
+# (the training loss agrees to 8 digits); a wrong data order moves both by 5%.
+RELATIVE = 5e-4
 TIMEOUT_S = 600  # ten TensorFlow processes (fourteen with the workers) on a shared CI machine
 
 

@@ -30,6 +30,8 @@ class Section(BaseModel):
 # --- strategy -----------------------------------------------------------------------------------
 class _StrategyBase(Section):
     logical_cpus: PositiveInt = 1
+    # threads one op splits its work over (tfrecipe.distribute.strategy.configure_threads)
+    intra_op_threads: Literal["auto"] | PositiveInt = "auto"
 
 
 class DefaultStrategy(_StrategyBase):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 from collections.abc import Iterator
 
@@ -39,6 +40,45 @@ def configure_logical_cpus(count: int) -> list[str]:
                 "first TensorFlow operation (run tfrecipe in a fresh process)"
             ) from None
     return [f"/cpu:{i}" for i in range(count)]
+
+
+# At most this many cores: one op runs on one thread (auto).
+SINGLE_THREAD_OPS_MAX_CORES = 2
+
+
+def configure_threads(intra_op: int | str) -> int:
+    """Sets TensorFlow's intra-op threads (how many threads one op splits its work over) before
+    its runtime starts; returns the number in effect (0: TensorFlow's default, every core).
+
+    auto: 1 on a machine of at most SINGLE_THREAD_OPS_MAX_CORES cores, TensorFlow's default
+    elsewhere or where TF_NUM_INTRAOP_THREADS is set. On the 2-core EPYC, ops on one thread
+    each (the two cores then run independent ops side by side, TensorFlow's inter-op pool)
+    trained the ResNet 1.44-1.47x as fast as ops split over both, the MLP 1.16-1.25x and the
+    default CNN 1.00-1.06x (docs/benchmarks.md). Machines with more cores were not measured:
+    there TensorFlow's default stays.
+    """
+    threading = tf.config.threading
+    current = threading.get_intra_op_parallelism_threads()
+    auto = intra_op == "auto"
+    if auto:
+        if os.environ.get("TF_NUM_INTRAOP_THREADS") or _cores() > SINGLE_THREAD_OPS_MAX_CORES:
+            return current
+        intra_op = 1
+    try:
+        threading.set_intra_op_parallelism_threads(intra_op)
+    except RuntimeError:  # started already (a sweep or tests in one process): auto keeps it
+        if auto:
+            return current
+        raise ConfigError(
+            f"strategy.intra_op_threads={intra_op}: TensorFlow already started in this process "
+            f"(intra-op threads: {current or 'its default'}); they must be set before the first "
+            "TensorFlow operation: run tfrecipe in a fresh process, or leave the key at auto"
+        ) from None
+    return intra_op
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _local_devices(spec_devices: list[str] | None, logical_cpus: int) -> list[str] | None:
@@ -169,6 +209,7 @@ def build_strategy(
       cluster_resolver: the cluster (tfrecipe.distribute.cluster.build_resolver) for multi-worker and
         parameter-server strategies; None = this process alone.
     """
+    configure_threads(spec.intra_op_threads)
     return _BUILDERS[spec.name](spec, cluster_resolver)
 
 

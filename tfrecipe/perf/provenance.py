@@ -15,7 +15,9 @@ PACKAGES = ("tfrecipe", "tensorflow", "keras", "hydra-core", "numpy", "pyarrow")
 # The CPU flags that change how fast a run trains (bf16 paths, AMX tiles, wide vectors).
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "fma")
 # What makes two runs' speeds incomparable: `compare` names the first that differs.
-HARDWARE_KEYS = ("cpu.model", "cpu.flags", "cpu.count", "gpus", "hosts", "replicas")
+HARDWARE_KEYS = (
+    "cpu.model", "cpu.flags", "cpu.count", "cpu.intra_op_threads", "gpus", "hosts", "replicas"
+)  # fmt: skip
 VERSION_KEYS = tuple(f"versions.{name}" for name in PACKAGES)
 
 
@@ -48,6 +50,15 @@ def cpu() -> dict[str, Any]:
         model = platform.processor() or platform.machine()
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "count": count}
+
+
+def intra_op_threads() -> int:
+    """The threads one op splits its work over in this process (`strategy.intra_op_threads`;
+    TensorFlow's default: every core)."""
+    import tensorflow as tf
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    return threads or int(os.environ.get("TF_NUM_INTRAOP_THREADS") or 0) or cpu()["count"]
 
 
 def gpus() -> list[dict[str, Any]]:
@@ -112,7 +123,7 @@ def collect(
     return {
         "versions": versions(),
         "git": git(Path.cwd()),
-        "cpu": cpu(),
+        "cpu": cpu() | {"intra_op_threads": intra_op_threads()},
         "gpus": gpus(),
         "hosts": num_hosts,
         "replicas": num_replicas,
