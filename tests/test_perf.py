@@ -278,8 +278,9 @@ def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
 
     import tensorflow as tf
 
-    from tfrecipe.distribute.strategy import _cores, configure_threads
+    from tfrecipe.distribute.strategy import configure_threads
     from tfrecipe.errors import ConfigError
+    from tfrecipe.perf.provenance import cores
 
     script = (
         "import sys; from tfrecipe.distribute.strategy import configure_threads; "
@@ -287,7 +288,7 @@ def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
         "configure_threads(value if value == 'auto' else int(value)); tf.constant(1) + 1; "
         "print(tf.config.threading.get_intra_op_parallelism_threads())"
     )
-    for value, expected in (("auto", 1 if _cores() <= 2 else 0), ("3", 3)):
+    for value, expected in (("auto", 1 if cores() <= 2 else 0), ("3", 3)):
         ran = subprocess.run([sys.executable, "-c", script, value], capture_output=True,
                              text=True, check=True)  # fmt: skip
         assert ran.stdout.split()[-1] == str(expected), ran.stderr[-500:]

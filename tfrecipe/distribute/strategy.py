@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
+from tfrecipe.perf.provenance import cores
 
 _Resolver = tf.distribute.cluster_resolver.ClusterResolver
 
@@ -61,7 +62,7 @@ def configure_threads(intra_op: int | str) -> int:
     current = threading.get_intra_op_parallelism_threads()
     auto = intra_op == "auto"
     if auto:
-        if os.environ.get("TF_NUM_INTRAOP_THREADS") or _cores() > SINGLE_THREAD_OPS_MAX_CORES:
+        if os.environ.get("TF_NUM_INTRAOP_THREADS") or cores() > SINGLE_THREAD_OPS_MAX_CORES:
             return current
         intra_op = 1
     try:
@@ -75,10 +76,6 @@ def configure_threads(intra_op: int | str) -> int:
             "TensorFlow operation: run tfrecipe in a fresh process, or leave the key at auto"
         ) from None
     return intra_op
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _local_devices(spec_devices: list[str] | None, logical_cpus: int) -> list[str] | None:

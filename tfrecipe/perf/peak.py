@@ -133,18 +133,11 @@ def calibrate(dtype: str) -> float:
     op runs on fewer threads than the machine has cores (`strategy.intra_op_threads`), as many
     side by side as fill them (TensorFlow's inter-op pool runs independent ops at once), so the
     peak is the machine's either way."""
-    import os
-
     import tensorflow as tf
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = (
-        tf.config.threading.get_intra_op_parallelism_threads()
-        or int(os.environ.get("TF_NUM_INTRAOP_THREADS") or 0)  # read by the runtime itself
-        or cores
-        or 1
-    )
-    side_by_side = max(1, (cores or 1) // threads)
+    from tfrecipe.perf.provenance import cores, intra_op_threads
+
+    side_by_side = max(1, cores() // intra_op_threads())
     with tf.device("/CPU:0"):
         a = tf.cast(tf.random.stateless_uniform((_N, _N), seed=(1, 2)), dtype)
         bs = [

@@ -48,8 +48,14 @@ def cpu() -> dict[str, Any]:
         import platform
 
         model = platform.processor() or platform.machine()
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "count": count}
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags], "count": cores()}
+
+
+def cores() -> int:
+    """The cores this process may use."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def intra_op_threads() -> int:
@@ -58,7 +64,8 @@ def intra_op_threads() -> int:
     import tensorflow as tf
 
     threads = tf.config.threading.get_intra_op_parallelism_threads()
-    return threads or int(os.environ.get("TF_NUM_INTRAOP_THREADS") or 0) or cpu()["count"]
+    # TF_NUM_INTRAOP_THREADS is read by the runtime itself, not reflected in tf.config
+    return threads or int(os.environ.get("TF_NUM_INTRAOP_THREADS") or 0) or cores()
 
 
 def gpus() -> list[dict[str, Any]]:
