@@ -130,40 +130,56 @@ def _units_per_sec(run, seconds: float) -> float:
     return units / statistics.median(timings)
 
 
-def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) -> dict:
+def train_keeping(overrides: list[str], after_training=None) -> tuple[dict, dict]:
+    """Trains the job `overrides` name in this process; returns its summary and what it kept:
+    the run's `model` and `inputs` (tfrecipe.training.inputs.Inputs). `after_training(model,
+    train_data, global_batch)` runs where the run measures its perf, after its last epoch;
+    its result is kept as `measured`."""
     from tfrecipe.config.compose import compose
     from tfrecipe.train import train
     from tfrecipe.training import inputs, performance
 
-    measured, built = {}, {}
+    kept: dict = {}
     original, original_inputs = performance.perf_fields, inputs.build_inputs
 
     def keep_inputs(*args, **kwargs):
-        built["inputs"] = original_inputs(*args, **kwargs)
-        return built["inputs"]
+        kept["inputs"] = original_inputs(*args, **kwargs)
+        return kept["inputs"]
 
-    def perf_and_limit(model, **kwargs):
+    def keep_model(model, **kwargs):
         fields = original(model, **kwargs)
-        train_data, global_batch = built["inputs"].train, kwargs["global_batch"]
-        measured["limit"] = limit_examples_per_sec(model, train_data, global_batch, limit_seconds)
-        measured["with_input"] = limit_examples_per_sec(
-            model, train_data, global_batch, limit_seconds, resident=False
-        )
-        measured["model"] = model
+        kept["model"] = model
+        if after_training is not None:
+            train_data, global_batch = kept["inputs"].train, kwargs["global_batch"]
+            kept["measured"] = after_training(model, train_data, global_batch)
         return fields
 
-    inputs.build_inputs = keep_inputs
-    performance.perf_fields = perf_and_limit
+    inputs.build_inputs, performance.perf_fields = keep_inputs, keep_model
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            cfg = compose([*overrides, "loop.verbose=0"])
+            return train(cfg, run_dir=Path(run_dir) / "run"), kept
+    finally:
+        inputs.build_inputs, performance.perf_fields = original_inputs, original
+
+
+def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) -> dict:
+    def limits(model, train_data, global_batch):
+        return {
+            "limit": limit_examples_per_sec(model, train_data, global_batch, limit_seconds),
+            "with_input": limit_examples_per_sec(
+                model, train_data, global_batch, limit_seconds, resident=False
+            ),
+        }
+
     epochs_override = [f"loop.epochs={epochs}"] if epochs else []
-    cfg = compose([*overrides, *epochs_override, "loop.verbose=0"])
-    with tempfile.TemporaryDirectory() as run_dir:
-        summary = train(cfg, run_dir=Path(run_dir) / "run")
-    perf = summary["perf"]
+    summary, kept = train_keeping([*overrides, *epochs_override], limits)
+    perf, measured = summary["perf"], kept["measured"]
     default, limit = summary["examples_per_sec"], measured["limit"]
     keras_call = None
     if summary["loop"] == "fit":
         keras_call = keras_call_examples_per_sec(
-            measured["model"], built["inputs"].train, summary["global_batch_size"],
+            kept["model"], kept["inputs"].train, summary["global_batch_size"],
             summary["steps_per_execution"], limit_seconds,
         )  # fmt: skip
     return {

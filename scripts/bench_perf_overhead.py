@@ -52,24 +52,9 @@ def step_cost(overrides: list[str], rounds: int) -> dict:
     import time
 
     import tensorflow as tf
+    from bench_limit import train_keeping  # this folder: the same run, kept
 
-    from tfrecipe.config.compose import compose
-    from tfrecipe.train import train
-    from tfrecipe.training import inputs, performance
-
-    kept, original, original_inputs = {}, performance.perf_fields, inputs.build_inputs
-
-    def keep(*args, **kwargs):
-        kept["inputs"] = original_inputs(*args, **kwargs)
-        return kept["inputs"]
-
-    def keep_model(model, **kwargs):
-        kept["model"] = model
-        return original(model, **kwargs)
-
-    inputs.build_inputs, performance.perf_fields = keep, keep_model
-    with tempfile.TemporaryDirectory() as run_dir:
-        train(compose([*overrides, "loop.epochs=2", "loop.verbose=0"]), run_dir=Path(run_dir) / "r")
+    _, kept = train_keeping([*overrides, "loop.epochs=2"])
     model, iterator = kept["model"], iter(kept["inputs"].train)
     stamped = model.train_step
     plain = getattr(stamped, "__wrapped_step__", None)
