@@ -56,8 +56,9 @@ class InputClock:
         the outputs (metrics) alone are ready after the forward pass.
 
         The step itself does not wait for the arrival stamp: its ops that use the batch wait for
-        it anyway, and holding all of them behind one more op cost the MLP 8-10% per step (the
-        2-core EPYC: 0.75 against 0.67 ms, against 0.69 ms this way).
+        it anyway, and holding all of them behind one more op cost a plain Keras MLP 12% per
+        step on the 2-core EPYC (0.73 against 0.65 ms; tfrecipe's MLP job 0-3%, now 0-2%:
+        scripts/bench_perf_overhead.py --steps).
         """
         with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
             arrived = tf.timestamp()

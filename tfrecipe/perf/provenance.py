@@ -64,8 +64,10 @@ def intra_op_threads() -> int:
     import tensorflow as tf
 
     threads = tf.config.threading.get_intra_op_parallelism_threads()
-    # TF_NUM_INTRAOP_THREADS is read by the runtime itself, not reflected in tf.config
-    return threads or int(os.environ.get("TF_NUM_INTRAOP_THREADS") or 0) or cores()
+    # TF_NUM_INTRAOP_THREADS is read by the runtime itself, not reflected in tf.config; a value
+    # that is not a number is ignored there (TensorFlow's default), so here too
+    from_env = os.environ.get("TF_NUM_INTRAOP_THREADS", "").strip()
+    return threads or (int(from_env) if from_env.isdigit() else 0) or cores()
 
 
 def gpus() -> list[dict[str, Any]]:
