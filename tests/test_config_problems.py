@@ -31,6 +31,30 @@ def test_a_problem_reads_key_value_then_hint():
     assert ConfigError("written as a whole").messages == ["written as a whole"]
 
 
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "strategy.intra_op_threads=many",
+            "strategy.intra_op_threads=many: input should be 'auto' or a valid integer",
+        ),
+        (
+            "batching.steps_per_execution=0",
+            "batching.steps_per_execution=0: input should be greater than 0 or 'auto'",
+        ),
+        (
+            "pipeline.num_parallel_calls=-3",
+            "pipeline.num_parallel_calls=-3: input should be 'autotune' or greater than 0",
+        ),
+    ],
+)
+def test_a_value_no_member_of_a_union_takes_is_one_line_naming_each(compose_cfg, override, line):
+    # pydantic reports each member it tried, at a location ending in the member's name
+    # ("constrained-int"): the user set one key, and reads one line naming what it takes.
+    [problem] = _problems(compose_cfg, override)
+    assert str(problem) == line
+
+
 def test_allowed_targets_is_named_as_the_user_wrote_it(compose_cfg):
     [problem] = _problems(compose_cfg, "allowed_targets=5")
     assert (problem.key, problem.received) == ("allowed_targets", 5)

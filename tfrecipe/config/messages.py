@@ -1,9 +1,12 @@
 """The text of a config problem: a pydantic validation error becomes one line per slot, naming
-the key (in the config's words, without a union's tag), the value received, what is allowed and,
-for an unknown key, the key it was probably meant to be.
+the key (in the config's words, without a union's tag or member), the value received, what is
+allowed (every member of a union, in one line) and, for an unknown key, the key it was probably
+meant to be.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from pydantic import ValidationError
 
@@ -55,12 +58,12 @@ def missing(key: str) -> Problem:
 
 def describe(error: ValidationError, container: dict) -> list[Problem]:
     """pydantic's `error` on `container` (the composed config) as one `Problem` per slot: the
-    key in the config's words, the value received and what is allowed."""
-    problems = []
+    key in the config's words, the value received and what is allowed. A value no member of a
+    union takes (`Literal["auto"] | PositiveInt`) is one problem naming what each would take."""
+    problems: list[Problem] = []
+    members: dict[tuple[str, str], int] = {}  # a value's slot: its problem's index
     for item in error.errors():
-        # Discriminated unions add the tag (e.g. "mirrored") to the location: not a user's key.
-        # The location holds the config's own names (`_target_` by its alias).
-        key = ".".join(str(part) for part in item["loc"] if str(part) not in _TAGS)
+        key = _key(item["loc"], container)
         kind = item["type"]
         received = item.get("input")
         if kind == "extra_forbidden":
@@ -76,8 +79,45 @@ def describe(error: ValidationError, container: dict) -> list[Problem]:
             )
         else:
             message = item["msg"] if kind in _CASE_KEPT else item["msg"].lower()
-            problems.append(Problem(key, received, message))
+            slot = (key, repr(received))
+            if slot in members:  # another member of the same union
+                problems[members[slot]] = _either(problems[members[slot]], message)
+            else:
+                members[slot] = len(problems)
+                problems.append(Problem(key, received, message))
     return problems
+
+
+def _key(location: tuple, container: dict) -> str:
+    """A validation error's location as the config's dotted key: without the tags pydantic adds
+    for a discriminated union (e.g. "mirrored") nor the members it tried for a plain one (e.g.
+    "constrained-int", after the value it was given). The location holds the config's own names
+    (`_target_` by its alias)."""
+    parts: list[str] = []
+    node = container
+    for part in location:
+        if isinstance(part, str) and node is not _ABSENT and not isinstance(node, dict):
+            continue  # a union member's name, after the value it was tried on
+        if isinstance(node, dict) and part not in node and str(part) in _TAGS:
+            continue  # a discriminated union's tag, not a key of the config
+        parts.append(str(part))
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = _ABSENT  # a key the config does not have (missing, or not to be)
+    return ".".join(parts)
+
+
+_ABSENT = object()
+
+
+def _either(problem: Problem, message: str) -> Problem:
+    """`problem` also naming what another member of its union allows: "input should be 'auto'
+    or a valid integer"."""
+    prefix = "input should be "
+    if problem.hint.startswith(prefix) and message.startswith(prefix):
+        message = message[len(prefix) :]
+    return dataclasses.replace(problem, hint=f"{problem.hint} or {message}")
 
 
 # Messages that name an environment variable or a URI scheme: their case is kept.
