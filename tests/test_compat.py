@@ -32,6 +32,12 @@ PRIVATE_NAMES = [
     (TRAINER, "reduce_per_replica", ["values", "strategy", "reduction"]),
     ("keras.src.tree", "flatten", ["structure"]),
     ("keras.src.saving.saving_lib", "get_attr_skipset", None),  # cached: obj_type -> a set
+    # keras.saving.save_weights passes objects_to_skip on to it (files.write_weights: no optimizer)
+    (
+        "keras.src.saving.saving_lib",
+        "save_weights_only",
+        ["model", "filepath", "max_shard_size", "objects_to_skip"],
+    ),
     ("keras.src.losses.loss", "unscale_loss_for_distribution", ["value"]),
     (
         "keras.src.trainers.data_adapters.data_adapter_utils",
