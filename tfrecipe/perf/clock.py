@@ -163,6 +163,10 @@ class StepClock(keras.callbacks.Callback):
         # seconds, its validation's seconds)
         self._walls: list[tuple[float, float, float]] = []
         self._epoch_began: float | None = None
+        self._last_wait: list[float] | None = None  # the clock at the last epoch's end
+
+    def on_train_begin(self, logs=None):
+        self._last_wait = None  # a new fit (a rollback's) reads the clock afresh
 
     def on_epoch_begin(self, epoch, logs=None):
         self._close_epoch()
@@ -171,7 +175,9 @@ class StepClock(keras.callbacks.Callback):
         self._epoch = epoch
         self._epoch_seconds = 0.0
         self._epoch_first: tuple[float, list[float] | None] | None = None
-        self._epoch_wait = self._wait()
+        # The clock has not moved since the last epoch's end (validation does not stamp it):
+        # one device read per epoch, not two, in the epoch's timed window.
+        self._epoch_wait = self._last_wait if self._last_wait is not None else self._wait()
 
     def on_test_begin(self, logs=None):
         self._test_began = time.perf_counter()
@@ -213,11 +219,12 @@ class StepClock(keras.callbacks.Callback):
         seconds = time.perf_counter() - self._call_start
         self.calls.append((self._epoch, batch + 1 - self._first_step, seconds))
         self._epoch_seconds += seconds
-        if self._epoch_first is None:  # a single epoch's steady state starts here
+        if self._epoch_first is None and not self._epoch_training:
+            # the first epoch's first call: where a single epoch's steady state starts
             self._epoch_first = (self._epoch_seconds, self._wait())
 
     def on_epoch_end(self, epoch, logs=None):
-        wait = self._wait()
+        wait = self._last_wait = self._wait()
         self._epoch_training.append((epoch, self._epoch_seconds, _minus(wait, self._epoch_wait)))
         if len(self._epoch_training) == 1 and self._epoch_first is not None:
             first_seconds, first_wait = self._epoch_first
