@@ -23,6 +23,10 @@ Two more figures say where the rest goes, each as a fraction of the limit:
   in a Python loop on that input, the run's steps per call each, with no callbacks: what a
   call costs besides its steps. Between it and the default: the callbacks around each call
   and the epochs' edges.
+- `keras_fit` (fit only): Keras' own `Model.fit` on the run's model and inputs (its steps per
+  epoch and call, its validation every epoch), with no callback but the throughput's, measured
+  as the default is: what fit's epochs cost with nothing of tfrecipe's around them. The
+  default's distance from it is tfrecipe's; its distance from `keras_call` is fit's epoch edges.
 
 The text family reads a text_folder dataset: `--text-dir DIR` (one folder per class), or by
 default one generated here (2 classes x 600 texts of 40-200 words, each class with its own
@@ -112,6 +116,27 @@ def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, se
     return steps_per_call * global_batch * _units_per_sec(run, seconds)
 
 
+def keras_fit_examples_per_sec(model, inputs, global_batch, steps_per_call, epochs):
+    """Keras' fit on the run's inputs, no callback but the throughput's: its steady-state
+    examples/s, as the run's summary counts them (the epochs after the first; an epoch's last
+    batch as the rows it holds)."""
+    from tfrecipe.callbacks import Throughput
+
+    model.train_function = None
+    model.steps_per_execution = steps_per_call
+    throughput = Throughput(global_batch, examples_per_epoch=inputs.info.num_train)
+    model.fit(
+        inputs.train,
+        validation_data=inputs.validation,
+        steps_per_epoch=inputs.steps_per_epoch,
+        epochs=max(epochs, 3),
+        callbacks=[throughput],
+        verbose=0,
+        shuffle=False,
+    )
+    return throughput.examples_per_sec()
+
+
 def _units_per_sec(run, seconds: float) -> float:
     """`run(n)` does n units of work (steps, calls): the median rate of 5 timings of as many
     units as take at least `seconds` each."""
@@ -176,11 +201,15 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) 
     summary, kept = train_keeping([*overrides, *epochs_override], limits)
     perf, measured = summary["perf"], kept["measured"]
     default, limit = summary["examples_per_sec"], measured["limit"]
-    keras_call = None
+    keras_call = keras_fit = None
     if summary["loop"] == "fit":
         keras_call = keras_call_examples_per_sec(
             kept["model"], kept["inputs"].train, summary["global_batch_size"],
             summary["steps_per_execution"], limit_seconds,
+        )  # fmt: skip
+        keras_fit = keras_fit_examples_per_sec(
+            kept["model"], kept["inputs"], summary["global_batch_size"],
+            summary["steps_per_execution"], summary["epochs_completed"],
         )  # fmt: skip
     return {
         "job": name,
@@ -189,6 +218,7 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) 
         "fraction": round(default / limit, 3),
         "with_input": round(measured["with_input"] / limit, 3),
         "keras_call": None if keras_call is None else round(keras_call / limit, 3),
+        "keras_fit": None if keras_fit is None else round(keras_fit / limit, 3),
         "input_wait": perf["input_wait_fraction"],
         "wall_split": perf["wall_split"],
         "mfu": perf["mfu"],
