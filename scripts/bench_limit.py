@@ -118,13 +118,15 @@ def keras_call_examples_per_sec(model, dataset, global_batch, steps_per_call, se
 
 def keras_fit_examples_per_sec(model, inputs, global_batch, steps_per_call, epochs):
     """Keras' fit on the run's inputs, no callback but the throughput's: its steady-state
-    examples/s, as the run's summary counts them (the epochs after the first; an epoch's last
-    batch as the rows it holds)."""
+    examples/s, as the run's summary counts them (the epochs after the first; where an epoch
+    is one pass over the training split, its last batch as the rows it holds)."""
     from tfrecipe.callbacks import Throughput
 
     model.train_function = None
     model.steps_per_execution = steps_per_call
-    throughput = Throughput(global_batch, examples_per_epoch=inputs.info.num_train)
+    rows = inputs.info.num_train
+    a_pass = inputs.steps_per_epoch == math.ceil(rows / global_batch)
+    throughput = Throughput(global_batch, examples_per_epoch=rows if a_pass else None)
     model.fit(
         inputs.train,
         validation_data=inputs.validation,
