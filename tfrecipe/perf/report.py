@@ -29,6 +29,7 @@ class Knobs:
     bounded_by: tuple[str, ...] = ()  # the hooks (`key=interval`) that keep calls short
     per_replica_batch: int | None = None
     validation_freq: int | None = None  # loop.validation_freq
+    prefetches: bool | None = None  # the input ends in a prefetch (tfrecipe's always does)
 
 
 def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
@@ -43,19 +44,26 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
         tried.append("pipeline.cache=memory (data that fits in memory)")
     if knobs.num_parallel_calls != "autotune":
         tried.append("a parallel map (pipeline.num_parallel_calls=autotune)")
-    tried.append("prefetching in your dataset")
+    if not knobs.prefetches:
+        tried.append("prefetching in your dataset")
+    whole_epoch_calls = (
+        knobs.steps_per_call is not None
+        and knobs.steps_per_epoch is not None
+        and knobs.steps_per_call >= knobs.steps_per_epoch
+    )
     if knobs.steps_per_call is None or knobs.steps_per_epoch is None:
         tried.append(f"more steps per call ({knobs.steps_key})")
-    elif knobs.steps_per_call < knobs.steps_per_epoch:
+    elif not whole_epoch_calls:
         tried.append(
             f"more steps per call ({knobs.steps_key}: {knobs.steps_per_call} of the epoch's "
             f"{knobs.steps_per_epoch}"
             + (f"; {', '.join(knobs.bounded_by)} bound it" if knobs.bounded_by else "")
             + ")"
         )
-    tried.append(
-        "fewer per-step Python hooks (logger.csv.every_n_steps, callbacks.backup.every_n_steps)"
-    )
+    if not whole_epoch_calls:  # one call per epoch: no hook runs between its steps
+        tried.append(
+            "fewer per-step Python hooks (logger.csv.every_n_steps, callbacks.backup.every_n_steps)"
+        )
     return tried
 
 

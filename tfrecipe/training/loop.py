@@ -198,6 +198,7 @@ def measurer(
         per_replica_batch=per_replica_batch,
         bounded_by=plan.call_bounds(inputs.steps_per_epoch) if inputs.steps_per_epoch else (),
         validation_freq=validation_freq,
+        prefetches=True,  # tfrecipe.data.distribute ends every input in a prefetch
     )
     return functools.partial(
         performance.perf_fields,
