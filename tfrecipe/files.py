@@ -207,8 +207,8 @@ def write_weights(model, path: Path) -> None:
     Keras' h5 writer writes in place, so a crash mid-save would leave half a file, and it follows
     a link. Without the optimizer's state, which Keras 3 writes there too: what reads these files
     (evaluate, predict, the sidecar evaluator) loads the weights into a model without one, and a
-    resume reads the backup. Adam's two slots per weight made the default MLP's file 2.7x larger
-    and its save 2x slower (12 against 6 ms on the 2-core EPYC)."""
+    resume reads the backup. Adam's two slots per weight made an MLP's file 2.7x larger and its
+    save 2x slower (12 against 6 ms on the 2-core EPYC)."""
     import keras  # here: the command line imports this module without TensorFlow
 
     optimizer = getattr(model, "optimizer", None)
