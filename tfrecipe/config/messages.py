@@ -10,35 +10,13 @@ import dataclasses
 
 from pydantic import ValidationError
 
-from tfrecipe.config.training_sections import STRATEGY_NAMES, TASK_NAMES
 from tfrecipe.errors import Problem
 
 
 def _section(container: dict, location: tuple) -> list[str]:
-    """The keys of the config node at a validation error's location (tags skipped)."""
-    node = container
-    for part in location:
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            continue  # a discriminated union's tag, not a key of the config
+    """The keys of the config node at a validation error's location."""
+    _, node = _walk(location, container)
     return list(node) if isinstance(node, dict) else []
-
-
-# The tags of the discriminated unions (strategy, task, optimizer and cluster names): pydantic
-# puts them in an error's location, where they name no key of the config.
-_TAGS = {
-    *STRATEGY_NAMES,
-    *TASK_NAMES,
-    "adam",
-    "adamw",
-    "sgd",
-    "none",
-    "tf_config",
-    "local",
-    "slurm",
-    "k8s",
-}
 
 
 def did_you_mean(key: str, siblings) -> str:
@@ -89,23 +67,32 @@ def describe(error: ValidationError, container: dict) -> list[Problem]:
 
 
 def _key(location: tuple, container: dict) -> str:
-    """A validation error's location as the config's dotted key: without the tags pydantic adds
-    for a discriminated union (e.g. "mirrored") nor the members it tried for a plain one (e.g.
-    "constrained-int", after the value it was given). The location holds the config's own names
-    (`_target_` by its alias)."""
+    """A validation error's location as the config's dotted key."""
+    parts, _ = _walk(location, container)
+    return ".".join(parts)
+
+
+def _walk(location: tuple, container: dict) -> tuple[list[str], object]:
+    """The config's keys along a validation error's location, and the node they lead to
+    (`_ABSENT` past a key the config does not have: missing, or not to be). Skipped: the tag
+    pydantic adds after a discriminated union's section (its `name`, e.g. "mirrored": every
+    union of sections is told apart by `name`) and the member it tried of a plain union (e.g.
+    "constrained-int", after the value it was given). The location holds the config's own
+    names (`_target_` by its alias)."""
     parts: list[str] = []
     node = container
     for part in location:
-        if isinstance(part, str) and node is not _ABSENT and not isinstance(node, dict):
+        if isinstance(node, dict):
+            if part not in node and part == node.get("name"):
+                continue  # a discriminated union's tag, not a key of the config
+        elif isinstance(part, str) and node is not _ABSENT:
             continue  # a union member's name, after the value it was tried on
-        if isinstance(node, dict) and part not in node and str(part) in _TAGS:
-            continue  # a discriminated union's tag, not a key of the config
         parts.append(str(part))
         try:
             node = node[part]
         except (KeyError, IndexError, TypeError):
-            node = _ABSENT  # a key the config does not have (missing, or not to be)
-    return ".".join(parts)
+            node = _ABSENT
+    return parts, node
 
 
 _ABSENT = object()
