@@ -210,7 +210,7 @@ def test_objective_is_returned_for_optimizing_sweepers():
 
 @pytest.mark.slow
 def test_optuna_sweeper_optimizes_the_objective(cli, tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("optuna")
     sweep = tmp_path / "optuna"
     result = cli(
         "-m",

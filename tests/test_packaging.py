@@ -104,3 +104,15 @@ def test_python_dash_m_is_the_same_program(installed):
     script = _run(bin_dir / "tfrecipe", "--cfg", "job", cwd=elsewhere).stdout
     module = _run(bin_dir / "python", "-m", "tfrecipe", "--cfg", "job", cwd=elsewhere).stdout
     assert script == module
+
+
+def test_the_wheel_carries_the_optuna_sweeper_plugin(installed):
+    bin_dir, elsewhere = installed
+    (wheel,) = (bin_dir.parent.parent / "dist").glob("tfrecipe-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "hydra_plugins/tfrecipe_optuna_sweeper/optuna_sweeper.py" in names
+    assert "hydra_plugins/__init__.py" not in names  # Hydra's namespace package stays one
+    args = ("--cfg", "hydra", "hydra/sweeper=optuna", "hydra/sweeper/pruner=median")
+    out = _run(bin_dir / "tfrecipe", *args, cwd=elsewhere).stdout
+    assert "tfrecipe_optuna_sweeper.optuna_sweeper.OptunaSweeper" in out
+    assert "name: median" in out

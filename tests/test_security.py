@@ -343,20 +343,25 @@ def test_env_copy_refuses_a_secret(monkeypatch):
     [
         ("null", True),
         ("'sqlite:///study.db'", True),
+        ("'journal:///study.log'", True),
         ("'postgresql://user:pw@203.0.113.1/db'", False),
         ("'redis://203.0.113.1'", False),
     ],
 )
-def test_optuna_storage_is_an_sqlite_file_or_nothing(storage, valid):
+def test_optuna_storage_from_a_config_is_a_file_or_nothing(tmp_path, storage, valid):
     from tfrecipe.cli.commands import validate
     from tfrecipe.errors import ConfigError
 
-    overrides = ["hydra/sweeper=optuna", f"hydra.sweeper.storage={storage}"]
+    recipe = tmp_path / "shared.yaml"
+    recipe.write_text(
+        "# @package _global_\ndefaults: [{override /hydra/sweeper: optuna}]\n"
+        f"hydra: {{sweeper: {{storage: {storage}}}}}\n"
+    )
     if valid:
-        validate(overrides)
+        validate([f"recipe={recipe}"])
     else:
         with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*expected sqlite:///FILE"):
-            validate(overrides)
+            validate([f"recipe={recipe}"])
 
 
 def test_a_sweep_refuses_env_set_before_anything_runs(cli, victim):

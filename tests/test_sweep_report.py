@@ -126,7 +126,7 @@ def test_the_metric_comes_from_sweep_metric_the_optuna_objective_or_the_task():
     assert (named.metric, named.direction, named.chosen_by) == ("test_mae", "min", "sweep.metric")
     optuna = plan(
         sweep={"metric": None, "objective": "val_accuracy"},
-        hydra={"sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper."
+        hydra={"sweeper": {"_target_": "hydra_plugins.tfrecipe_optuna_sweeper.optuna_sweeper."
                            "OptunaSweeper", "direction": "maximize"}},
     )  # fmt: skip
     assert (optuna.metric, optuna.direction) == ("val_accuracy", "max")

@@ -26,6 +26,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the run could save anythin
 # the cluster again on new ports without spending a restart.
 EXIT_PORT_TAKEN = 69
 
+# How a run that ended on its own ends: trained to its last epoch, or stopped by an Optuna
+# sweep's pruner at an epoch's end. Neither is resumed or trained over.
+FINISHED = ("completed", "pruned")
+
 BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from
 # The local launcher numbers its attempts at running a cluster (0 first) in every task's env:
 # a restarted attempt continues the same run in the same run dir.
@@ -49,9 +53,9 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
     """
     _check_is_a_run_dir(run_dir)
     previous = rundir.read_summary(run_dir)
-    if previous and previous.get("status") == "completed":
+    if previous and previous.get("status") in FINISHED:
         raise ConfigError(
-            f"hydra.run.dir={run_dir}: already holds a completed run (summary.json); "
+            f"hydra.run.dir={run_dir}: already holds a {previous['status']} run (summary.json); "
             "choose another hydra.run.dir"
         )
     restarted = int(os.environ.get(ATTEMPT_ENV, "0")) > 0  # by the launcher: same run

@@ -54,7 +54,7 @@ def task(cfg) -> float:
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     _show_config(cfg, sweeping=sweeping)
     try:
-        summary = _train(cfg, run_dir)
+        summary = (_finished_before(cfg, run_dir) if sweeping else None) or _train(cfg, run_dir)
     except ConfigError as error:
         if sweeping:
             return _failed(cfg, run_dir, error)
@@ -69,6 +69,23 @@ def task(cfg) -> float:
         metrics = sweep_jobs.main_metrics(summary, cfg.sweep.objective)
         sweep_jobs.note_job(run_dir, summary["status"], metrics)
     return sweep_jobs.objective(summary, cfg.sweep.objective)
+
+
+def _finished_before(cfg, run_dir: Path) -> dict | None:
+    """The summary of a sweep job that already finished in `run_dir` (a sweep rerun into its
+    own sweep dir): skipped, if it ran this same config (else refused, as a resume is). None: a
+    new, preempted or failed job, which trains (and resumes from its backup)."""
+    from tfrecipe.config.changes import check_resume_unchanged
+    from tfrecipe.outcome import FINISHED
+    from tfrecipe.rundir import public_config, read_summary
+
+    summary = read_summary(run_dir)
+    if not summary or summary.get("status") not in FINISHED:
+        return None
+    check_resume_unchanged(run_dir, public_config(cfg), resume="auto")
+    log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, summary["status"],
+             run_dir)  # fmt: skip
+    return summary
 
 
 def _show_config(cfg, *, sweeping: bool) -> None:

@@ -66,7 +66,12 @@ CONFIG_DOORS = (
     ),
     Door("hydra.sweeper.params", IMPORT, "cli.sweeps.sweep_problems: every job checked", ("code",)),
     Door("hydra.sweeper.search_space", IMPORT, "cli.sweeps: expanded like params", ("code",)),
-    Door("hydra.sweeper.storage", NETWORK, "hydra_node._storage_problems (sqlite only)"),
+    Door(
+        "hydra.sweeper.storage",
+        NETWORK,
+        "hydra_node._storage_problems (sqlite or journal file; a server: command line only)",
+    ),
+    Door("hydra.sweeper.pruner", NAME, "tracking.optuna_trial.PRUNERS: a fixed table of names"),
     Door("hydra.callbacks", IMPORT, "hydra_node._callback_problems (refused)", ("code",)),
     Door(
         "hydra.job_logging",
@@ -114,6 +119,13 @@ ENV_DOORS = (
     Door("TF_CONFIG", NETWORK, "distribute.cluster.check_environment"),
     Door("MLFLOW_TRACKING_URI", NETWORK, "tracking.mlflow_run (your environment's choice)"),
     Door("TFRECIPE_SWEEP_KEYS", NAME, "tracking.hparams: names of HParams keys only"),
+    Door("TFRECIPE_SWEEP_STORAGE", NETWORK, "cli.optuna_study: your environment's study storage"),
+    Door(
+        "TFRECIPE_OPTUNA_TRIAL",
+        NETWORK,
+        "tracking.optuna_trial: the sweeper's checked storage and trial (no config sets it)",
+    ),
+    Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study: a worker's number only"),
     Door("TFRECIPE_PERF_CACHE, XDG_CACHE_HOME", WRITE, "perf.cache: through files.write_atomic"),
 )
 
@@ -140,6 +152,10 @@ FILE_DOORS = (
     Door("RUN_DIR/members/*/signature.json", READ, "signature.read (copied to the ensemble's)"),
     Door("RUN_DIR/lr_find.png", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
     Door("RUN_DIR/lr_find.csv", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
+    Door("SWEEP_DIR/study.db", WRITE, "cli.optuna_study: Optuna's sqlite file, the default name"),
+    Door(
+        "SWEEP_DIR/optimization_results.yaml", WRITE, "rundir.atomic_write, a name tfrecipe chose"
+    ),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door(
         "RUN_DIR/* (a received run dir)",
@@ -227,6 +243,11 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "shutil.rmtree": "a run dir this invocation made and a config error discards",
         "os.environ.*": "the inherited Trust set aside; the sweep's keys removed after",
         "os.environ[]=": "the inherited Trust, restored",
+    },
+    "tfrecipe/cli/optuna_study.py": {
+        "subprocess.Popen": "n_jobs - 1 more workers: this process's own argv again, no shell",
+        "os.environ.*": "the running trial's handle (tracking.optuna_trial), removed after",
+        "sweep_dir.mkdir": "the sweep dir, for the default study file (Hydra makes it anyway)",
     },
     "tfrecipe/cli/predict.py": {
         "open(?)": "the output, inside its scratch folder (files.put moves it)",

@@ -12,7 +12,8 @@ these into code that runs, a file written outside the run dir or a secret sent e
 - `hydra.output_subdir`: null or a folder inside the run dir;
 - `hydra.job.env_set`: the variables of `SAFE_ENV` (and those `env_copy` repeats from your own
   environment); `env_copy`: no secret's name;
-- the optuna sweeper's `storage`: an sqlite file or none; `custom_search_space`: your function;
+- the optuna sweeper's `storage`: an sqlite or journal file or none (a server: the command
+  line's); `custom_search_space`: your function;
 - a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line;
 - the run and sweep dirs and the job's name: no secret (`secrets.hydra_value_problems`).
 """
@@ -110,7 +111,7 @@ def hydra_problems(
     problems += _env_set_problems(job) + _env_copy_problems(job)
     sweeper = hydra.get("sweeper") or {}
     problems += _sweeper_key_problems(sweeper)
-    problems += _storage_problems(sweeper.get("storage"))
+    problems += _storage_problems(_raw(node, "sweeper.storage"), sweeper.get("storage"), trust)
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
     problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
     launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
@@ -314,16 +315,15 @@ def _env_copy_problems(job: Mapping[str, Any]) -> list[Problem]:
 # (tfrecipe/cli/sweeps.py); another sweeper, or another key, could hand a job values nothing
 # checked, so it is refused.
 _OPTUNA_KEYS = (
-    "_target_ sampler direction storage study_name n_trials n_jobs max_failure_rate "
+    "_target_ sampler pruner direction storage study_name n_trials n_jobs max_failure_rate "
     "search_space custom_search_space params"
 )
+OPTUNA_SWEEPER = "hydra_plugins.tfrecipe_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 SWEEPER_KEYS = {
     "hydra._internal.core_plugins.basic_sweeper.BasicSweeper": frozenset(
         {"_target_", "max_batch_size", "params"}
     ),
-    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper": frozenset(
-        _OPTUNA_KEYS.split()
-    ),
+    OPTUNA_SWEEPER: frozenset(_OPTUNA_KEYS.split()),
 }
 
 
@@ -352,22 +352,36 @@ def _sweeper_key_problems(sweeper: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
-def _storage_problems(storage: Any) -> list[Problem]:
-    """The optuna sweeper's `storage`: an sqlite file (created or opened where the config says,
-    like `hydra.sweep.dir`) or none; a database server would receive every trial's parameters
-    and results, wherever the config points it."""
-    if storage is None or isinstance(storage, Mapping):  # a `_target_`: checked by its slot
+# Study storages a config may name: files, created or opened where it says (like hydra.sweep.dir).
+_STORAGE_FILES = ("sqlite:///", "journal:///")
+
+
+def _storage_problems(raw: Any, storage: Any, trust: Trust) -> list[Problem]:
+    """The optuna sweeper's `storage`: an sqlite or journal file, or none (SWEEP_DIR/study.db);
+    a database server would receive every trial's parameters and results, so only your command
+    line (as typed, before interpolation: `'${oc.env:DB}'` names your environment's) may name
+    one, or TFRECIPE_SWEEP_STORAGE."""
+    if storage is None or (isinstance(storage, str) and storage.startswith(_STORAGE_FILES)):
         return []
-    if isinstance(storage, str) and storage.startswith("sqlite://"):
+    if isinstance(storage, str) and trust.gave("hydra.sweeper.storage", raw):
         return []
     return [
         Problem(
             "hydra.sweeper.storage",
             storage,
-            "expected sqlite:///FILE (a study kept in a local file) or null; a config may not "
-            "send a study to a database server",
+            "expected sqlite:///FILE or journal:///FILE (a study kept in a file) or null; a "
+            "config may not send a study to a database server: pass hydra.sweeper.storage=URL "
+            "on your command line, or set TFRECIPE_SWEEP_STORAGE",
         )
     ]
+
+
+def _raw(node: DictConfig, key: str) -> Any:
+    """`key` of Hydra's node as written (an interpolation unresolved)."""
+    value: Any = OmegaConf.to_container(node, resolve=False)
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
 
 
 def _search_space_problems(search_space: Any, allowed: Iterable[str]) -> list[Problem]:

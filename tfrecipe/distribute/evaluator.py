@@ -41,7 +41,7 @@ def checkpoint_callbacks(run_dir: Path) -> list:
 
 def _training_ended(run_dir: Path) -> bool:
     summary = rundir.read_summary(run_dir)
-    return bool(summary) and summary.get("status") in ("completed", "failed", "preempted")
+    return bool(summary) and summary.get("status") in ("completed", "pruned", "failed", "preempted")
 
 
 def _load(model, path: Path, attempts: int = 5) -> None:

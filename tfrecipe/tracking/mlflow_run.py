@@ -54,7 +54,8 @@ log = logging.getLogger("tfrecipe")
 
 _ARTIFACTS = ("model.keras", "model.onnx", "model.tflite", "saved_model", "summary.json",
               "history.csv", "config.yaml", "curves.png")  # fmt: skip
-_STATUS = {"completed": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
+# A pruned trial (an Optuna sweep's) ended cleanly: FINISHED, its `status` tag says pruned.
+_STATUS = {"completed": "FINISHED", "pruned": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
 
 
 def tracking_uri(spec: schema.MlflowLogger, *, home: Path) -> str:

@@ -18,6 +18,7 @@ import keras
 from tfrecipe import files, reading, rundir
 from tfrecipe.callbacks import StepLog
 from tfrecipe.config import schema
+from tfrecipe.outcome import FINISHED
 
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
 
@@ -75,7 +76,9 @@ class WandbTracker:
             artifact = wandb.Artifact(f"model-{self.run.id}", type="model")
             artifact.add_file(str(model))
             self.run.log_artifact(artifact)
-        self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        if summary.get("status") == "pruned":  # an Optuna sweep's trial, stopped cleanly
+            self.run.tags = (*(self.run.tags or ()), "pruned")
+        self.run.finish(exit_code=0 if summary.get("status") in FINISHED else 1)
 
 
 def _previous_run_id(id_file: Path) -> str | None:

@@ -28,6 +28,7 @@ from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
 from tfrecipe.perf import report
+from tfrecipe.tracking import optuna_trial
 from tfrecipe.training import lr_find, performance
 from tfrecipe.training.inputs import Inputs
 from tfrecipe.training.monitors import Monitors
@@ -242,7 +243,10 @@ def recording_end(
         protected.close()
     board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
     _record_perf(summary, monitors, model, measure, board)
-    _finish(summary, monitors, model, status="completed")
+    pruned = optuna_trial.pruned_at(monitors.callbacks)  # an Optuna trial its pruner stopped
+    if pruned is not None:
+        summary.update(pruned_at_epoch=pruned)
+    _finish(summary, monitors, model, status="completed" if pruned is None else "pruned")
 
 
 def _record_perf(

@@ -22,7 +22,7 @@ from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
-from tfrecipe.tracking import Tracker
+from tfrecipe.tracking import Tracker, optuna_trial
 from tfrecipe.training.inputs import Inputs
 from tfrecipe.training.plan import RunPlan
 
@@ -127,6 +127,7 @@ def build_monitors(
     trackers = _start_tracking(logger, config, run_dir, history, resume=resuming) if chief else []
     for tracker in trackers:
         callbacks += tracker.callbacks()
+    callbacks += optuna_trial.reporters(config, chief=chief)  # an Optuna sweep's trial: last
     return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
 
 

@@ -1,0 +1,144 @@
+"""What tfrecipe's Optuna sweeper saves: the wall time of a sweep with and without pruning, and
+the idle share of `n_jobs=2` workers when one trial is about five times slower than the rest,
+against the batch launch of today's stock plugin (measured in the same run: Hydra's basic
+sweeper with `max_batch_size=2` on the joblib launcher, which, like the stock optuna sweeper,
+launches two jobs and waits for both before the next two).
+
+    python scripts/bench_sweeps.py [--trials 12] [--epochs 8] [--skip-pruning] [--skip-idle]
+
+Every sweep is a real `python -m tfrecipe -m ...` on digits (model=mlp) in a temporary dir; the
+figures are printed as a Markdown table. Idle share = 1 - (sum of the trials' own wall times) /
+(workers x the sweep's wall time): the time workers held no trial, start-up included for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Six trials, one with five times the others' mean steps per epoch (the grid runs each once).
+STEPS = (6, 7, 8, 9, 10, 40)
+
+
+def _sweep(args: list[str], sweep_dir: Path) -> tuple[float, list[dict]]:
+    """Runs one sweep; (wall seconds, each job's summary)."""
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "tfrecipe", "-m", *args, f"hydra.sweep.dir={sweep_dir}"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    summaries = [
+        json.loads((d / "summary.json").read_text())
+        for d in sorted(sweep_dir.iterdir())
+        if d.name.isdigit() and (d / "summary.json").is_file()
+    ]
+    return wall, summaries
+
+
+def pruning(root: Path, trials: int, epochs: int) -> list[tuple[str, ...]]:
+    """A `trials`-trial TPE sweep (seed 0) of the learning rate, without and with the median
+    pruner (3 startup trials, 2 warm-up epochs)."""
+    common = [
+        "hydra/sweeper=optuna",
+        f"hydra.sweeper.n_trials={trials}",
+        "hydra.sweeper.sampler.seed=0",
+        "model=mlp",
+        f"loop.epochs={epochs}",
+        "loop.verbose=0",
+        "optimizer.learning_rate=tag(log,interval(1e-5,1.0))",
+    ]
+    pruned = [
+        "hydra/sweeper/pruner=median",
+        "hydra.sweeper.pruner.n_startup_trials=3",
+        "hydra.sweeper.pruner.n_warmup_steps=2",
+    ]
+    rows = []
+    for name, extra in (("no pruning", []), ("median pruner", pruned)):
+        wall, jobs = _sweep([*common, *extra], root / name.replace(" ", "_"))
+        epochs_run = sum(job["epochs_completed"] for job in jobs)
+        best = max(
+            (j["metrics"].get("val_accuracy", 0) for j in jobs if j["status"] == "completed"),
+            default=None,
+        )
+        n_pruned = sum(job["status"] == "pruned" for job in jobs)
+        rows.append(
+            (
+                name,
+                f"{wall:.0f}",
+                f"{epochs_run}/{trials * epochs}",
+                str(n_pruned),
+                f"{best:.4f}" if best is not None else "-",
+            )
+        )
+    base = float(rows[0][1])
+    return [(*row, f"{base / float(row[1]):.2f}x") for row in rows]
+
+
+def idle(root: Path) -> list[tuple[str, ...]]:
+    """Six trials (STEPS), two workers: tfrecipe's sweeper against a batch launch."""
+    common = ["model=mlp", "loop.epochs=3", "loop.verbose=0"]
+    steps = ",".join(map(str, STEPS))
+    runs = {
+        "optuna, n_jobs=2 (tfrecipe)": [
+            "hydra/sweeper=optuna",
+            "hydra/sweeper/sampler=grid",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.n_trials=6",
+            f"loop.steps_per_epoch=choice({steps})",
+            *common,
+        ],
+        "batches of 2 (stock: launch, wait for both)": [
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "hydra.sweeper.max_batch_size=2",
+            f"loop.steps_per_epoch={steps}",
+            *common,
+        ],
+    }
+    rows = []
+    for name, args in runs.items():
+        wall, jobs = _sweep(args, root / name.split(",")[0].split(" ")[0])
+        busy = sorted(job["wall_time_s"] for job in jobs)
+        share = 1 - sum(busy) / (2 * wall)
+        rows.append(
+            (name, f"{wall:.0f}", f"{busy[-1]:.1f} / {busy[len(busy) // 2]:.1f}", f"{share:.0%}")
+        )
+    return rows
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--skip-pruning", action="store_true")
+    parser.add_argument("--skip-idle", action="store_true")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-sweeps-") as root:
+        if not options.skip_pruning:
+            header = (
+                "sweep",
+                "wall s",
+                "epochs trained",
+                "pruned",
+                "best val_accuracy",
+                "speed-up",
+            )
+            print(_table(header, pruning(Path(root), options.trials, options.epochs)), flush=True)
+        if not options.skip_idle:
+            header = ("2 workers, 6 trials", "wall s", "slowest / median trial s", "idle share")
+            print(_table(header, idle(Path(root))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

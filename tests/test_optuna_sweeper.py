@@ -1,0 +1,271 @@
+"""tfrecipe's Optuna sweeper (`hydra/sweeper=optuna`, hydra_plugins/tfrecipe_optuna_sweeper) with
+the real Optuna and real processes: a study that resumes, prunes and shares its trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY
+
+optuna = pytest.importorskip("optuna")
+
+# Each trial: the MLP, 2 epochs of 3 steps.
+TRIAL = [*TINY, "model=mlp"]
+
+
+def _trials(storage: str, name: str = "tfrecipe") -> list:
+    return optuna.load_study(study_name=name, storage=storage).get_trials()
+
+
+def _states(storage: str, name: str = "tfrecipe") -> list[str]:
+    return [trial.state.name for trial in _trials(storage, name)]
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+# --- the search space and the storage rule (no training) ---------------------------------------
+def test_the_stock_override_syntax_makes_optunas_distributions():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from tfrecipe.cli.optuna_space import search_space
+
+    space = search_space(
+        [
+            "optimizer.learning_rate=tag(log,interval(1e-5,1.0))",
+            "loop.dropout=interval(0,1)",
+            "model=choice(mlp,cnn)",
+            "batching.per_replica_batch_size=range(16,65,16)",
+            "seed=3",
+        ]
+    )
+    d = space.distributions
+    assert d["optimizer.learning_rate"] == FloatDistribution(1e-5, 1.0, log=True)
+    assert d["loop.dropout"] == FloatDistribution(0.0, 1.0)  # Hydra's interval: floats
+    assert d["model"] == CategoricalDistribution(["mlp", "cnn"])
+    # range(...) runs what the basic sweeper would: 16, 32, 48, 64
+    assert d["batching.per_replica_batch_size"] == IntDistribution(16, 64, step=16)
+    assert space.overrides({"model": "cnn"}) == ["model=cnn", "seed=3"]
+
+
+@pytest.mark.parametrize(
+    ("storage", "valid"),
+    [("'journal:///tmp/j.log'", True), ("'postgresql://u:pw@203.0.113.1/db'", False)],
+)
+def test_a_recipe_may_keep_a_study_in_a_file_not_send_it_to_a_server(tmp_path, storage, valid):
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "# @package _global_\ndefaults: [{override /hydra/sweeper: optuna}]\n"
+        f"hydra: {{sweeper: {{storage: {storage}}}}}\n"
+    )
+    if valid:
+        validate([f"recipe={recipe}"])
+    else:
+        with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*command line"):
+            validate([f"recipe={recipe}"])
+    # the same URL typed on the command line is the user's own choice
+    validate(["hydra/sweeper=optuna", f"hydra.sweeper.storage={storage}"])
+
+
+def test_pruners_take_optunas_parameters_as_keys():
+    from tfrecipe.config.compose import compose
+    from tfrecipe.tracking.optuna_trial import make_pruner
+
+    cfg = compose(
+        [
+            "hydra/sweeper=optuna",
+            "hydra/sweeper/pruner=median",
+            "hydra.sweeper.pruner.n_startup_trials=3",
+            "hydra.sweeper.pruner.n_warmup_steps=2",
+        ],
+        return_hydra_config=True,
+    )
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(cfg.hydra.sweeper.pruner)
+    pruner = make_pruner(spec)
+    assert isinstance(pruner, optuna.pruners.MedianPruner)
+    assert (pruner._n_startup_trials, pruner._n_warmup_steps) == (3, 2)
+
+
+# --- real sweeps --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_issues_command_leaves_two_complete_trials_in_its_study(cli, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=s1",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        "loop.epochs=1",
+        f"hydra.sweep.dir={tmp_path / 'sw'}",
+    ]
+    result = cli(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _states(storage, "s1") == ["COMPLETE", "COMPLETE"]
+    assert [_summary(tmp_path / "sw" / str(n))["status"] for n in (0, 1)] == ["completed"] * 2
+    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert report["best"]["status"] == "completed"
+    # the same command again: the study has its 2 trials, nothing more runs
+    again = cli(*command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(_trials(storage, "s1")) == 2
+
+
+@pytest.mark.slow
+def test_pruned_trials_stop_cleanly_and_never_win(cli, tmp_path):
+    sweep = tmp_path / "sw"
+    result = cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra/sweeper/pruner=median",
+        "hydra.sweeper.pruner.n_startup_trials=1",
+        "hydra.sweeper.n_trials=4",
+        "optimizer.learning_rate=tag(log,interval(1e-6,0.03))",
+        *TRIAL,
+        "loop.epochs=3",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    storage = f"sqlite:///{sweep / 'study.db'}"
+    trials = _trials(storage)
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert len(trials) == 4 and pruned, [t.state.name for t in trials]
+    for trial in pruned:
+        run_dir = sweep / str(trial.number)
+        summary = _summary(run_dir)
+        epochs = summary["pruned_at_epoch"]
+        assert summary["status"] == "pruned" and epochs < 3
+        assert summary["epochs_completed"] == epochs  # stopped at that epoch's end, cleanly
+        assert (run_dir / "model.keras").is_file()
+        assert len((run_dir / "history.csv").read_text().splitlines()) == epochs + 1
+    report = json.loads((sweep / "sweep.json").read_text())
+    assert report["counts"]["pruned"] == len(pruned)
+    assert report["best"]["status"] == "completed"
+    assert "pruned" in result.stdout  # the sweep table shows them as such
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfrecipe", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            pytest.fail(f"the sweep ended before {path.name}:\n{process.stdout.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_its_trial_in_the_same_run_dir(cli, tmp_path):
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    sweep = tmp_path / "sw"
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        "loop.epochs=3",
+        "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
+        "+callbacks.extra.hold.epoch=2",
+        f"+callbacks.extra.hold.signal_dir={signals}",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    first = _start(command, tmp_path)
+    _wait_for(signals / "reached", first)  # trial 0 trained 2 of its 3 epochs
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    learning_rate = _trials(f"sqlite:///{sweep / 'study.db'}")[0].params
+    (signals / "release").write_text("")
+    result = cli(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = _trials(f"sqlite:///{sweep / 'study.db'}")
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[1].params == learning_rate  # the retry of trial 0, with its parameters
+    resumed = _summary(sweep / "0")
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] > 0
+    assert resumed["epochs_completed"] == 3
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "2"]
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_journal_file_share_one_study(tmp_path):
+    journal = f"journal:///{tmp_path / 'study.log'}"
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        f"hydra.sweeper.storage={journal}",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        f"hydra.sweep.dir={tmp_path / 'sw'}",
+    ]
+    workers = [_start(command, tmp_path) for _ in range(2)]
+    outputs = [worker.communicate(timeout=600)[0] for worker in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert _states(journal) == ["COMPLETE"] * 3  # 3 in all, not 3 each
+    run_dirs = sorted(p.name for p in (tmp_path / "sw").iterdir() if p.name.isdigit())
+    assert run_dirs == ["0", "1", "2"]
+    assert all(_summary(tmp_path / "sw" / n)["status"] == "completed" for n in run_dirs)
+
+
+@pytest.mark.slow
+def test_a_basic_sweep_rerun_resumes_its_preempted_job_and_skips_completed_ones(cli, tmp_path):
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    sweep = tmp_path / "sw"
+    command = [
+        "-m",
+        "optimizer.learning_rate=0.001,0.01",
+        *TRIAL,
+        "loop.epochs=3",
+        "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
+        "+callbacks.extra.hold.epoch=2",
+        f"+callbacks.extra.hold.signal_dir={signals}",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    first = _start(command, tmp_path)
+    _wait_for(signals / "reached", first)  # job 0 trained 2 of its 3 epochs
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
+    assert _summary(sweep / "0")["status"] == "preempted"
+    (signals / "release").write_text("")
+    resumed = cli(*command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    job0, job1 = _summary(sweep / "0"), _summary(sweep / "1")
+    assert job0["status"] == "completed" and job0["resumed_from_step"] > 0
+    assert job1["status"] == "completed"
+    again = cli(*command)  # every job done: nothing trains, nothing is refused
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [_summary(sweep / n) for n in ("0", "1")] == [job0, job1]
+    assert "sweep: 2 jobs (2 completed)" in again.stdout

@@ -1,0 +1,144 @@
+"""A sweep job's side of an Optuna trial: the objective reported after every validation, and
+the run stopped cleanly at that epoch's end when the study's pruner says so.
+
+tfrecipe's Optuna sweeper (hydra_plugins/tfrecipe_optuna_sweeper) hands each job its trial
+through the environment (`TRIAL_ENV`, which no config may set: `hydra_node.SAFE_ENV`): the
+study's storage, its name, the trial's id and the pruner's settings, so a job in another process
+(a SLURM job) reports as one in the sweeper's own. A pruned run finishes like a completed one
+(backup, history.csv, model.keras, the trackers), says `status: pruned` in summary.json, and
+marks its trial (`PRUNED_ATTR`) for the sweeper, which tells Optuna.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+
+log = logging.getLogger("tfrecipe")
+
+TRIAL_ENV = "TFRECIPE_OPTUNA_TRIAL"
+# The trial's user attribute a pruned job sets: the number of epochs it trained.
+PRUNED_ATTR = "pruned_at_epoch"
+
+# hydra/sweeper/pruner=NAME -> Optuna's pruner class (a fixed table: nothing is imported by name).
+PRUNERS = {
+    "none": "NopPruner",
+    "median": "MedianPruner",
+    "percentile": "PercentilePruner",
+    "hyperband": "HyperbandPruner",
+    "successive_halving": "SuccessiveHalvingPruner",
+}
+
+
+def make_pruner(spec: Mapping[str, Any] | None):
+    """Optuna's pruner for `hydra.sweeper.pruner` ({name: median, n_startup_trials: 3, ...})."""
+    import optuna
+
+    spec = dict(spec or {"name": "none"})
+    name = spec.pop("name", "none")
+    if name not in PRUNERS:
+        raise ValueError(f"hydra.sweeper.pruner.name={name!r}: expected one of {list(PRUNERS)}")
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    return getattr(optuna.pruners, PRUNERS[name])(**spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialHandle:
+    """Where a job's trial lives: what the sweeper puts into TRIAL_ENV."""
+
+    storage: str  # the study's storage URL (sqlite:///, journal:///, a database server's)
+    study_name: str
+    trial_id: int
+    pruner: dict[str, Any]
+
+    def environ(self) -> dict[str, str]:
+        return {TRIAL_ENV: json.dumps(dataclasses.asdict(self))}
+
+    @classmethod
+    def of_this_process(cls) -> TrialHandle | None:
+        raw = os.environ.get(TRIAL_ENV)
+        if not raw:
+            return None
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError):
+            log.warning(
+                "%s is not a trial handle tfrecipe wrote: not reporting to Optuna", TRIAL_ENV
+            )
+            return None
+
+
+def open_storage(url: str):
+    """Optuna's storage for `url`: `journal:///FILE` (a journal file), else an RDB URL."""
+    import optuna
+
+    if url.startswith("journal:///"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal://")))
+    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+
+
+def _engine_kwargs(url: str) -> dict[str, Any] | None:
+    """SQLite waits for another writer (several workers on one file) instead of failing."""
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else None
+
+
+class TrialReporter(keras.callbacks.Callback):
+    """Reports `objective` after every epoch that validated, as the trial's intermediate value
+    at step = epochs trained; stops training at this epoch's end when the pruner says so."""
+
+    def __init__(self, handle: TrialHandle, objective: str):
+        super().__init__()
+        import optuna
+
+        storage = open_storage(handle.storage)
+        study = optuna.load_study(
+            study_name=handle.study_name, storage=storage, pruner=make_pruner(handle.pruner)
+        )
+        self.trial = optuna.trial.Trial(study, handle.trial_id)
+        self.objective = objective
+        self.pruned_at_epoch: int | None = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = (logs or {}).get(self.objective)
+        if value is None or not math.isfinite(float(value)):
+            return  # not validated this epoch (loop.validation_freq), or a NaN: nothing to judge
+        self.trial.report(float(value), step=epoch + 1)
+        if self.trial.should_prune():
+            self.pruned_at_epoch = epoch + 1
+            self.trial.set_user_attr(PRUNED_ATTR, epoch + 1)
+            log.info(
+                "pruned: trial %d stops after epoch %d (%s=%.4g)",
+                self.trial.number,
+                epoch + 1,
+                self.objective,
+                value,
+            )
+            self.model.stop_training = True
+
+
+def reporters(config: Mapping[str, Any], *, chief: bool) -> list[keras.callbacks.Callback]:
+    """The trial reporter of an Optuna sweep's job (on the chief: it validates for the run);
+    none outside one."""
+    handle = TrialHandle.of_this_process()
+    if handle is None or not chief:
+        return []
+    objective = str((config.get("sweep") or {}).get("objective", "val_loss"))
+    return [TrialReporter(handle, objective)]
+
+
+def pruned_at(callbacks: Sequence[keras.callbacks.Callback]) -> int | None:
+    """The epoch a trial reporter among `callbacks` stopped training at (None: not pruned)."""
+    for callback in callbacks:
+        if isinstance(callback, TrialReporter) and callback.pruned_at_epoch is not None:
+            return callback.pruned_at_epoch
+    return None
