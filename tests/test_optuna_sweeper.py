@@ -21,7 +21,9 @@ TRIAL = [*TINY, "model=mlp"]
 
 
 def _trials(storage: str, name: str = "tfrecipe") -> list:
-    return optuna.load_study(study_name=name, storage=storage).get_trials()
+    from tfrecipe.tracking.optuna_trial import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(storage)).get_trials()
 
 
 def _states(storage: str, name: str = "tfrecipe") -> list[str]:
@@ -256,10 +258,10 @@ def test_a_basic_sweep_rerun_resumes_its_preempted_job_and_skips_completed_ones(
     ]
     first = _start(command, tmp_path)
     _wait_for(signals / "reached", first)  # job 0 trained 2 of its 3 epochs
-    os.killpg(first.pid, signal.SIGTERM)
+    os.killpg(first.pid, signal.SIGTERM)  # noted now, acted on at the next training step
+    (signals / "release").write_text("")
     assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
     assert _summary(sweep / "0")["status"] == "preempted"
-    (signals / "release").write_text("")
     resumed = cli(*command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     job0, job1 = _summary(sweep / "0"), _summary(sweep / "1")

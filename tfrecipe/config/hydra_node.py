@@ -111,6 +111,8 @@ def hydra_problems(
     problems += _env_set_problems(job) + _env_copy_problems(job)
     sweeper = hydra.get("sweeper") or {}
     problems += _sweeper_key_problems(sweeper)
+    if sweeper.get("_target_") == OPTUNA_SWEEPER:
+        problems += _optuna_value_problems(sweeper)
     problems += _storage_problems(_raw(node, "sweeper.storage"), sweeper.get("storage"), trust)
     problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
     problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
@@ -350,6 +352,20 @@ def _sweeper_key_problems(sweeper: Mapping[str, Any]) -> list[Problem]:
         for key in sweeper
         if key not in keys
     ]
+
+
+def _optuna_value_problems(sweeper: Mapping[str, Any]) -> list[Problem]:
+    """tfrecipe's optuna sweeper optimizes one objective (`sweep.objective`), in trials."""
+    problems = []
+    direction = sweeper.get("direction", "minimize")
+    if direction not in ("minimize", "maximize"):
+        hint = "expected minimize or maximize (one objective: sweep.objective)"
+        problems.append(Problem("hydra.sweeper.direction", direction, hint))
+    for key in ("n_trials", "n_jobs"):
+        value = sweeper.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(Problem(f"hydra.sweeper.{key}", value, "expected an integer >= 1"))
+    return problems
 
 
 # Study storages a config may name: files, created or opened where it says (like hydra.sweep.dir).

@@ -94,9 +94,10 @@ def _engine_kwargs(url: str) -> dict[str, Any] | None:
 
 class TrialReporter(keras.callbacks.Callback):
     """Reports `objective` after every epoch that validated, as the trial's intermediate value
-    at step = epochs trained; stops training at this epoch's end when the pruner says so."""
+    at step = epochs trained; stops training at this epoch's end when the pruner says so (not
+    after the last epoch: a trial that trained to its end completed, and may win)."""
 
-    def __init__(self, handle: TrialHandle, objective: str):
+    def __init__(self, handle: TrialHandle, objective: str, epochs: int | None = None):
         super().__init__()
         import optuna
 
@@ -105,7 +106,7 @@ class TrialReporter(keras.callbacks.Callback):
             study_name=handle.study_name, storage=storage, pruner=make_pruner(handle.pruner)
         )
         self.trial = optuna.trial.Trial(study, handle.trial_id)
-        self.objective = objective
+        self.objective, self.epochs = objective, epochs
         self.pruned_at_epoch: int | None = None
 
     def on_epoch_end(self, epoch, logs=None):
@@ -113,7 +114,7 @@ class TrialReporter(keras.callbacks.Callback):
         if value is None or not math.isfinite(float(value)):
             return  # not validated this epoch (loop.validation_freq), or a NaN: nothing to judge
         self.trial.report(float(value), step=epoch + 1)
-        if self.trial.should_prune():
+        if epoch + 1 != self.epochs and self.trial.should_prune():
             self.pruned_at_epoch = epoch + 1
             self.trial.set_user_attr(PRUNED_ATTR, epoch + 1)
             log.info(
@@ -133,7 +134,7 @@ def reporters(config: Mapping[str, Any], *, chief: bool) -> list[keras.callbacks
     if handle is None or not chief:
         return []
     objective = str((config.get("sweep") or {}).get("objective", "val_loss"))
-    return [TrialReporter(handle, objective)]
+    return [TrialReporter(handle, objective, (config.get("loop") or {}).get("epochs"))]
 
 
 def pruned_at(callbacks: Sequence[keras.callbacks.Callback]) -> int | None:
