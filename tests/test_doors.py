@@ -295,13 +295,15 @@ def test_evaluate_refuses_a_run_dir_another_process_is_writing(tmp_path, capsys)
 
 # --- a file door that is a link to /dev/zero is refused or skipped, never read --------------------
 def _read_config(run_dir):
-    from tfrecipe.cli.evaluate import load_run_config
+    from tfrecipe.runs import RunDir
 
-    return load_run_config(run_dir, [])
+    return RunDir.at(run_dir).config([], command="evaluate")
 
 
 def _read_model(run_dir):
-    from tfrecipe import reading  # predict.read_run's and evaluate's check before Keras opens it
+    from tfrecipe import (
+        reading,  # RunDir.trained_model's and evaluate's check before Keras opens it
+    )
 
     return reading.check_archive(run_dir / "model.keras", what="model.keras")
 
@@ -330,6 +332,12 @@ def _read_summary(run_dir):
     assert rundir.read_summary(run_dir) is None, "an unreadable summary reads as none"
 
 
+def _read_history(run_dir):
+    from tfrecipe.runs import RunDir
+
+    return RunDir.at(run_dir).history()  # a resumed run reads the epochs it trained
+
+
 # file door -> (the name in the run dir, what reads it the way tfrecipe does)
 FILE_READERS = {
     "RUN_DIR/config.yaml": ("config.yaml", _read_config),
@@ -338,6 +346,7 @@ FILE_READERS = {
     "RUN_DIR/data_fingerprint.json": ("data_fingerprint.json", _read_fingerprint),
     "RUN_DIR/stall-TASK.txt": ("stall-worker-1.txt", _read_stalls),
     "RUN_DIR/summary.json": ("summary.json", _read_summary),
+    "RUN_DIR/history.csv": ("history.csv", _read_history),
 }
 _FILE_PROBES = [d.key for d in doors.FILE_DOORS if "non_regular" in d.probes]
 

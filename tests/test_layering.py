@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.callbacks",
         "tfrecipe.tracking",
         "tfrecipe.perf",
+        "tfrecipe.runs",
     ),
     # a run, assembled
     ("tfrecipe.training", "tfrecipe.train"),

@@ -247,9 +247,9 @@ def test_numpy_string_arrays_are_model_input(customers_run):
 
 def test_a_run_dir_without_signature_is_refused():
     with pytest.raises(ConfigError, match=r"holds no signature.json"):
-        from tfrecipe.cli.predict import read_run
+        from tfrecipe.runs import RunDir
 
-        read_run(REPO / "tests", "final")
+        RunDir.at(REPO / "tests").trained_model("final")
 
 
 def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(

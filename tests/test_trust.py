@@ -34,12 +34,11 @@ def _received_run_dir(tmp_path, compose_cfg):
 
 @pytest.mark.parametrize("command", ["export", "evaluate"])
 def test_a_received_run_dirs_config_grants_nothing(command, tmp_path, compose_cfg):
-    from tfrecipe.cli import evaluate, export
+    from tfrecipe.runs import RunDir
 
     run_dir, marker = _received_run_dir(tmp_path, compose_cfg)
-    read = {"export": export._run_config, "evaluate": evaluate.load_run_config}[command]
     with pytest.raises(ConfigError) as refused:
-        read(run_dir, [])
+        RunDir.at(run_dir).config([], command=command)
     assert "allowed_targets" in str(refused.value) and "'mako'" in str(refused.value)
     assert not marker.exists()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import keras
 
-from tfrecipe import files, reading
+from tfrecipe import files, reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.distribute.cluster import is_chief_process
@@ -289,7 +289,7 @@ def _best_checkpoint(
     best = best_row(earlier_epochs, checkpoint.monitor, mode)
     return [
         BestCheckpoint(
-            run_dir / "best.weights.h5",
+            run_dir / rundir.BEST_WEIGHTS,
             monitor=checkpoint.monitor,
             mode=mode,
             best_so_far=None if best is None else best[checkpoint.monitor],

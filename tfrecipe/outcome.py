@@ -30,7 +30,7 @@ EXIT_PORT_TAKEN = 69
 # sweep's pruner at an epoch's end. Neither is resumed or trained over.
 FINISHED = ("completed", "pruned")
 
-BACKUP_DIR = "backup"  # RUN_DIR/backup: the chief's backups, which every worker restores from
+BACKUP_DIR = rundir.BACKUP  # RUN_DIR/backup: the chief's backups, which every worker restores from
 # The local launcher numbers its attempts at running a cluster (0 first) in every task's env:
 # a restarted attempt continues the same run in the same run dir.
 ATTEMPT_ENV = "TFRECIPE_CLUSTER_ATTEMPT"
@@ -84,25 +84,7 @@ def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -
     )
 
 
-# What a run writes into its dir besides summary.json (written first): a dir holding one of these
-# without a summary.json is not a tfrecipe run's, and its files are not tfrecipe's to replace.
-RUN_FILES = (
-    "config.yaml",
-    "history.csv",
-    "steps.csv",
-    "curves.png",
-    "model.keras",
-    "best.weights.h5",
-    "traceback.txt",
-    "evaluation.json",
-    "signature.json",
-    "data_stats.json",
-    "saved_model",
-    "model.onnx",
-    "model.tflite",
-    "exports",
-    "backup",
-)
+RUN_FILES = rundir.RUN_FILES
 
 
 def _check_is_a_run_dir(run_dir: Path) -> None:

@@ -1,8 +1,10 @@
-"""What a run leaves in its directory: resolved config, summary, history, curves (the model:
-models/export.py).
+"""What a run directory holds (`LAYOUT`, the one table of its names) and the readers and writers
+of its own files: resolved config, summary, history, curves, the lock (the model:
+models/export.py). `tfrecipe.runs.RunDir` is the object train() and the commands open a run dir
+through.
 
-Files (and exported SavedModel directories) are written to a temporary name and renamed into
-place, so a crash never leaves a half-written summary, history or model behind.
+Files are read through tfrecipe/reading.py and written through tfrecipe/files.py: to a temporary
+name renamed into place, so a crash never leaves a half-written summary, history or model behind.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfrecipe import files
+from tfrecipe import files, reading
 
 # looks_secret and secret_values lived here: imports of them from this module keep working.
 from tfrecipe.config.secrets import looks_secret, redact, redact_config, secret_values  # noqa: F401
@@ -27,13 +29,45 @@ from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
 
-SUMMARY = "summary.json"
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """The one writer's `write_atomic` (tfrecipe/files.py): exclusive temporary sibling, no
-    link followed, nothing replaced that the run did not write."""
-    files.write_atomic(path, data)
+# Every name a run dir holds: name -> (its path inside the run dir, what it is). The modules
+# that read or write one take its name from here.
+LAYOUT: Mapping[str, tuple[str, str]] = {
+    "config": ("config.yaml", "the resolved config that ran, secrets redacted"),
+    "summary": ("summary.json", "how the run went and ended (RunSummary; record_status)"),
+    "signature": ("signature.json", "what the model takes and what its outputs mean"),
+    "history": ("history.csv", "one row per epoch, Keras' metric names as columns"),
+    "curves": ("curves.png", "loss and the main metric per epoch"),
+    "data_stats": ("data_stats.json", "a table's statistics pass, fingerprint-checked"),
+    "fingerprint": ("data_fingerprint.json", "what the run trained on, for a resume"),
+    "model": ("model.keras", "the exported model"),
+    "best_weights": ("best.weights.h5", "the best epoch's weights (save_best_only)"),
+    "steps": ("steps.csv", "the step clock's log (perf)"),
+    "saved_model": ("saved_model", "the exported SavedModel (export.formats)"),
+    "onnx": ("model.onnx", "the exported ONNX model (export.formats)"),
+    "litert": ("model.tflite", "the exported LiteRT model (export.formats)"),
+    "evaluation": ("evaluation.json", "`tfrecipe evaluate`'s result"),
+    "traceback": ("traceback.txt", "a failed run's traceback, secrets redacted"),
+    "backup": ("backup", "the chief's training-state backups, which every worker restores from"),
+    "exports": ("exports", "`tfrecipe export`'s formats"),
+    "members": ("members", "an ensemble's members, one run dir each (members/0, ...)"),
+    "manifest": (files.MANIFEST, "the files tfrecipe wrote here (files.py: the one writer)"),
+    "lock": (".", "an flock on the run dir itself: the process that trains into it"),
+}
+CONFIG, SUMMARY, SIGNATURE, HISTORY, CURVES = (
+    LAYOUT[name][0] for name in ("config", "summary", "signature", "history", "curves")
+)
+DATA_STATS, FINGERPRINT, MODEL, BEST_WEIGHTS, EVALUATION, TRACEBACK = (
+    LAYOUT[name][0]
+    for name in ("data_stats", "fingerprint", "model", "best_weights", "evaluation", "traceback")
+)
+BACKUP, EXPORTS, MEMBERS = (LAYOUT[name][0] for name in ("backup", "exports", "members"))
+# What a run writes into its dir besides summary.json (written first): a dir holding one of these
+# without a summary.json is not a tfrecipe run's, and its files are not tfrecipe's to replace.
+RUN_FILES = tuple(
+    LAYOUT[name][0]
+    for name in LAYOUT
+    if name not in ("summary", "fingerprint", "members", "manifest", "lock")
+)
 
 
 def public_config(cfg: DictConfig) -> dict[str, Any]:
@@ -47,7 +81,7 @@ def public_config(cfg: DictConfig) -> dict[str, Any]:
 
 def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
     """The run's `public_config` (resolved: what actually ran), beside Hydra's `.hydra/` originals."""
-    atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(dict(config)))
+    files.write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(dict(config)))
 
 
 # "PID:RUN_DIR" of the process holding RUN_DIR's lock, for the processes it starts (the local
@@ -173,7 +207,9 @@ def _lock_holder(run_dir: Path) -> str:
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     """summary.json, secret values redacted (an error message may quote one)."""
-    atomic_write(run_dir / SUMMARY, json.dumps(redact(summary), indent=2, sort_keys=False) + "\n")
+    files.write_atomic(
+        run_dir / SUMMARY, json.dumps(redact(summary), indent=2, sort_keys=False) + "\n"
+    )
 
 
 def record_status(
@@ -206,8 +242,6 @@ def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     """summary.json's fields; None where there is none or it cannot be read as one."""
-    from tfrecipe import reading
-
     try:
         summary = reading.read_json(run_dir / SUMMARY)
     except (OSError, UnicodeDecodeError, ValueError):  # reading.UnreadableFile is a ValueError
@@ -223,15 +257,21 @@ def write_history(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
     writer = csv.DictWriter(out, fieldnames=names)
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write(run_dir / "history.csv", out.getvalue())
+    files.write_atomic(run_dir / HISTORY, out.getvalue())
 
 
 def read_history(run_dir: Path) -> list[dict[str, float]]:
-    """history.csv's rows (what `write_history` wrote; blanks left out), [] when there is none."""
-    try:
-        text = (run_dir / "history.csv").read_text()
-    except FileNotFoundError:
+    """history.csv's rows (what `write_history` wrote; blanks left out), [] when there is none.
+    Read through tfrecipe/reading.py (a regular file of a history's size): a resumed run's dir
+    may have been received from someone else.
+
+    Raises:
+      reading.UnreadableFile: it is not a regular file, or too large for one.
+    """
+    path = run_dir / HISTORY
+    if not os.path.lexists(path):
         return []
+    text = reading.read_text(path, limit=reading.MAX_JSON_BYTES, what=f"a run's {HISTORY}")
     rows = []
     for row in csv.DictReader(io.StringIO(text)):
         parsed = {k: float(v) for k, v in row.items() if v not in ("", None)}
@@ -265,7 +305,7 @@ def plot_curves(
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    atomic_write(run_dir / "curves.png", buffer.getvalue())
+    files.write_atomic(run_dir / CURVES, buffer.getvalue())
 
 
 def plot_curves_in_background(

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfrecipe import tasks
+from tfrecipe import files, rundir, tasks
 
-SIGNATURE = "signature.json"
+SIGNATURE = rundir.SIGNATURE
 TASKS = tuple(tasks.SPECS)
 NORMALIZE = ("scale", "per_example", "none")  # pipeline.normalize's values
 # A signature is a few KB (class names; a table's columns): one of many MB is not one.
@@ -84,9 +84,7 @@ def _inputs(features: Any, feature_names: Sequence[str]) -> dict[str, Any]:
 
 
 def write(run_dir: Path, record: Mapping[str, Any]) -> None:
-    from tfrecipe.rundir import atomic_write
-
-    atomic_write(run_dir / SIGNATURE, json.dumps(record, indent=2) + "\n")
+    files.write_atomic(run_dir / SIGNATURE, json.dumps(record, indent=2) + "\n")
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:

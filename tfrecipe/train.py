@@ -24,12 +24,12 @@ from tfrecipe.config import schema
 from tfrecipe.config.trust import Trust
 from tfrecipe.distribute import cluster
 from tfrecipe.outcome import TrainingError, ensure_fresh_run_dir
+from tfrecipe.runs import RunDir
 from tfrecipe.training import baselines, ensemble, inputs, loop, monitors, protection
 from tfrecipe.training import model as models
 from tfrecipe.training import summary as summaries
 from tfrecipe.training.plan import RunPlan
 from tfrecipe.training.process import (
-    Dirs,
     evaluate_checkpoints,
     join_cluster,
     seed_everything,
@@ -65,19 +65,23 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
     # What config.yaml and W&B hold: the raw config goes no further than here.
     config = rundir.public_config(cfg)
     if task.is_chief:
-        dirs = Dirs(run_dir=Path(run_dir), shared_run_dir=Path(run_dir))
+        dirs = RunDir.at(run_dir)
         return _train(config, run, plan, task, dirs)
     # Only the chief writes the run dir; the others write the same files (every worker must
     # take part in saving synchronized variables) to a scratch dir they delete.
     with tempfile.TemporaryDirectory(prefix=f"tfrecipe-{task.type}{task.index}-") as scratch:
-        dirs = Dirs(run_dir=Path(scratch), shared_run_dir=Path(run_dir))
+        dirs = RunDir(path=Path(scratch), shared=Path(run_dir))
         return _train(config, run, plan, task, dirs)
 
 
 def _train(
-    config: Mapping[str, Any], run: schema.RunConfig, plan: RunPlan, task: cluster.Task, dirs: Dirs
+    config: Mapping[str, Any],
+    run: schema.RunConfig,
+    plan: RunPlan,
+    task: cluster.Task,
+    dirs: RunDir,
 ) -> dict[str, Any]:
-    """Trains into `dirs.run_dir`, step by step, each step handed its own sections of `run`, the
+    """Trains into `dirs.path`, step by step, each step handed its own sections of `run`, the
     plan and what the steps before it built; however it ends, summary.json says how."""
     exporting = loop.Exporting(spec=run.export, pipeline=run.pipeline, task=run.task,
                                batch_size=run.batching.per_replica_batch_size)  # fmt: skip
@@ -87,12 +91,12 @@ def _train(
     recorded = summaries.config_fields(strategy=run.strategy, loop=run.loop, model=run.model,
                                        dataset=run.dataset, precision=run.precision,
                                        seed=run.seed)  # fmt: skip
-    with summaries.recording_unfinished(dirs.run_dir, chief=dirs.chief) as attempt:
+    with summaries.recording_unfinished(dirs.path, chief=dirs.chief) as attempt:
         started = time.perf_counter()
         dirs.claim(config, resume=run.resume, allowed=run.resume_allow_changes)
         if run.ensemble.seeds > 1:
 
-            def train_member(index: int, member_dirs: Dirs) -> dict[str, Any]:
+            def train_member(index: int, member_dirs: RunDir) -> dict[str, Any]:
                 member_run, member = schema.member_config(run, config, index)
                 member_plan = RunPlan.from_config(member_run)
                 return _train(member, member_run, member_plan, task, member_dirs)
@@ -155,7 +159,7 @@ class _Built:
 
 
 def _build(
-    plan: RunPlan, dirs: Dirs, strategy, *, batching: schema.Batching, dataset: schema.Target,
+    plan: RunPlan, dirs: RunDir, strategy, *, batching: schema.Batching, dataset: schema.Target,
     task: schema.Task, loop_spec: schema.Loop, optimizer: schema.Optimizer,
     model_spec: schema.Target, pipeline, seed: int, allowed_targets: list[str],
     baseline: schema.Baseline, resume: str, nan: schema.TerminateOnNaN, exports: list[str],
@@ -203,7 +207,7 @@ def _build(
 
 
 def _start_summary(
-    config: Mapping[str, Any], recorded: dict[str, Any], task: cluster.Task, dirs: Dirs,
+    config: Mapping[str, Any], recorded: dict[str, Any], task: cluster.Task, dirs: RunDir,
     built: _Built, *, started: float, task_spec: schema.Task, dataset: schema.Target,
     normalize, data_files,
 ) -> RunSummary:  # fmt: skip
@@ -211,9 +215,9 @@ def _start_summary(
     fields = summaries.initial_fields(
         recorded, num_replicas=built.strategy.num_replicas_in_sync,
         per_replica_batch=built.per_replica_batch, global_batch=built.global_batch,
-        learning_rate=built.learning_rate, run_dir=dirs.run_dir,
+        learning_rate=built.learning_rate, run_dir=dirs.path,
     )  # fmt: skip
-    summary = RunSummary(dirs.run_dir, fields, started=started)
+    summary = RunSummary(dirs.path, fields, started=started)
     model = built.model
     summary.update(summaries.how_it_runs(model, steps_per_call=built.steps_per_call, task=task))
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
@@ -221,7 +225,7 @@ def _start_summary(
     summary.update(summaries.about_data(task_spec, built.splits.info))
     if built.resumed:
         step = built.resumed.step
-        rollbacks = built.policy.resume_rollbacks(model, dirs.shared_run_dir, step)
+        rollbacks = built.policy.resume_rollbacks(model, dirs.shared, step)
         summary.update(resumed_from_step=step, rollbacks=rollbacks)
     if dirs.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
         summary.update(stalls=dirs.earlier_stalls())
@@ -232,7 +236,7 @@ def _start_summary(
     return summary
 
 
-def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
+def _fit(config, plan: RunPlan, task, dirs: RunDir, built: _Built, summary, *,
          callbacks: schema.Callbacks, logger: schema.Logger, loop_spec: schema.Loop,
          cluster: schema.Cluster, deterministic: bool, ema, allowed_targets: list[str],
          exports: list[str], objective, exporting: loop.Exporting, pipeline,
@@ -245,12 +249,12 @@ def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
                            epoch_is_a_pass=not loop_spec.steps_per_epoch)  # fmt: skip
     watched = monitors.build_monitors(
         callbacks, logger, plan, knobs=knobs, config=config, chief=task.is_chief,
-        run_dir=dirs.run_dir, inputs=data, global_batch=built.global_batch,
+        run_dir=dirs.path, inputs=data, global_batch=built.global_batch,
         strategy=built.strategy, start_step=built.start_step, resuming=built.resumed is not None,
         watchdog=dirs.stall_watchdog(cluster.stall_timeout, task),
     )  # fmt: skip
     protected = protection.fault_tolerance(
-        plan, callbacks.backup, model=model, run_dir=dirs.run_dir,
+        plan, callbacks.backup, model=model, run_dir=dirs.path,
         steps_per_epoch=data.steps_per_epoch, resumed=built.resumed is not None,
     )  # fmt: skip
     measure = loop.measurer(
@@ -276,7 +280,7 @@ def _fit(config, plan: RunPlan, task, dirs: Dirs, built: _Built, summary, *,
 
 
 def _find_learning_rate(
-    spec: schema.LRFind, plan: RunPlan, built: _Built, dirs: Dirs, summary: RunSummary, *,
+    spec: schema.LRFind, plan: RunPlan, built: _Built, dirs: RunDir, summary: RunSummary, *,
     objective, task: schema.Task, optimizer: schema.Optimizer, jit: bool, allowed: list[str],
 ) -> bool:  # fmt: skip
     """The learning-rate sweep, in summary.json; True: the sweep is the run (`tfrecipe lr-find`)."""
@@ -285,7 +289,7 @@ def _find_learning_rate(
     )
     found = loop.find_learning_rate(
         spec, plan, built.model, built.data, optimizer=optimizer, objective=objective,
-        recompile=recompile, run_dir=dirs.run_dir, chief=dirs.chief,
+        recompile=recompile, run_dir=dirs.path, chief=dirs.chief,
     )  # fmt: skip
     summary.update(lr_find=found)
     summary.write()

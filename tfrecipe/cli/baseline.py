@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 from tfrecipe import rundir
-from tfrecipe.cli.evaluate import load_run_config
 from tfrecipe.errors import ConfigError
+from tfrecipe.runs import RunDir
 from tfrecipe.training.dataset import load_splits
 
 
@@ -25,11 +25,14 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
     from tfrecipe.data.tabular import StatsCache
     from tfrecipe.training import baselines
 
-    run = load_run_config(run_dir, overrides, command="baseline")
-    summary = rundir.read_summary(run_dir)
+    home = RunDir.at(run_dir)
+    run = home.config(overrides, command="baseline")
+    summary = home.summary()
     if summary is None:
-        raise ConfigError(f"baseline: {run_dir} holds no summary.json (is it a tfrecipe run dir?)")
-    rundir.lock_run_dir(run_dir)  # refused while a run trains there: its summary is the run's
+        raise ConfigError(
+            f"baseline: {run_dir} holds no {rundir.SUMMARY} (is it a tfrecipe run dir?)"
+        )
+    home.lock()  # refused while a run trains there: its summary is the run's
     splits = load_splits(
         run.dataset,
         allowed_targets=run.allowed_targets,
@@ -64,6 +67,6 @@ def main(args: list[str]) -> None:
         return
     from tfrecipe.training.baselines import lines
 
-    summary = rundir.read_summary(options.run_dir) or {}
+    summary = RunDir.at(options.run_dir).summary() or {}
     print("\n".join(lines(fitted, summary.get("test"))))
     print(f"recorded in {options.run_dir / rundir.SUMMARY}")

@@ -27,8 +27,10 @@ from omegaconf import OmegaConf
 from tfrecipe import files, reading
 from tfrecipe.cli.sweep_report import read_report
 from tfrecipe.errors import ConfigError
+from tfrecipe.files import write_atomic
 from tfrecipe.perf.provenance import differences
-from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
+from tfrecipe.rundir import SUMMARY, summary_value
+from tfrecipe.runs import RunDir
 
 # The metrics of runs that logged none (e.g. failed before an epoch): the default task's.
 _METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -132,7 +134,7 @@ def find_runs(directories: list[Path]) -> list[Run]:
             raise ConfigError(f"compare: {directory} is not a directory")
         for summary_path in sorted(directory.rglob(SUMMARY), key=_natural_key):
             run_dir = summary_path.parent.resolve()  # rows name runs relative to a common parent
-            summary = read_summary(run_dir)
+            summary = RunDir.at(run_dir).summary()
             if summary is None:
                 continue
             overrides_file = run_dir / ".hydra" / "overrides.yaml"
@@ -259,7 +261,7 @@ def plot(runs: list[Run], keys: list[str], path: Path) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")  # nothing cut at an edge
     plt.close(fig)
-    atomic_write(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
 
 
 def curves_figure(runs: list[Run], keys: list[str]):
@@ -330,7 +332,7 @@ def _legend_below(fig, handles: list, labels: list[str]) -> None:
 
 
 def _history(run: Run) -> list[dict[str, str]]:
-    history = run.path / "history.csv"
+    history = RunDir.at(run.path).file("history")
     if not os.path.lexists(history):
         return []
     try:
@@ -402,7 +404,7 @@ def _write_outputs(
     # them (its manifest says so), never a file of the user's or of a run by those names.
     files.own_dir(out)
     try:
-        atomic_write(out / "compare.csv", buffer.getvalue())
+        write_atomic(out / "compare.csv", buffer.getvalue())
         plot(runs, keys, out / "compare.png")
     finally:
         files.release_dir(out)

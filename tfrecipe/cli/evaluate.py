@@ -15,41 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from tfrecipe import compat, reading, rundir
+from tfrecipe import compat, files, reading, rundir
 from tfrecipe.config import schema
-from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError
 from tfrecipe.models.build import build_model, compile_model, register_custom_objects
+from tfrecipe.runs import RunDir
 from tfrecipe.training.dataset import evaluation_data, load_splits
-
-
-def load_run_config(
-    run_dir: Path, overrides: list[str], *, command: str = "evaluate"
-) -> schema.RunConfig:
-    """A finished run's resolved config (`RUN_DIR/config.yaml`) with `overrides`, validated;
-    errors name `command` (`tfrecipe evaluate`, `tfrecipe baseline`)."""
-    path = run_dir / "config.yaml"
-    if not os.path.lexists(path):
-        raise ConfigError(f"{command}: {run_dir} holds no config.yaml (is it a tfrecipe run dir?)")
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError(f"{command}: expected key=value overrides, received {' '.join(bad)}")
-    try:  # a regular file of a config's size, then YAML: one line for either
-        saved = reading.read_yaml(path, what="a run's config.yaml")
-    except reading.UnreadableFile as error:
-        raise ConfigError(f"{command}: {error}") from None
-    if not isinstance(saved, DictConfig):
-        raise ConfigError(f"{command}: {path} holds no mapping of keys (a tfrecipe run's config)")
-    try:
-        cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
-    except Exception as error:
-        raise ConfigError(
-            f"{command}: overrides {' '.join(overrides)} do not apply ({_first_line(error)})"
-        ) from None
-    # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
-    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
 
 
 def _first_line(error: BaseException) -> str:
@@ -80,7 +51,7 @@ def _load_model(
             raise ConfigError(
                 f"evaluate: --model={which}: {path} cannot be loaded ({_first_line(error)})"
             ) from None
-    weights = run_dir / "best.weights.h5"
+    weights = run_dir / rundir.BEST_WEIGHTS
     if not os.path.lexists(weights):
         raise ConfigError(f"evaluate: --model=best: {weights} does not exist")
     try:
@@ -101,7 +72,7 @@ def _load_model(
 
 def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
-    run = load_run_config(run_dir, list(overrides))
+    run = RunDir.at(run_dir).config(list(overrides), command="evaluate")
     from tfrecipe.data.fingerprint import check_evaluated_data
     from tfrecipe.data.tabular import StatsCache
 
@@ -152,7 +123,7 @@ def main(args: list[str]) -> None:
     options = parser.parse_intermixed_args(args)
     if not options.run_dir.is_dir():
         raise ConfigError(f"evaluate: {options.run_dir} is not a directory")
-    rundir.lock_run_dir(options.run_dir)  # a run still writing there: refused before the work
+    RunDir.at(options.run_dir).lock()  # a run still writing there: refused before the work
     result = evaluate_run(options.run_dir, which=options.model, overrides=options.overrides)
-    rundir.atomic_write(options.run_dir / "evaluation.json", json.dumps(result, indent=2) + "\n")
+    files.write_atomic(options.run_dir / rundir.EVALUATION, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -18,11 +18,12 @@ import argparse
 import json
 from pathlib import Path
 
+from tfrecipe import rundir
 from tfrecipe.config.schema import EXPORT_FORMATS
 from tfrecipe.errors import ConfigError
 
 QUANTIZE = ("none", "dynamic", "float16", "int8")
-EXPORTS = "exports"  # RUN_DIR/exports/final|best: what `tfrecipe export` adds
+EXPORTS = rundir.EXPORTS  # RUN_DIR/exports/final|best: what `tfrecipe export` adds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,10 +47,11 @@ def _parse(args: list[str]) -> argparse.Namespace:
 
 def main(args: list[str]) -> None:
     options = _parse(args)
-    from tfrecipe.cli.predict import read_run
     from tfrecipe.models.export import missing_packages
+    from tfrecipe.runs import RunDir
 
-    run_files = read_run(options.run_dir, options.model)  # the model files, checked
+    home = RunDir.at(options.run_dir)
+    run_files = home.trained_model(options.model, command="export")  # the files, checked
     missing = missing_packages(options.format)
     if missing:
         raise ConfigError(
@@ -58,42 +60,21 @@ def main(args: list[str]) -> None:
         )
     from tfrecipe.cli.console import discover_devices
 
-    run = _run_config(options.run_dir, options.overrides)
+    run = home.config(options.overrides, command="export")
     discover_devices()
     result = _export(options, run, run_files)
     print(json.dumps(result, indent=2))
 
 
-def _run_config(run_dir: Path, overrides: list[str]):
-    """The run's resolved config with `overrides`, validated (as `tfrecipe evaluate` reads it)."""
-    from omegaconf import OmegaConf
-
-    from tfrecipe.config import schema
-    from tfrecipe.config.trust import Trust
-
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError(f"export: expected key=value overrides, received {' '.join(bad)}")
-    from tfrecipe import reading
-
-    try:
-        saved = reading.read_yaml(run_dir / "config.yaml", what="the run's config")
-    except (OSError, ValueError) as error:  # missing, a link to a device, damaged YAML
-        raise ConfigError(f"export: {run_dir / 'config.yaml'} cannot be read ({error})") from None
-    cfg = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
-    # The run dir may be someone else's: its config.yaml grants nothing, the command line does.
-    return schema.validate(cfg, trust=Trust.from_command_line(overrides))
-
-
 def _export(options, run, run_files) -> dict:
     from tfrecipe import rundir
-    from tfrecipe.cli.predict import load_model
     from tfrecipe.models import export
+    from tfrecipe.runs import RunDir
     from tfrecipe.training.dataset import load_splits
 
-    rundir.lock_run_dir(options.run_dir)  # refuses a run dir a run is writing
+    RunDir.at(options.run_dir).lock()  # refuses a run dir a run is writing
     out = Path(EXPORTS, options.model)
-    model = load_model(run_files)
+    model = run_files.load(command="export")
     for fmt in options.format:
         why = export.unsupported(model, fmt)
         if why is not None:
@@ -122,7 +103,7 @@ def _export(options, run, run_files) -> dict:
     for record in report.values():
         if "path" in record:
             record["path"] = str(out / record["path"])
-    summary = rundir.read_summary(options.run_dir) or {}
+    summary = RunDir.at(options.run_dir).summary() or {}
     summary["exports"] = {**summary.get("exports", {}), **report}
     rundir.write_summary(options.run_dir, summary)
     return report

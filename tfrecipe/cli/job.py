@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from tfrecipe import rundir
 from tfrecipe.cli import sweep_jobs
 from tfrecipe.errors import ConfigError, DataError
 from tfrecipe.outcome import (
@@ -192,10 +193,10 @@ def _record_config_error(run_dir: Path, error: ConfigError) -> None:
 def _record_crash(run_dir: Path, error: Exception) -> None:
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.fault.disk import error_text
-    from tfrecipe.rundir import atomic_write
+    from tfrecipe.files import write_atomic
 
     with contextlib.suppress(OSError):  # a full disk: summary.json says so, in its reserve
-        atomic_write(run_dir / "traceback.txt", redact_text(traceback.format_exc()))
+        write_atomic(run_dir / rundir.TRACEBACK, redact_text(traceback.format_exc()))
     cause = error if isinstance(error, TrainingError) else error_text(error, run_dir)
     log.error(
         "training failed: %s\nrun dir: %s (summary.json and traceback.txt have the details)",

@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,12 +28,11 @@ from typing import Any
 import numpy as np
 
 from tfrecipe import files, reading, tasks
-from tfrecipe import signature as signatures
 from tfrecipe.data.readers import Batch, Source, open_sources
 from tfrecipe.errors import ConfigError
+from tfrecipe.runs import MODEL_FILES, RunDir, TrainedModel
 
 OUTPUT_FORMATS = (".csv", ".parquet", ".jsonl")
-MODELS = {"final": "model.keras", "best": "best.weights.h5"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +63,7 @@ def parse(args: Sequence[str]) -> Request:
     parser.add_argument(
         "--output", "-o", type=Path, help=f"{' | '.join(OUTPUT_FORMATS)} (default: CSV on stdout)"
     )
-    parser.add_argument("--model", default="final", choices=list(MODELS))
+    parser.add_argument("--model", default="final", choices=list(MODEL_FILES))
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
         "--keep", action="append", default=[], metavar="COL", help="an input column to copy over"
@@ -86,72 +84,6 @@ def parse(args: Sequence[str]) -> Request:
         batch_size=options.batch_size,
         keep=tuple(dict.fromkeys(options.keep)),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """What a run dir holds for predictions."""
-
-    signature: dict[str, Any]
-    dataset: dict[str, Any]  # the run's `dataset` config (how its files were read)
-    model_files: tuple[Path, ...]  # model.keras, then best.weights.h5 for --model best
-
-
-def read_run(run_dir: Path, which: str) -> Run:
-    """What `run_dir` holds for predictions, every file read through `tfrecipe.reading` (a run
-    dir may be someone else's: its files are data, checked before anything loads them).
-
-    Raises:
-      ConfigError: one line: no run dir, no or a damaged signature.json or config.yaml, a model
-        file missing, not a regular file or an archive that would inflate too far.
-    """
-    if not run_dir.is_dir():
-        raise ConfigError(f"predict: RUN_DIR={run_dir}: not a directory")
-    try:
-        record = signatures.read(run_dir)
-    except reading.UnreadableFile as error:
-        raise ConfigError(f"predict: {error}") from None
-    if record is None:
-        raise ConfigError(
-            f"predict: RUN_DIR={run_dir}: holds no {signatures.SIGNATURE} (a run trained by this "
-            "version of tfrecipe writes it when training starts)"
-        )
-    files = [run_dir / MODELS["final"]]
-    if which == "best":
-        files.append(run_dir / MODELS["best"])
-    for path in files:
-        if not os.path.lexists(path):
-            raise ConfigError(
-                f"predict: --model={which}: {path} does not exist (model.keras is written when a "
-                "run completes; best.weights.h5 by callbacks.model_checkpoint)"
-            )
-    try:
-        reading.check_archive(files[0], what="model.keras")  # sizes before Keras inflates it
-        for path in files[1:]:
-            reading.check_file(path, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
-        config = _run_config(run_dir / "config.yaml")
-    except reading.UnreadableFile as error:
-        raise ConfigError(f"predict: {error}") from None
-    return Run(signature=record, dataset=config.get("dataset", {}), model_files=tuple(files))
-
-
-def _run_config(path: Path) -> dict[str, Any]:
-    """The run's resolved config as plain data (only its `dataset` says how files were read)."""
-    from omegaconf import OmegaConf
-
-    try:
-        config = reading.read_yaml(path, what="a run's config.yaml")
-    except FileNotFoundError:
-        raise reading.UnreadableFile(
-            f"{path}: no such file; a tfrecipe run dir holds the config it ran"
-        ) from None
-    container = OmegaConf.to_container(config) if config is not None else None
-    dataset = container.get("dataset", {}) if isinstance(container, dict) else None
-    if not isinstance(dataset, dict):
-        raise reading.UnreadableFile(
-            f"{path}: holds no mapping of keys with a `dataset` mapping (a tfrecipe run's config)"
-        )
-    return container
 
 
 # --- what is written --------------------------------------------------------------------------
@@ -241,34 +173,6 @@ def _arrow(values: np.ndarray):
 
 
 # --- the model --------------------------------------------------------------------------------
-def load_model(run: Run):
-    """The run's model (`read_run` checked its files: regular, sizes known before inflating).
-
-    Raises:
-      ConfigError: one line naming the file Keras cannot load (a damaged archive, layers this
-        version does not know, weights of another model).
-    """
-    import keras
-
-    from tfrecipe import compat
-    from tfrecipe.models.build import register_custom_objects
-
-    compat.cache_saving_skipsets()  # each load walks every layer and metric: ~20% of a small one
-    register_custom_objects()
-    path = run.model_files[0]
-    try:
-        model = keras.saving.load_model(path, compile=False)
-        if len(run.model_files) > 1:  # the best epoch's weights in the final model's architecture
-            path = run.model_files[1]
-            model.load_weights(path)
-    except Exception as error:  # zipfile's, h5py's, Keras' own: all say "cannot be loaded"
-        raise ConfigError(
-            f"predict: {path} cannot be loaded ({reading.first_line(error)}); is it this run's "
-            "model, written by this version of tfrecipe?"
-        ) from None
-    return model
-
-
 def _normalizer(record: dict[str, Any]):
     """The per-batch normalization training applied outside the model (`pipeline.normalize`)."""
     import tensorflow as tf
@@ -294,7 +198,9 @@ def model_inputs(features, normalize):
     return normalize(features)
 
 
-def predict_batches(model, run: Run, batches: Iterator[Batch]) -> Iterator[dict[str, np.ndarray]]:
+def predict_batches(
+    model, run: TrainedModel, batches: Iterator[Batch]
+) -> Iterator[dict[str, np.ndarray]]:
     """Pass-through columns and prediction columns, batch by batch."""
     normalize = _normalizer(run.signature)
     for batch in batches:
@@ -324,7 +230,7 @@ def main(args: list[str]) -> None:
         files.check_output(
             request.output, inputs=[*request.inputs, request.run_dir], key="predict: --output"
         )
-    run = read_run(request.run_dir, request.model)
+    run = RunDir.at(request.run_dir).trained_model(request.model)
     try:
         source: Source = open_sources(
             request.inputs, run.signature, dataset=run.dataset, keep=request.keep
@@ -334,7 +240,7 @@ def main(args: list[str]) -> None:
     from tfrecipe.cli.console import discover_devices
 
     discover_devices()  # TensorFlow only now, with everything checked
-    model = load_model(run)
+    model = run.load()
     writer = Writer(request.output)
     try:
         with _progress(source.num_rows()) as advance:

@@ -26,7 +26,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe.rundir import SUMMARY, atomic_write, read_summary, summary_value
+from tfrecipe.files import write_atomic
+from tfrecipe.rundir import SUMMARY, summary_value
+from tfrecipe.runs import RunDir
 
 SWEEP_FILE = "sweep.json"
 SWEEP_PLOT = "sweep.png"
@@ -127,7 +129,7 @@ def find_jobs(sweep_dir: Path, metric: str) -> list[Job]:
         if not overrides_file.is_file() and not (run_dir / SUMMARY).is_file():
             continue  # not a job's (sweep.png's neighbours, an MLflow store, ...)
         overrides = _overrides(overrides_file)
-        summary = read_summary(run_dir) or {}
+        summary = RunDir.at(run_dir).summary() or {}
         status = str(summary.get("status", "not started"))
         tested = [f"test_{name}" for name in summary.get("test") or {} if name != "loss"]
         jobs.append(
@@ -218,7 +220,7 @@ def write_report(plan: SweepPlan, *, invocation: Mapping[str, Any]) -> dict[str,
     }  # fmt: skip
     if jobs:
         _plot(jobs, keys, plan, best, plan.sweep_dir / SWEEP_PLOT)
-    atomic_write(plan.sweep_dir / SWEEP_FILE, json.dumps(report, indent=2) + "\n")
+    write_atomic(plan.sweep_dir / SWEEP_FILE, json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -339,7 +341,7 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepPlan, best: Job | Non
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    atomic_write(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
 
 
 def _as_numbers(values: Sequence[str]) -> list[float] | None:

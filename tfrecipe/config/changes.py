@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import reading
+from tfrecipe import reading, rundir
 from tfrecipe.errors import ConfigError
 
 # Keys a resumed run may change without saying so: none changes what the saved state means.
@@ -85,8 +85,8 @@ def check_resume_unchanged(
     Raises:
       ConfigError: one line naming the changed keys and how to accept them.
     """
-    path = run_dir / "config.yaml"
-    if resume == "never" or not (run_dir / "summary.json").is_file() or not path.is_file():
+    path = run_dir / rundir.CONFIG
+    if resume == "never" or not (run_dir / rundir.SUMMARY).is_file() or not path.is_file():
         return
     try:  # the run dir's file: data, read through the reader (a regular file, YAML)
         saved = OmegaConf.to_container(reading.read_yaml(path, what="a run's config.yaml"))

@@ -147,14 +147,15 @@ FILE_DOORS = (
     Door("RUN_DIR/best.weights.h5", READ, "keras load_weights into the configured model"),
     Door("RUN_DIR/data_stats.json", READ, "table_stats.load_cached: fingerprint-checked"),
     Door("RUN_DIR/summary.json", READ, "rundir.read_summary", ("non_regular",)),
+    Door("RUN_DIR/history.csv", READ, "rundir.read_history (a resume's epochs)", ("non_regular",)),
     Door("RUN_DIR/members/*/summary.json", READ, "rundir.read_summary (ensemble.seeds: a member)"),
     Door("RUN_DIR/members/*/model.keras", IMPORT, "keras safe_mode load (ensemble members)"),
     Door("RUN_DIR/members/*/signature.json", READ, "signature.read (copied to the ensemble's)"),
-    Door("RUN_DIR/lr_find.png", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
-    Door("RUN_DIR/lr_find.csv", WRITE, "rundir.atomic_write, a name tfrecipe chose"),
+    Door("RUN_DIR/lr_find.png", WRITE, "files.write_atomic, a name tfrecipe chose"),
+    Door("RUN_DIR/lr_find.csv", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("SWEEP_DIR/study.db", WRITE, "cli.optuna_study: Optuna's sqlite file, the default name"),
     Door(
-        "SWEEP_DIR/optimization_results.yaml", WRITE, "rundir.atomic_write, a name tfrecipe chose"
+        "SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"
     ),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door(

@@ -29,11 +29,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tfrecipe import rundir
 from tfrecipe.errors import ConfigError
+from tfrecipe.files import write_atomic
 
 log = logging.getLogger("tfrecipe")
 
-FILE = "data_fingerprint.json"
+FILE = rundir.FINGERPRINT
 WHOLE_FILE_BYTES = 3 << 20  # hashed whole up to this size: no more than the blocks would read
 BLOCK_BYTES = 1 << 20  # else the first, middle and last block of this size
 MAX_HASHED_BYTES = 2 << 30  # read in all at a run's start; past it, size and mtime only
@@ -249,9 +251,7 @@ def check_resumed(
 def record(run_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     """Keeps `fingerprint` (`check_resumed`'s) as the run's data (a change a resume allowed is
     the run's data from now on)."""
-    from tfrecipe.rundir import atomic_write
-
-    atomic_write(Path(run_dir) / FILE, json.dumps(fingerprint, indent=1) + "\n")
+    write_atomic(Path(run_dir) / FILE, json.dumps(fingerprint, indent=1) + "\n")
 
 
 def check_and_record(

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tfrecipe import rundir
 from tfrecipe.data import table_files
 from tfrecipe.data.table_files import Table, Unit
 
@@ -33,7 +34,7 @@ TRAIN, VALIDATION, TEST = 0, 1, 2
 MAX_CLASSES = 10_000
 # A categorical column with more distinct values than this is an identifier, not a category.
 MAX_DISTINCT = 1_000_000
-STATS_FILE = "data_stats.json"
+STATS_FILE = rundir.DATA_STATS
 
 
 @dataclasses.dataclass(frozen=True)

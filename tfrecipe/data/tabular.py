@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from tfrecipe import reading
+from tfrecipe import files, reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data import table_layout, table_stats
 from tfrecipe.data.splits import DatasetInfo, Splits, from_arrays
@@ -92,10 +92,10 @@ class StatsCache:
 
     def _write(self, key: str, content: dict) -> None:
         if self.chief and self.path.parent.is_dir():
-            from tfrecipe.rundir import atomic_write
-
             digest = _digest(content["stats"]) if "stats" in content else None
-            atomic_write(self.path, json.dumps({"fingerprint": key, **content, "digest": digest}))
+            files.write_atomic(
+                self.path, json.dumps({"fingerprint": key, **content, "digest": digest})
+            )
 
 
 def _digest(stats: dict) -> str:

@@ -366,7 +366,7 @@ def settle_summary(run_dir: str | Path) -> None:
     summary = rundir.read_summary(run_dir)
     if not summary or summary.get("status") != "running":
         return
-    step = latest_backup_step(run_dir / "backup")
+    step = latest_backup_step(run_dir / rundir.BACKUP)
     if step is not None:
         summary["steps_completed"] = step
     error = (

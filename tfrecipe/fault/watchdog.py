@@ -31,7 +31,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import reading, rundir
+from tfrecipe import files, reading, rundir
 from tfrecipe.fault import backup
 from tfrecipe.outcome import ATTEMPT_ENV, EXIT_STALLED
 
@@ -173,7 +173,7 @@ class StallWatchdog(keras.callbacks.Callback):
             f"exiting with code {EXIT_STALLED} (restartable: a rerun resumes from the last backup)"
         )
         log.error("stalled: %s", message)
-        rundir.atomic_write(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
+        files.write_atomic(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
         if self.chief:
             _record_in_summary(self.run_dir, record, message)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tfrecipe import files
+from tfrecipe import files, rundir
 from tfrecipe.config import export_limits
 
 # The final file (or directory) of each format in the run dir (the table: config.export_limits).
@@ -330,9 +330,9 @@ def export_all(
       summary.json's "exports": per format {path, max_abs_diff, bytes}, and for a quantized
       LiteRT model also its metrics and the float model's.
     """
-    save_model(model, run_dir / "model.keras")
+    save_model(model, run_dir / rundir.MODEL)
     report: dict[str, Any] = {
-        "keras": {"path": "model.keras", "bytes": _size(run_dir / "model.keras")}
+        "keras": {"path": rundir.MODEL, "bytes": _size(run_dir / rundir.MODEL)}
     }
     for fmt in options.formats:
         if fmt == "keras":

@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from tfrecipe import rundir
 from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
@@ -71,8 +72,8 @@ def resolve(path: str | Path) -> Source:
     """
     given = Path(str(path)).expanduser()
     if given.is_dir():
-        if (given / "model.keras").is_file():
-            return Source(given / "model.keras", "keras")
+        if (given / rundir.MODEL).is_file():
+            return Source(given / rundir.MODEL, "keras")
         from tfrecipe.fault.backup import resolve_checkpoints
 
         newest = next(iter(resolve_checkpoints(given)), None)

@@ -34,7 +34,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import files, rundir
+from tfrecipe import files
 from tfrecipe.config import schema
 from tfrecipe.config.secrets import redact_text
 from tfrecipe.tracking.mlflow_store import (
@@ -134,7 +134,7 @@ class MlflowTracker:
         record = {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": shown(self.uri),
                   "local": self.local, "parent_run_id": parent}  # fmt: skip
         files.library_dir(self.run_dir / RECORD_DIR)
-        rundir.atomic_write(self.run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
+        files.write_atomic(self.run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
 
     def _log_params(self, client, run_id: str, *, resumed: bool) -> None:
         """The config as params; a resumed run logs the ones it did not have (MLflow refuses to
@@ -167,7 +167,7 @@ class MlflowTracker:
                                    tags={"sweep_dir": str(self.sweep_dir)}).info.run_id  # fmt: skip
         record = {"run_id": run_id, "experiment_id": experiment_id,
                   "tracking_uri": shown(self.uri)}  # fmt: skip
-        rundir.atomic_write(record_dir / PARENT_FILE, json.dumps(record, indent=2))
+        files.write_atomic(record_dir / PARENT_FILE, json.dumps(record, indent=2))
         return run_id
 
     def client(self):

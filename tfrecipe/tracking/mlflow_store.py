@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tfrecipe import rundir
+from tfrecipe import files
 from tfrecipe.config.secrets import redact_text
 
 log = logging.getLogger("tfrecipe")
@@ -101,7 +101,7 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
         new = _copy_run(local, run, target, experiment_id)
     record.update(run_id=new, experiment_id=experiment_id, tracking_uri=shown(uri), local=False,
                   synced_from_local_run=run.info.run_id)  # fmt: skip
-    rundir.atomic_write(run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
+    files.write_atomic(run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
     return new
 
 

@@ -57,7 +57,7 @@ class WandbTracker:
             settings=wandb.Settings(save_code=False, console="off"),
         )
         if previous is None:
-            rundir.atomic_write(id_file, self.run.id)
+            files.write_atomic(id_file, self.run.id)
         self.run_dir = run_dir
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
@@ -71,7 +71,7 @@ class WandbTracker:
         import wandb
 
         self.run.summary.update(summary)
-        model = self.run_dir / "model.keras"
+        model = self.run_dir / rundir.MODEL
         if self.spec.log_model and model.exists() and summary.get("status") == "completed":
             artifact = wandb.Artifact(f"model-{self.run.id}", type="model")
             artifact.add_file(str(model))

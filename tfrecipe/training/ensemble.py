@@ -17,14 +17,14 @@ from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.data.tabular import StatsCache
 from tfrecipe.models import ensemble as ensemble_model
 from tfrecipe.models.build import compile_model, register_custom_objects
+from tfrecipe.runs import RunDir
 from tfrecipe.training import summary as summaries
 from tfrecipe.training.dataset import evaluation_data, load_splits
-from tfrecipe.training.process import Dirs
 from tfrecipe.training.summary import RunSummary
 
 log = logging.getLogger("tfrecipe")
 
-MEMBERS = "members"  # RUN_DIR/members/I: member I's run dir
+MEMBERS = rundir.MEMBERS  # RUN_DIR/members/I: member I's run dir
 # What a member's summary holds of interest beside its test metrics.
 _MEMBER_FIELDS = ("seed", "status", "steps_completed", "epochs_completed", "wall_time_s")
 
@@ -64,7 +64,7 @@ def load(
     """The members' exported models (model.keras) as one model averaging them, compiled."""
     register_custom_objects()
     members = [
-        keras.saving.load_model(run_dir / MEMBERS / str(index) / "model.keras", compile=False)
+        keras.saving.load_model(run_dir / MEMBERS / str(index) / rundir.MODEL, compile=False)
         for index in range(seeds)
     ]
     model = ensemble_model.averaged(members, task=task.name)
@@ -92,10 +92,10 @@ def scores(
 
 
 def train_ensemble(
-    config: Mapping[str, Any], dirs: Dirs, attempt: dict[str, RunSummary], *, started: float,
+    config: Mapping[str, Any], dirs: RunDir, attempt: dict[str, RunSummary], *, started: float,
     recorded: dict[str, Any], seeds: int, seed: int, dataset: schema.Target, task: schema.Task,
     allowed_targets: list[str], pipeline: PipelineOptions, batch_size: int,
-    train_member: Callable[[int, Dirs], dict[str, Any]],
+    train_member: Callable[[int, RunDir], dict[str, Any]],
     export: Callable[[keras.Model, Path, Any], dict[str, Any]],
     fit_baselines: Callable[[Any], dict[str, Any]] | None,
 ) -> RunSummary:  # fmt: skip
@@ -110,23 +110,23 @@ def train_ensemble(
       fit_baselines: `fit_baselines(splits)`, when the run fits baselines.
       The others: the run's sections the averaged model reads its data and scores with.
     """
-    fields = summaries.ensemble_fields(recorded, seeds=seeds, run_dir=dirs.run_dir)
-    summary = RunSummary(dirs.run_dir, fields, started=started)
+    fields = summaries.ensemble_fields(recorded, seeds=seeds, run_dir=dirs.path)
+    summary = RunSummary(dirs.path, fields, started=started)
     summary.start(config, chief=dirs.chief)
     attempt["summary"] = summary
     members = _train_members(seeds, seed, dirs, summary, train_member)
-    first = dirs.run_dir / MEMBERS / "0"
+    first = dirs.member(0).path
     splits = load_splits(
         dataset, allowed_targets=allowed_targets, stats_cache=StatsCache(first, chief=False),
         task=task,
     )  # fmt: skip
     summary.update(as_single_run(members))
     if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
-        signature.write(dirs.run_dir, signature.read(first))
-    model = load(dirs.run_dir, seeds=seeds, task=task, allowed_targets=allowed_targets)
+        signature.write(dirs.path, dirs.member(0).signature())
+    model = load(dirs.path, seeds=seeds, task=task, allowed_targets=allowed_targets)
     scored = scores(model, splits, pipeline=pipeline, seed=seed, batch_size=batch_size)  # + val_
     summary.update(test=scored["test"])
-    summary.update(exports=export(model, dirs.run_dir, splits))
+    summary.update(exports=export(model, dirs.path, splits))
     if fit_baselines is not None:
         summary.update(baselines=fit_baselines(splits))
     _finish(summary, members, scored)
@@ -147,15 +147,15 @@ def _finish(summary: RunSummary, members: list[dict[str, Any]], scored) -> None:
     summary.write()
 
 
-def _train_members(seeds: int, seed: int, dirs: Dirs, summary: RunSummary, train_member):
+def _train_members(seeds: int, seed: int, dirs: RunDir, summary: RunSummary, train_member):
     """Each member's summary, trained unless an earlier attempt completed it."""
     members = []
     for index in range(seeds):
-        member_dir = dirs.run_dir / MEMBERS / str(index)
-        done = rundir.read_summary(member_dir)
+        member = dirs.member(index)
+        done = member.summary()
         if not (done and done.get("status") == "completed"):
             log.info("ensemble: member %d of %d (seed %d)", index + 1, seeds, seed + index)
-            done = train_member(index, Dirs(member_dir, member_dir))
+            done = train_member(index, member)
         members.append(done)
         summary.update(ensemble=record(seeds, members))
         summary.write()

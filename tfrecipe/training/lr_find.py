@@ -26,6 +26,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from tfrecipe import files
 from tfrecipe.config import schema
 from tfrecipe.distribute.strategy import model_scope
 from tfrecipe.loops.options import LoopOptions
@@ -184,12 +185,11 @@ def suggest(rates: list[float], losses: list[float]) -> dict[str, Any]:
 
 
 def _write(run_dir: Path, rates: list[float], losses: list[float], result: dict) -> None:
-    from tfrecipe.rundir import atomic_write
 
     rows = ["learning_rate,loss,smoothed_loss"]
     curve = smoothed(losses)
     rows += [f"{r:.6g},{loss:.6g},{s:.6g}" for r, loss, s in zip(rates, losses, curve, strict=True)]
-    atomic_write(run_dir / CURVE, "\n".join(rows) + "\n")
+    files.write_atomic(run_dir / CURVE, "\n".join(rows) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,4 +213,4 @@ def _write(run_dir: Path, rates: list[float], losses: list[float], result: dict)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    atomic_write(run_dir / PLOT, buffer.getvalue())
+    files.write_atomic(run_dir / PLOT, buffer.getvalue())

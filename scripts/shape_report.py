@@ -1,0 +1,159 @@
+"""The code-shape figures of issue #46's Targets table, measured on the formatted code.
+
+The package is copied to a temporary folder, every `# fmt: skip` marker is stripped, and the
+project's own `ruff format` runs on the copy; the figures are read from that copy with `ast`
+(nothing is imported). The marker count is read from the tree as it is.
+
+    .venv/bin/python scripts/shape_report.py            # a table
+    .venv/bin/python scripts/shape_report.py --json     # the same figures as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"\s*# fmt: skip\b")
+# The names a run dir holds (tfrecipe/rundir.py's LAYOUT): a file that spells one of them as a
+# string of its own names a run-dir file.
+RUN_DIR_NAMES = {
+    "config.yaml",
+    "summary.json",
+    "signature.json",
+    "history.csv",
+    "data_stats.json",
+    "data_fingerprint.json",
+    "curves.png",
+    "model.keras",
+    "best.weights.h5",
+    "backup",
+    "exports",
+    "members",
+    ".tfrecipe-files",
+}
+ROUND_NAMED_TESTS = ("test_newcomer", "test_reliability", "test_rough_edges")
+
+
+def formatted_copy(package: Path, into: Path) -> Path:
+    """`package` copied under `into`, markers stripped, then `ruff format`ted."""
+    copy = into / package.name
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in copy.rglob("*.py"):
+        text = path.read_text()
+        stripped = "\n".join(MARKER.sub("", line) for line in text.split("\n"))
+        if stripped != text:
+            path.write_text(stripped)
+    ruff = Path(sys.executable).with_name("ruff")
+    subprocess.run(
+        [
+            str(ruff if ruff.exists() else "ruff"),
+            "format",
+            "-q",
+            "--config",
+            str(ROOT / "pyproject.toml"),
+            str(copy),
+        ],
+        check=True,
+    )
+    return copy
+
+
+def _functions(tree: ast.AST):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _parameters(function) -> list[str]:
+    args = function.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return [name for name in names if name not in ("self", "cls")]
+
+
+def measure(package: Path, original: Path, tests: Path) -> dict:
+    markers = {p: p.read_text().count("# fmt: skip") for p in original.rglob("*.py")}
+    in_training = sum(
+        n for p, n in markers.items() if p.name == "train.py" or "training" in p.parts
+    )
+    lengths, over_8, most_in_training, big_calls = [], 0, 0, 0
+    allowed = run_dir = 0
+    naming_files, strategy_tests = set(), 0
+    file_lines, taker = {}, 0
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        relative = path.relative_to(package.parent)
+        file_lines[str(relative)] = len(text.splitlines())
+        tree = ast.parse(text)
+        train_side = (
+            path.name == "train.py" and path.parent == package
+        ) or "training" in path.parts
+        for function in _functions(tree):
+            lengths.append(function.end_lineno - function.lineno + 1)
+            params = _parameters(function)
+            over_8 += len(params) > 8
+            if train_side:
+                most_in_training = max(most_in_training, len(params))
+            allowed += sum(name in ("allowed_targets", "allowed") for name in params)
+            run_dir += params.count("run_dir")
+            annotations = [
+                ast.unparse(a.annotation)
+                for a in (*function.args.args, *function.args.kwonlyargs)
+                if a.annotation is not None
+            ]
+            taker += any(a.endswith("RunConfig") for a in annotations)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 10:
+                big_calls += 1
+            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES:
+                naming_files.add(str(relative))
+        if path.name == "cross_checks.py":
+            strategy_tests = len(re.findall(r"\b(?:strategy|loop)\.name\b", text))
+    return {
+        "fmt_skip_package": sum(markers.values()),
+        "fmt_skip_train_and_training": in_training,
+        "train_py_lines": file_lines.get(f"{package.name}/train.py"),
+        "functions_over_60": sum(n > 60 for n in lengths),
+        "functions_over_40": sum(n > 40 for n in lengths),
+        "files_over_500": {k: v for k, v in file_lines.items() if v > 500},
+        "most_params_train_and_training": most_in_training,
+        "functions_over_8_params": over_8,
+        "calls_with_10_args": big_calls,
+        "params_allowed_targets_or_allowed": allowed,
+        "params_run_dir": run_dir,
+        "files_naming_run_dir_files": len(naming_files),
+        "files_naming_run_dir_files_list": sorted(naming_files),
+        "strategy_or_loop_name_tests_in_cross_checks": strategy_tests,
+        "round_named_test_files": sum(
+            1 for name in ROUND_NAMED_TESTS if list(tests.rglob(f"{name}*.py"))
+        ),
+        "run_config_takers": taker,
+        "median_function_lines": statistics.median(lengths),
+        "files": len(file_lines),
+        "lines": sum(file_lines.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = formatted_copy(ROOT / "tfrecipe", Path(scratch))
+        figures = measure(copy, ROOT / "tfrecipe", ROOT / "tests")
+    if options.json:
+        print(json.dumps(figures, indent=2))
+        return
+    for name, value in figures.items():
+        print(f"{name:46} {value}")
+
+
+if __name__ == "__main__":
+    main()
