@@ -75,13 +75,9 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
 
 
 def _train(
-    config: Mapping[str, Any],
-    run: schema.RunConfig,
-    plan: RunPlan,
-    task: cluster.Task,
-    dirs: RunDir,
+    config: Mapping[str, Any], run: schema.RunConfig, plan: RunPlan, task: cluster.Task, dirs
 ) -> dict[str, Any]:
-    """Trains into `dirs.path`, step by step, each step handed its own sections of `run`, the
+    """Trains into `dirs.path` (a RunDir), step by step, each step handed its own sections of `run`, the
     plan and what the steps before it built; however it ends, summary.json says how."""
     exporting = loop.Exporting(spec=run.export, pipeline=run.pipeline, task=run.task,
                                batch_size=run.batching.per_replica_batch_size)  # fmt: skip
