@@ -272,14 +272,14 @@ def _write_results(study, sweep_dir: Path) -> None:
     trial's parameters and value (nothing where no trial completed)."""
     from omegaconf import OmegaConf
 
-    from tfrecipe.rundir import atomic_write
+    from tfrecipe.files import write_atomic
 
     try:
         best = study.best_trial
     except ValueError:
         return
     results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
-    atomic_write(sweep_dir / "optimization_results.yaml", OmegaConf.to_yaml(results))
+    write_atomic(sweep_dir / "optimization_results.yaml", OmegaConf.to_yaml(results))
 
 
 def _finished(study) -> int:

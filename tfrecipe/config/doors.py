@@ -154,9 +154,7 @@ FILE_DOORS = (
     Door("RUN_DIR/lr_find.png", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("RUN_DIR/lr_find.csv", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("SWEEP_DIR/study.db", WRITE, "cli.optuna_study: Optuna's sqlite file, the default name"),
-    Door(
-        "SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"
-    ),
+    Door("SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door(
         "RUN_DIR/* (a received run dir)",
