@@ -412,7 +412,7 @@ def _steps_per_call(
 ) -> int:
     """`RunPlan.steps_per_call` of a plan that requests `requested` (`short_last_call`: the
     custom loop's, which ends an epoch with a shorter call)."""
-    from tfrecipe.training.plan import RunPlan
+    from tfrecipe.config.plan import RunPlan
 
     plan = RunPlan(
         loop="custom" if short_last_call else "fit",

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
         "tfrecipe.config.targets",
+        "tfrecipe.config.grants",
         "tfrecipe.config.export_limits",
         "tfrecipe.config.__init__",
     ),
@@ -48,6 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "tfrecipe.config.training_sections",
         "tfrecipe.config.run_sections",
+        "tfrecipe.config.plan",
         "tfrecipe.config.messages",
         "tfrecipe.config.cross_checks",
         "tfrecipe.config.schema",

@@ -1,4 +1,4 @@
-"""`RunPlan` (tfrecipe/training/plan.py): what a run decides from its config, once, before
+"""`RunPlan` (tfrecipe/config/plan.py): what a run decides from its config, once, before
 TensorFlow: the loop, backups and rollbacks, hook intervals, steps per call, precision."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers.configs import validate
 
-from tfrecipe.training.plan import RunPlan
+from tfrecipe.config.plan import RunPlan
 
 
 def _plan(compose_cfg, *overrides: str) -> RunPlan:
@@ -22,7 +22,7 @@ def test_the_plan_is_made_without_tensorflow():
         "from tfrecipe.config.compose import compose\n"
         "from tfrecipe.config import schema\n"
         "from tfrecipe.config.trust import Trust\n"
-        "from tfrecipe.training.plan import RunPlan\n"
+        "from tfrecipe.config.plan import RunPlan\n"
         "run = schema.validate(compose(['loop=custom', 'logger=none']), trust=Trust.from_command_line([]))\n"
         "plan = RunPlan.from_config(run)\n"
         "print(plan.loop, plan.steps_per_call(num_params=1, replicas=1, steps_per_epoch=8))\n"

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY
 from omegaconf import OmegaConf
 
-from tfrecipe.config.instantiate import allowed_prefix_problem
+from tfrecipe.config.grants import allowed_prefix_problem
 from tfrecipe.config.trust import TRUST_ENV, Trust
 from tfrecipe.errors import ConfigError
 

@@ -11,8 +11,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tfrecipe.config.doors import command_line_only_problems
+from tfrecipe.config.grants import allowed_prefix_problem
 from tfrecipe.config.hydra_node import hydra_problems
-from tfrecipe.config.instantiate import allowed_prefix_problem, target_problems
+from tfrecipe.config.instantiate import target_problems
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from tfrecipe.config import export_limits as limits
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.config.run_sections import RunConfig
 from tfrecipe.config.training_sections import parse_freeze
 from tfrecipe.errors import Problem
@@ -130,7 +131,7 @@ def _finetune_problems(run: RunConfig) -> list[Problem]:
                 f"1..{epochs - 1} or more epochs",
             )
         )
-    if run.strategy.name == "parameter_server":
+    if RunPlan.from_config(run).parameter_servers:
         problems.append(
             Problem(
                 key,
@@ -260,8 +261,13 @@ def _ensemble_problems(run: RunConfig) -> list[Problem]:
     if run.ensemble.seeds == 1 or (run.cluster.name == "none" and not run.loop.lr_find.only):
         return []
     if run.loop.lr_find.only:
-        return [Problem("ensemble.seeds", run.ensemble.seeds,
-                        "tfrecipe lr-find sweeps one model; use ensemble.seeds=1")]  # fmt: skip
+        return [
+            Problem(
+                "ensemble.seeds",
+                run.ensemble.seeds,
+                "tfrecipe lr-find sweeps one model; use ensemble.seeds=1",
+            )
+        ]
     return [
         Problem(
             "ensemble.seeds",
@@ -332,7 +338,7 @@ def _rollback_problems(run: RunConfig) -> list[Problem]:
                 "callbacks.backup.enabled=true (or null) or max_rollbacks=0",
             )
         )
-    if run.strategy.name == "parameter_server":
+    if RunPlan.from_config(run).parameter_servers:
         problems.append(
             Problem(
                 key,
@@ -352,8 +358,8 @@ def _resume_problems(run: RunConfig) -> list[Problem]:
 
 def _loop_problems(run: RunConfig) -> list[Problem]:
     """Each loop's own knobs: a knob the chosen loop would ignore is an error, not a no-op."""
-    loop, problems = run.loop, []
-    if loop.name == "fit" and loop.steps_per_loop not in (1, "auto"):
+    loop, problems, plan = run.loop, [], RunPlan.from_config(run)
+    if plan.loop == "fit" and loop.steps_per_loop not in (1, "auto"):
         problems.append(
             Problem(
                 "loop.steps_per_loop",
@@ -362,7 +368,7 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
             )
         )
     accumulating = loop.gradient_accumulation_steps > 1
-    if loop.name == "fit" and accumulating and run.precision.policy == "mixed_float16":
+    if plan.loop == "fit" and accumulating and run.precision.policy == "mixed_float16":
         # Keras' loss scaling skips an overflowing step in a cond around its own accumulation
         problems.append(
             Problem(
@@ -380,7 +386,7 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 f"must be below loop.lr_find.max_lr={loop.lr_find.max_lr} (the sweep goes up)",
             )
         )
-    if loop.name == "custom" and run.batching.steps_per_execution not in (1, "auto"):
+    if plan.loop != "fit" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
             Problem(
                 "batching.steps_per_execution",
@@ -395,8 +401,8 @@ def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:
     """The ClusterCoordinator loop schedules one batch per step on whichever worker is free, so
     the custom loop's step knobs have nothing to act on; refused here, before a cluster starts."""
     loop, problems = run.loop, []
-    if run.strategy.name != "parameter_server" or loop.name != "custom":
-        return []  # loop=fit is refused on its own (and its knobs by _loop_problems)
+    if not RunPlan.from_config(run).parameter_servers or loop.name != "custom":
+        return []  # loop=fit is refused on its own (_parameter_server_problems)
     if loop.gradient_accumulation_steps != 1:
         problems.append(
             Problem(
@@ -421,10 +427,10 @@ def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:
 def _parameter_server_problems(run: RunConfig) -> list[Problem]:
     """strategy=parameter_server needs loop=custom, unpartitioned variables and a cluster with
     parameter servers."""
-    cluster, problems = run.cluster, []
-    if run.strategy.name != "parameter_server":
+    cluster, problems, plan = run.cluster, [], RunPlan.from_config(run)
+    if not plan.parameter_servers:
         return []
-    if run.loop.name == "fit":
+    if run.loop.name == "fit":  # the plan's loop is parameter_server's
         problems.append(
             Problem(
                 "loop",
@@ -443,7 +449,7 @@ def _parameter_server_problems(run: RunConfig) -> list[Problem]:
                 'reference"); use strategy.variable_partitioner=none',
             )
         )
-    if cluster.name == "none":
+    if not plan.in_cluster:
         problems.append(
             Problem(
                 "strategy",
@@ -467,7 +473,7 @@ def _parameter_server_problems(run: RunConfig) -> list[Problem]:
 def _cluster_problems(run: RunConfig) -> list[Problem]:
     """A local cluster's tasks must fit the strategy."""
     strategy, cluster, problems = run.strategy.name, run.cluster, []
-    parameter_server = strategy == "parameter_server"
+    parameter_server = RunPlan.from_config(run).parameter_servers
     if cluster.name == "local" and not parameter_server and cluster.num_ps:
         problems.append(
             Problem(

@@ -5,7 +5,7 @@ code, a SLURM launcher's `setup` lines run in a shell. A recipe, a run dir's `co
 sweep's params and every other file tfrecipe reads are data someone else may have written, so
 they grant nothing. The one `Trust` of a process is made here, once, from the overrides the user
 typed (`Trust.from_command_line`), and every config check takes it as a required argument
-(`schema.validate`, `checks.config_problems`, `instantiate.allowed_prefix_problem`,
+(`schema.validate`, `checks.config_problems`, `grants.allowed_prefix_problem`,
 `hydra_node.hydra_problems`): a new command that forgets to pass one does not compile into a
 grant, and `Trust.NOTHING` grants nothing.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tfrecipe.config import schema
+from tfrecipe.config.run_sections import Logger, RunConfig
 
 # A model below this many parameters takes a small fraction of a millisecond per example, so a
 # training step costs about as much as the Python (callbacks, dispatch) around it: several steps
@@ -62,7 +62,7 @@ class RunPlan:
     hook_keys: tuple[str, ...] = ()  # the key that set each of `hook_intervals`
 
     @classmethod
-    def from_config(cls, run: schema.RunConfig) -> RunPlan:
+    def from_config(cls, run: RunConfig) -> RunPlan:
         """The plan of `run`, the same in every process of its cluster. Each process of a
         cluster (`cluster` other than none) is one of its tasks: a TF_CONFIG without a task
         type is refused (`cluster.parse_tf_config`), so the config says it before joining."""
@@ -132,8 +132,9 @@ class RunPlan:
             return int(requested)
         if num_params >= SMALL_MODEL_PARAMS:
             return 1
-        return self._auto_steps(min(self.hook_intervals, default=MAX_STEPS_PER_CALL),
-                                steps_per_epoch, start_step)  # fmt: skip
+        return self._auto_steps(
+            min(self.hook_intervals, default=MAX_STEPS_PER_CALL), steps_per_epoch, start_step
+        )
 
     def _auto_steps(self, most: int, steps_per_epoch: int, start_step: int) -> int:
         """The largest call up to `most` and MAX_STEPS_PER_CALL that fit's calls can take (one
@@ -191,7 +192,7 @@ _AUTO = {
 }
 
 
-def _hooks(logger: schema.Logger, backup_every: int | None) -> dict[str, int]:
+def _hooks(logger: Logger, backup_every: int | None) -> dict[str, int]:
     """The step intervals per-batch hooks were configured at (a call boundary is a step's), by
     the key that sets each."""
     hooks = {} if backup_every is None else {"callbacks.backup.every_n_steps": backup_every}
@@ -205,7 +206,7 @@ def _hooks(logger: schema.Logger, backup_every: int | None) -> dict[str, int]:
     return hooks
 
 
-def _one_step_per_call(loop: str, logger: schema.Logger) -> str | None:
+def _one_step_per_call(loop: str, logger: Logger) -> str | None:
     if loop == "parameter_server":
         return "ClusterCoordinator schedules one step per closure"
     if loop == "fit" and logger.tensorboard is not None and logger.tensorboard.profile_batch:
