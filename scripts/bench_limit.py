@@ -177,7 +177,7 @@ def train_keeping(overrides: list[str], after_training=None) -> tuple[dict, dict
         fields = original(model, **kwargs)
         kept["model"] = model
         if after_training is not None:
-            train_data, global_batch = kept["inputs"].train, kwargs["global_batch"]
+            train_data, global_batch = kept["inputs"].train, kwargs["measured"].global_batch
             kept["measured"] = after_training(model, train_data, global_batch)
         return fields
 

@@ -108,7 +108,9 @@ def measure(package: Path, original: Path, tests: Path) -> dict:
                 for a in (*function.args.args, *function.args.kwonlyargs)
                 if a.annotation is not None
             ]
-            taker += any(a.endswith("RunConfig") for a in annotations)
+            taker += "config" not in path.parts and any(
+                a.endswith("RunConfig") for a in annotations
+            )
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 10:
                 big_calls += 1
@@ -134,25 +136,54 @@ def measure(package: Path, original: Path, tests: Path) -> dict:
         "round_named_test_files": sum(
             1 for name in ROUND_NAMED_TESTS if list(tests.rglob(f"{name}*.py"))
         ),
-        "run_config_takers": taker,
+        "run_config_takers_outside_config": taker,
         "median_function_lines": statistics.median(lengths),
         "files": len(file_lines),
         "lines": sum(file_lines.values()),
     }
 
 
+def offenders(package: Path) -> list[str]:
+    """Functions over 40 lines or with more than 6 parameters, and calls of 10+ arguments."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent)
+        tree = ast.parse(path.read_text())
+        for function in _functions(tree):
+            lines = function.end_lineno - function.lineno + 1
+            params = len(_parameters(function))
+            if lines > 40 or params > 6:
+                found.append(
+                    f"{relative}:{function.lineno} {function.name}: {lines} lines, {params} params"
+                )
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 10:
+                found.append(
+                    f"{relative}:{node.lineno} call {ast.unparse(node.func)}: {len(node.args) + len(node.keywords)} args"
+                )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--list", action="store_true", help="also list the long functions and the wide ones"
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         copy = formatted_copy(ROOT / "tfrecipe", Path(scratch))
         figures = measure(copy, ROOT / "tfrecipe", ROOT / "tests")
+        if options.list:
+            figures["offenders"] = offenders(copy)
     if options.json:
         print(json.dumps(figures, indent=2))
         return
     for name, value in figures.items():
-        print(f"{name:46} {value}")
+        if isinstance(value, list) and name == "offenders":
+            print("\n".join(value))
+        else:
+            print(f"{name:46} {value}")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ class StepLog(StepCounter):
     """Writes a row (`write`) after each call that crossed a multiple of `every_n_steps`
     optimizer steps, counted over the run (an epoch shorter than the interval still gets its
     rows). An auto call is never longer than the interval
-    (tfrecipe.training.plan.RunPlan.steps_per_call), so each multiple gets a row of its own, at
+    (tfrecipe.config.plan.RunPlan.steps_per_call), so each multiple gets a row of its own, at
     the first call end at or after it; the row names the step it was written at: the optimizer
     step, the epoch (1-based), the next step's learning rate and the call's logs.
 

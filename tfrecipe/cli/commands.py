@@ -129,8 +129,10 @@ def cp(args: list[str]) -> None:
                 raise
     except OSError as error:
         raise ConfigError(f"cp: cannot write {target} ({error.strerror}); nothing copied") from None
-    print(f"copied recipe {name} to {target}; check it with `tfrecipe validate {shlex.quote(str(target))}`, run it "
-          f"with `{command}`")  # fmt: skip
+    print(
+        f"copied recipe {name} to {target}; check it with `tfrecipe validate {shlex.quote(str(target))}`, run it "
+        f"with `{command}`"
+    )
 
 
 def _with_command(text: str, target: Path) -> tuple[str, str]:
@@ -185,7 +187,8 @@ def _group_options() -> dict[str, list[str]]:
 def target_problems(cfg: DictConfig, trust: Trust) -> list[Problem]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
-    from tfrecipe.config.instantiate import allowed_prefix_problem, iter_targets, target_problem
+    from tfrecipe.config.grants import allowed_prefix_problem
+    from tfrecipe.config.instantiate import iter_targets, target_problem
     from tfrecipe.config.schema import MODEL_OPTIONS  # the factory applies them, not builders
     from tfrecipe.config.targets import Unresolvable, argument_problems
 
@@ -242,7 +245,7 @@ def validate(args: list[str]) -> None:
         raise ConfigError(problems)
     print(f"valid: {' '.join(args) or 'the default config'}")
     print(f"  {VALIDATED}")
-    from tfrecipe.training.plan import RunPlan  # no TensorFlow: what the run will decide
+    from tfrecipe.config.plan import RunPlan  # no TensorFlow: what the run will decide
 
     print("plan:" + "".join(f"\n  {line}" for line in RunPlan.from_config(run).lines()))
 

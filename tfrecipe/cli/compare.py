@@ -67,9 +67,16 @@ def columns(runs: list[Run]) -> list[str]:
     val = [m for m in names if m.startswith("val_") and m != "val_loss"]
     test = [f"test_{m}" for m in (tested or {"accuracy": None}) if m != "loss"]
     return [
-        "loss", *train, "val_loss", *val, *test, *_baseline_columns(runs), *_best_columns(runs),
-        *_THROUGHPUT, *(_PERF if any(run.summary.get("perf") for run in runs) else ()),
-    ]  # fmt: skip
+        "loss",
+        *train,
+        "val_loss",
+        *val,
+        *test,
+        *_baseline_columns(runs),
+        *_best_columns(runs),
+        *_THROUGHPUT,
+        *(_PERF if any(run.summary.get("perf") for run in runs) else ()),
+    ]
 
 
 def _baseline_columns(runs: list[Run]) -> list[str]:
@@ -185,8 +192,9 @@ def _sorted(runs: list[Run], metric: str) -> list[Run]:
 def ran_elsewhere(runs: list[Run]) -> dict[Path, str]:
     """Per run, how its provenance differs from the one most runs share (`hw:cpu.model`,
     `versions:tensorflow`, "?" without provenance); empty when all ran alike."""
-    signatures = [json.dumps(_comparable(run.summary.get("provenance")), sort_keys=True)
-                  for run in runs]  # fmt: skip
+    signatures = [
+        json.dumps(_comparable(run.summary.get("provenance")), sort_keys=True) for run in runs
+    ]
     common = json.loads(Counter(signatures).most_common(1)[0][0])
     marks = {run.path: differences(run.summary.get("provenance"), common) for run in runs}
     return marks if any(marks.values()) else {}

@@ -91,9 +91,13 @@ def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> 
         raise ConfigError("evaluate: the dataset has neither a test nor a validation split")
     compat.cache_saving_skipsets()  # each load walks every layer and metric: ~20% of a small one
     model = _load_model(
-        run_dir, which, splits, model_spec=run.model, task=run.task,
+        run_dir,
+        which,
+        splits,
+        model_spec=run.model,
+        task=run.task,
         allowed_targets=run.allowed_targets,
-    )  # fmt: skip
+    )
     data = evaluation_data(
         splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size, seed=run.seed
     )

@@ -206,14 +206,16 @@ def _pin_sweep_dir(args, argv: list[str], composed: list, invocation: Invocation
     if not multirun or sweep_dir is None:
         return argv  # a single run from a user's config dir, or a dir only a job resolves
     command = ["python", "-m", "tfrecipe"]
-    for flag, value in (("--config-path", args.config_path), ("--config-dir", args.config_dir),
-                        ("--config-name", args.config_name)):  # fmt: skip
+    for flag, value in (
+        ("--config-path", args.config_path),
+        ("--config-dir", args.config_dir),
+        ("--config-name", args.config_name),
+    ):
         command += [flag, value] if value else []
     first_job = composed[1][0] if len(composed) > 1 else sweep_cfg
     # What TensorBoard's HParams view shows of each job (jobs inherit the environment).
     os.environ[SWEEP_KEYS_ENV] = json.dumps(_swept_keys(args, sweep_cfg, composed[1:]))
-    invocation.sweep = plan_from(first_job, sweep_dir, command=command,
-                                 run_mode=not args.multirun)  # fmt: skip
+    invocation.sweep = plan_from(first_job, sweep_dir, command=command, run_mode=not args.multirun)
     return [*argv, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
 
 

@@ -61,8 +61,15 @@ class SweepPlan:
 def plan_from(cfg, sweep_dir: Path, *, command: Sequence[str], run_mode: bool) -> SweepPlan:
     """The plan of a sweep whose first job composes to `cfg` (a config with Hydra's node)."""
     metric, direction, chosen_by = _metric(cfg)
-    return SweepPlan(sweep_dir, metric, direction, chosen_by, tuple(command), run_mode,
-                     _mlflow_uri(cfg, sweep_dir))  # fmt: skip
+    return SweepPlan(
+        sweep_dir,
+        metric,
+        direction,
+        chosen_by,
+        tuple(command),
+        run_mode,
+        _mlflow_uri(cfg, sweep_dir),
+    )
 
 
 def _mlflow_uri(cfg, sweep_dir: Path) -> str | None:
@@ -172,9 +179,10 @@ def _job_number(run_dir: Path, position: int) -> int:
 def best_job(jobs: Sequence[Job], direction: str) -> Job | None:
     """The completed job with the best finite metric (the first of equals); None if none."""
     ranked = [
-        job for job in jobs
+        job
+        for job in jobs
         if job.status == "completed" and job.metric is not None and math.isfinite(job.metric)
-    ]  # fmt: skip
+    ]
     if not ranked:
         return None
     pick = max if direction == "max" else min
@@ -210,14 +218,16 @@ def write_report(plan: SweepPlan, *, invocation: Mapping[str, Any]) -> dict[str,
         "chosen_by": plan.chosen_by,
         "varied": keys,
         "counts": _counts(jobs),
-        "best": None if best is None else {
+        "best": None
+        if best is None
+        else {
             **best.record(plan),
             "command": rerun_command(plan, best),
         },
         "jobs": [{**job.record(plan), "command": rerun_command(plan, job)} for job in jobs],
         "plot": SWEEP_PLOT if jobs else None,
         "invocations": [*previous.get("invocations", []), dict(invocation)],
-    }  # fmt: skip
+    }
     if jobs:
         _plot(jobs, keys, plan, best, plan.sweep_dir / SWEEP_PLOT)
     write_atomic(plan.sweep_dir / SWEEP_FILE, json.dumps(report, indent=2) + "\n")
@@ -328,8 +338,13 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepPlan, best: Job | Non
         for job in scored:
             x = by_job[job.number] if numeric is not None else position[by_job[job.number]]
             star = best is not None and job.number == best.number
-            ax.plot([x], [job.metric], marker="*" if star else "o",
-                    markersize=14 if star else 7, color="tab:red" if star else "tab:blue")  # fmt: skip
+            ax.plot(
+                [x],
+                [job.metric],
+                marker="*" if star else "o",
+                markersize=14 if star else 7,
+                color="tab:red" if star else "tab:blue",
+            )
         if numeric is not None and _spans_decades(numeric):
             ax.set_xscale("log")
         ax.set_xlabel(key)

@@ -52,9 +52,12 @@ def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, P
 
         def compose(overrides: list[str], run_mode: RunMode) -> DictConfig:
             return hydra.compose_config(
-                args.config_name or "config", list(overrides), run_mode=run_mode,
-                with_log_configuration=False, validate_sweep_overrides=False,
-            )  # fmt: skip
+                args.config_name or "config",
+                list(overrides),
+                run_mode=run_mode,
+                with_log_configuration=False,
+                validate_sweep_overrides=False,
+            )
 
         sweep = compose(args.overrides, RunMode.MULTIRUN)
         if not (args.multirun or OmegaConf.select(sweep, "hydra.mode") == RunMode.MULTIRUN):

@@ -99,8 +99,10 @@ def check_resume_unchanged(
     # Another builder (`X._target_`) first: it says what changed, and `X` covers its options.
     swapped = [k.removesuffix("._target_") for k in changed if k.endswith("._target_")]
     changed.sort(key=lambda k: not k.endswith("._target_"))
-    shown = [f"{k} ({_show(before.get(k, _ABSENT))} -> {_show(after.get(k, _ABSENT))})"
-             for k in changed[:_SHOWN]]  # fmt: skip
+    shown = [
+        f"{k} ({_show(before.get(k, _ABSENT))} -> {_show(after.get(k, _ABSENT))})"
+        for k in changed[:_SHOWN]
+    ]
     more = f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else ""
     keys = swapped + [k for k in changed if not any(k.startswith(f"{s}.") for s in swapped)]
     raise ConfigError(

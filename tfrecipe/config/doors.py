@@ -48,9 +48,7 @@ class Door:
 
 
 CONFIG_DOORS = (
-    Door(
-        "allowed_targets", IMPORT, "trust.Trust via instantiate.allowed_prefix_problem", ("code",)
-    ),
+    Door("allowed_targets", IMPORT, "trust.Trust via grants.allowed_prefix_problem", ("code",)),
     Door("model._target_", IMPORT, "instantiate.target_problem (kind MODEL)", ("code",)),
     Door("dataset._target_", IMPORT, "instantiate.target_problem (kind DATASET)", ("code",)),
     Door("callbacks.extra.*._target_", IMPORT, "instantiate.target_problem (CALLBACK)", ("code",)),

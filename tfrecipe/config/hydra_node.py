@@ -60,20 +60,35 @@ _LOG_SUFFIX = ".log"
 SAFE_ENV = frozenset(
     {
         # TensorFlow: log level, threads, devices, determinism.
-        "TF_CPP_MIN_LOG_LEVEL", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS",
-        "TF_ENABLE_ONEDNN_OPTS", "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
-        "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_THREAD_MODE", "TF_GPU_THREAD_COUNT",
-        "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "TF_NUM_INTEROP_THREADS",
+        "TF_NUM_INTRAOP_THREADS",
+        "TF_ENABLE_ONEDNN_OPTS",
+        "TF_DETERMINISTIC_OPS",
+        "TF_CUDNN_DETERMINISTIC",
+        "TF_FORCE_GPU_ALLOW_GROWTH",
+        "TF_GPU_THREAD_MODE",
+        "TF_GPU_THREAD_COUNT",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
         # OpenMP / MKL / OpenBLAS thread pools.
-        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_BLOCKTIME",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "KMP_BLOCKTIME",
         "KMP_AFFINITY",
         # Python: hashing and output only.
-        "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONUTF8",
-        "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "PYTHONFAULTHANDLER",
+        "PYTHONDONTWRITEBYTECODE",
         # W&B: on, offline or off, and quiet (where it sends data stays your environment's).
-        "WANDB_MODE", "WANDB_SILENT",
+        "WANDB_MODE",
+        "WANDB_SILENT",
     }
-)  # fmt: skip
+)
 
 # A launcher's settings that reach a shell: submitit's SLURM launcher writes `setup` lines and
 # `additional_parameters` (`#SBATCH --KEY=VALUE`, where a newline starts a command) into each

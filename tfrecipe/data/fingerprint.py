@@ -133,8 +133,13 @@ def take(dataset: Mapping[str, Any]) -> dict[str, Any]:
         entries = keys.setdefault(key, {})
         for name, path in files.items():
             info = path.stat()
-            entry = {"path": str(path.absolute()), "size": info.st_size,
-                     "mtime_ns": info.st_mtime_ns, "digest": None, "sampled": True}  # fmt: skip
+            entry = {
+                "path": str(path.absolute()),
+                "size": info.st_size,
+                "mtime_ns": info.st_mtime_ns,
+                "digest": None,
+                "sampled": True,
+            }
             read = min(info.st_size, WHOLE_FILE_BYTES)
             if read <= budget:
                 entry["digest"], entry["sampled"] = file_digest(path)
@@ -146,8 +151,9 @@ def take(dataset: Mapping[str, Any]) -> dict[str, Any]:
         log.warning(
             "data fingerprint: %d files past the first %s read are kept by size and modification "
             "time only (a rewrite keeping both would go unnoticed there)",
-            unhashed, f"{MAX_HASHED_BYTES >> 30} GiB",
-        )  # fmt: skip
+            unhashed,
+            f"{MAX_HASHED_BYTES >> 30} GiB",
+        )
     return {"version": _VERSION, "files": keys}
 
 

@@ -172,9 +172,9 @@ class TableStats:
             "vocabularies not sorted and distinct": any(
                 list(v) != sorted(set(v)) for v in self.vocabularies.values()
             ),
-            "an unknown label kind": self.label_kind not in ("classes", "binary", "multi_hot",
-                                                             "float"),
-        }  # fmt: skip
+            "an unknown label kind": self.label_kind
+            not in ("classes", "binary", "multi_hot", "float"),
+        }
         found = [what for what, bad in problems.items() if bad]
         if found:
             raise ValueError(f"inconsistent statistics: {', '.join(found)}")
@@ -328,9 +328,15 @@ class _Labels:
         return self.names if self.multi else ()
 
     def add(
-        self, table: Table, file: str, batch, indices: np.ndarray, train: np.ndarray, *,
+        self,
+        table: Table,
+        file: str,
+        batch,
+        indices: np.ndarray,
+        train: np.ndarray,
+        *,
         own_split: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`own_split`: the batch is from a validation or test file (not the training one)."""
         if self.multi:
             return self._add_multi_hot(table, file, batch, indices, train)

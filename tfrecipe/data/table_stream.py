@@ -135,8 +135,11 @@ class _Reader:
         """Whether rows of this split come from the training table (a split with its own files
         has none there: its reader never parses the training table)."""
         validation, test = self.layout.carved
-        return {table_stats.TRAIN: True, table_stats.VALIDATION: validation > 0,
-                table_stats.TEST: test > 0}[self.split]  # fmt: skip
+        return {
+            table_stats.TRAIN: True,
+            table_stats.VALIDATION: validation > 0,
+            table_stats.TEST: test > 0,
+        }[self.split]
 
     def chunks(self, seed, *, encoded: bool = False):
         """Yields `({column: values}, targets)` chunks of NumPy arrays; `encoded`: categorical
@@ -189,9 +192,12 @@ class _Reader:
         kind, labels = self.stats.label_kind, self.columns.labels
         if kind == "multi_hot":
             return np.stack(
-                [np.asarray(batch.column(n).to_numpy(zero_copy_only=False), "float32")
-                 for n in labels], axis=1,
-            )  # fmt: skip
+                [
+                    np.asarray(batch.column(n).to_numpy(zero_copy_only=False), "float32")
+                    for n in labels
+                ],
+                axis=1,
+            )
         cells = batch.column(labels[0])
         if self.stats.class_names:
             ids = pc.index_in(cells, value_set=pa.array(self.stats.class_names))

@@ -355,8 +355,10 @@ def _start_again(code: int, restarts: _Restarts, new_ports: _Restarts) -> bool:
     """Whether a cluster that ended with `code` starts again: on new ports after a port was
     taken (not a restart: nothing ran), else while restarts remain."""
     if code == EXIT_PORT_TAKEN and new_ports.take():
-        log("a task could not listen on its port (another process took it after it was "
-            f"picked): starting again on new ports ({new_ports.used} of {PORT_RETRIES})")  # fmt: skip
+        log(
+            "a task could not listen on its port (another process took it after it was "
+            f"picked): starting again on new ports ({new_ports.used} of {PORT_RETRIES})"
+        )
         return True
     if not restarts.take():
         return False

@@ -37,7 +37,7 @@ log = logging.getLogger("tfrecipe")
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Unfreezing:
     """`loop.finetune`: when to switch, how far the rate drops, what unfreezes (None: all)."""
 
     unfreeze_at_epoch: int
@@ -68,35 +68,35 @@ class TwoPhases:
 
     Args:
       model: the compiled model, built under its strategy's scope.
-      plan: `loop.finetune`.
+      schedule: `loop.finetune`.
       steps_per_epoch: the loop's optimizer steps per epoch.
       new_optimizer: makes the optimizer as configured (at the run's rate), under the scope.
       compile_with: compiles the model with an optimizer, as the run compiled it, under the scope.
 
     Raises:
-      ConfigError: nothing would unfreeze (no frozen layer, or none `plan.unfreeze` matches).
+      ConfigError: nothing would unfreeze (no frozen layer, or none `schedule.unfreeze` matches).
     """
 
     def __init__(
         self,
         model: keras.Model,
-        plan: Plan,
+        schedule: Unfreezing,
         *,
         steps_per_epoch: int,
         new_optimizer: Callable[[], keras.optimizers.Optimizer],
         compile_with: Callable[[keras.optimizers.Optimizer], None],
     ):
-        if not frozen_layers(model, plan.unfreeze):
-            raise ConfigError(_nothing_to_unfreeze(model, plan))
+        if not frozen_layers(model, schedule.unfreeze):
+            raise ConfigError(_nothing_to_unfreeze(model, schedule))
         self.model = model
-        self.plan = plan
-        self.switch_step = plan.unfreeze_at_epoch * steps_per_epoch
+        self.schedule = schedule
+        self.switch_step = schedule.unfreeze_at_epoch * steps_per_epoch
         self._new_optimizer = new_optimizer
         self._compile_with = compile_with
         self.switched = False
         # summary.json "finetune": the switch once it happened (also in an earlier attempt).
         self.record: dict[str, Any] = {
-            "unfreeze_at_epoch": plan.unfreeze_at_epoch,
+            "unfreeze_at_epoch": schedule.unfreeze_at_epoch,
             "unfroze_at_step": None,
             "learning_rate": None,
             "trainable_params": {"before": trainable_params(model), "after": None},
@@ -111,13 +111,13 @@ class TwoPhases:
 
     def switch(self, *, resuming: bool = False) -> None:
         """Unfreezes, and trains on with a new optimizer at the lowered rate from this step."""
-        model, plan = self.model, self.plan
+        model, schedule = self.model, self.schedule
         step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         before = trainable_params(model)
-        unfrozen = unfreeze(model, plan.unfreeze)
+        unfrozen = unfreeze(model, schedule.unfreeze)
         optimizer = self._new_optimizer()
         base = optim.base_learning_rate(optimizer)
-        optim.set_scaled_learning_rate(optimizer, base, plan.learning_rate_factor)
+        optim.set_scaled_learning_rate(optimizer, base, schedule.learning_rate_factor)
         self._compile_with(optimizer)  # also drops fit's traced train function
         optim.build_optimizer_variables(
             model
@@ -136,17 +136,17 @@ class TwoPhases:
             "resuming with" if resuming else "unfroze",
             len(unfrozen),
             self.switch_step,
-            plan.unfreeze_at_epoch,
+            schedule.unfreeze_at_epoch,
             before,
             trainable_params(model),
-            plan.learning_rate_factor,
+            schedule.learning_rate_factor,
             learning_rate,
         )
 
 
-def _nothing_to_unfreeze(model: keras.Model, plan: Plan) -> str:
-    key = f"loop.finetune.unfreeze_at_epoch={plan.unfreeze_at_epoch}"
-    if plan.unfreeze is None or not frozen_layers(model):
+def _nothing_to_unfreeze(model: keras.Model, schedule: Unfreezing) -> str:
+    key = f"loop.finetune.unfreeze_at_epoch={schedule.unfreeze_at_epoch}"
+    if schedule.unfreeze is None or not frozen_layers(model):
         return (
             f"{key}: the model {model.name} has no frozen layer to unfreeze (BatchNormalization "
             "layers stay frozen); freeze part of it (e.g. model.freeze) or set "
@@ -155,7 +155,7 @@ def _nothing_to_unfreeze(model: keras.Model, plan: Plan) -> str:
     names = frozen_layers(model)
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
     return (
-        f"loop.finetune.unfreeze={plan.unfreeze}: matches no frozen layer of the model "
+        f"loop.finetune.unfreeze={schedule.unfreeze}: matches no frozen layer of the model "
         f"{model.name}; frozen layers: {shown}"
     )
 
@@ -194,7 +194,7 @@ class TwoPhaseLoop:
         switch_step = self.phases.switch_step
         relay = _OneRun(callbacks, model, epochs=options.epochs)
         if options.initial_step < switch_step:
-            phase_one = dataclasses.replace(options, epochs=self.phases.plan.unfreeze_at_epoch)
+            phase_one = dataclasses.replace(options, epochs=self.phases.schedule.unfreeze_at_epoch)
             self.loop.run(model, train_data, validation_data, options=phase_one, callbacks=[relay])
             if model.stop_training:  # early stopping, a NaN loss: no phase two
                 relay.end()

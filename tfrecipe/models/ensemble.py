@@ -36,8 +36,9 @@ class MeanOfMembers(keras.layers.Layer):
         if self.averaging == "softmax":
             mean = keras.ops.mean(keras.ops.softmax(stacked, axis=-1), axis=0)
             return keras.ops.log(keras.ops.maximum(mean, _EPSILON))
-        mean = keras.ops.clip(keras.ops.mean(keras.ops.sigmoid(stacked), axis=0),
-                              _EPSILON, 1 - _EPSILON)  # fmt: skip
+        mean = keras.ops.clip(
+            keras.ops.mean(keras.ops.sigmoid(stacked), axis=0), _EPSILON, 1 - _EPSILON
+        )
         return keras.ops.log(mean) - keras.ops.log1p(-mean)
 
     def get_config(self) -> dict:

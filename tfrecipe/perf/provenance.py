@@ -16,8 +16,14 @@ PACKAGES = ("tfrecipe", "tensorflow", "keras", "hydra-core", "numpy", "pyarrow")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "fma")
 # What makes two runs' speeds incomparable: `compare` names the first that differs.
 HARDWARE_KEYS = (
-    "cpu.model", "cpu.flags", "cpu.count", "cpu.intra_op_threads", "gpus", "hosts", "replicas"
-)  # fmt: skip
+    "cpu.model",
+    "cpu.flags",
+    "cpu.count",
+    "cpu.intra_op_threads",
+    "gpus",
+    "hosts",
+    "replicas",
+)
 VERSION_KEYS = tuple(f"versions.{name}" for name in PACKAGES)
 
 

@@ -52,8 +52,16 @@ from tfrecipe.tracking.mlflow_store import (
 
 log = logging.getLogger("tfrecipe")
 
-_ARTIFACTS = ("model.keras", "model.onnx", "model.tflite", "saved_model", "summary.json",
-              "history.csv", "config.yaml", "curves.png")  # fmt: skip
+_ARTIFACTS = (
+    "model.keras",
+    "model.onnx",
+    "model.tflite",
+    "saved_model",
+    "summary.json",
+    "history.csv",
+    "config.yaml",
+    "curves.png",
+)
 # A pruned trial (an Optuna sweep's) ended cleanly: FINISHED, its `status` tag says pruned.
 _STATUS = {"completed": "FINISHED", "pruned": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
 
@@ -118,8 +126,12 @@ class MlflowTracker:
             client = self.client()
             experiment_id = experiment_of(client, self.experiment, self.uri)
             parent = self._parent(client, experiment_id) if not self.local else None
-        tags = {**self.tags, "strategy": str(self.params.get("strategy.name")),
-                **_git_commit(), "status": "running"}  # fmt: skip
+        tags = {
+            **self.tags,
+            "strategy": str(self.params.get("strategy.name")),
+            **_git_commit(),
+            "status": "running",
+        }
         if parent:
             tags["mlflow.parentRunId"] = parent
         run_id = previous.get("run_id")
@@ -131,8 +143,13 @@ class MlflowTracker:
             self._log_params(client, run_id, resumed=False)
         client.set_tag(run_id, "status", "running")
         self.run_id, self.experiment_id = run_id, experiment_id
-        record = {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": shown(self.uri),
-                  "local": self.local, "parent_run_id": parent}  # fmt: skip
+        record = {
+            "run_id": run_id,
+            "experiment_id": experiment_id,
+            "tracking_uri": shown(self.uri),
+            "local": self.local,
+            "parent_run_id": parent,
+        }
         files.library_dir(self.run_dir / RECORD_DIR)
         files.write_atomic(self.run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
 
@@ -163,10 +180,10 @@ class MlflowTracker:
         if parent.get("run_id") and parent.get("tracking_uri") == shown(self.uri):
             return parent["run_id"]
         name = "/".join(self.sweep_dir.parts[-2:])
-        run_id = client.create_run(experiment_id, run_name=name,
-                                   tags={"sweep_dir": str(self.sweep_dir)}).info.run_id  # fmt: skip
-        record = {"run_id": run_id, "experiment_id": experiment_id,
-                  "tracking_uri": shown(self.uri)}  # fmt: skip
+        run_id = client.create_run(
+            experiment_id, run_name=name, tags={"sweep_dir": str(self.sweep_dir)}
+        ).info.run_id
+        record = {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": shown(self.uri)}
         files.write_atomic(record_dir / PARENT_FILE, json.dumps(record, indent=2))
         return run_id
 
@@ -192,8 +209,11 @@ class MlflowTracker:
             return
         except Exception as error:
             if self.local:
-                log.warning("MLflow: the local record %s failed: %s; no more MLflow logging "
-                            "for this run", self._local_uri(), error)  # fmt: skip
+                log.warning(
+                    "MLflow: the local record %s failed: %s; no more MLflow logging for this run",
+                    self._local_uri(),
+                    error,
+                )
                 self.disabled = True
                 return
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -213,8 +233,10 @@ class MlflowTracker:
             if not replay:
                 log_it()
         except Exception as error:  # a full disk: the run goes on without MLflow
-            log.warning("MLflow: the local record failed too: %s; no more MLflow logging for "
-                        "this run", error)  # fmt: skip
+            log.warning(
+                "MLflow: the local record failed too: %s; no more MLflow logging for this run",
+                error,
+            )
             self.disabled = True
 
     def _local_uri(self) -> str:
@@ -255,10 +277,12 @@ class MlflowTracker:
             if isinstance(v, int | float) and not isinstance(v, bool)
         ]
         status = str(summary.get("status", "failed"))
-        tags = {"status": status, "strategy": str(summary.get("strategy")),
-                "replicas": str(summary.get("num_replicas"))}  # fmt: skip
-        client.log_batch(self.run_id, metrics=metrics,
-                         tags=[RunTag(k, v) for k, v in tags.items()])  # fmt: skip
+        tags = {
+            "status": status,
+            "strategy": str(summary.get("strategy")),
+            "replicas": str(summary.get("num_replicas")),
+        }
+        client.log_batch(self.run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
         if self.spec.log_artifacts and status == "completed":
             for name in _ARTIFACTS:
                 path = self.run_dir / name

@@ -59,14 +59,22 @@ def close_sweep(sweep_dir: Path, report: Mapping[str, Any], uri: str) -> None:
 
         with short_timeouts(10):
             client = MlflowClient(tracking_uri=uri)
-            tags = {"metric": report.get("metric"), "direction": report.get("direction"),
-                    "jobs": len(report.get("jobs") or [])}  # fmt: skip
+            tags = {
+                "metric": report.get("metric"),
+                "direction": report.get("direction"),
+                "jobs": len(report.get("jobs") or []),
+            }
             if best:
                 child = read_record(Path(best["run_dir"]) / RECORD_DIR / RUN_FILE)
-                tags |= {"best_job": best.get("job"), "best_value": best.get(report["metric"]),
-                         "best_command": best.get("command"), "best_run_id": child.get("run_id")}  # fmt: skip
-            client.log_batch(parent["run_id"],
-                             tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])  # fmt: skip
+                tags |= {
+                    "best_job": best.get("job"),
+                    "best_value": best.get(report["metric"]),
+                    "best_command": best.get("command"),
+                    "best_run_id": child.get("run_id"),
+                }
+            client.log_batch(
+                parent["run_id"], tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None]
+            )
             for name in ("sweep.json", "sweep.png"):
                 if (sweep_dir / name).is_file():
                     client.log_artifact(parent["run_id"], str(sweep_dir / name))
@@ -90,8 +98,10 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
     record = read_record(run_dir / RECORD_DIR / RUN_FILE)
     local_db = run_dir / RECORD_DIR / LOCAL_STORE
     if not record.get("local") or not local_db.is_file():
-        raise ValueError(f"{run_dir}: no local MLflow record to upload ({RECORD_DIR}/{RUN_FILE} "
-                         "names a run already in its store)")  # fmt: skip
+        raise ValueError(
+            f"{run_dir}: no local MLflow record to upload ({RECORD_DIR}/{RUN_FILE} "
+            "names a run already in its store)"
+        )
     local = MlflowClient(tracking_uri=f"sqlite:///{local_db.resolve()}")
     run = local.get_run(record["run_id"])
     experiment = local.get_experiment(run.info.experiment_id).name
@@ -99,8 +109,13 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
         target = MlflowClient(tracking_uri=uri)
         experiment_id = experiment_of(target, experiment, uri)
         new = _copy_run(local, run, target, experiment_id)
-    record.update(run_id=new, experiment_id=experiment_id, tracking_uri=shown(uri), local=False,
-                  synced_from_local_run=run.info.run_id)  # fmt: skip
+    record.update(
+        run_id=new,
+        experiment_id=experiment_id,
+        tracking_uri=shown(uri),
+        local=False,
+        synced_from_local_run=run.info.run_id,
+    )
     files.write_atomic(run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
     return new
 
@@ -113,16 +128,18 @@ def _copy_run(local, run, target, experiment_id: str) -> str:
     from mlflow.entities import Metric, Param, RunTag
 
     tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
-    new = target.create_run(experiment_id, start_time=run.info.start_time,
-                            run_name=run.info.run_name, tags=tags).info.run_id  # fmt: skip
+    new = target.create_run(
+        experiment_id, start_time=run.info.start_time, run_name=run.info.run_name, tags=tags
+    ).info.run_id
     metrics = [
         Metric(m.key, m.value, m.timestamp, m.step)
         for key in run.data.metrics
         for m in local.get_metric_history(run.info.run_id, key)
     ]
     params = [Param(k, v) for k, v in run.data.params.items()]
-    target.log_batch(new, metrics=metrics, params=params,
-                     tags=[RunTag("synced_from_local_run", run.info.run_id)])  # fmt: skip
+    target.log_batch(
+        new, metrics=metrics, params=params, tags=[RunTag("synced_from_local_run", run.info.run_id)]
+    )
     with tempfile.TemporaryDirectory(prefix="tfrecipe-mlflow-sync-") as scratch:
         if local.list_artifacts(run.info.run_id):
             local.download_artifacts(run.info.run_id, "", scratch)
@@ -162,9 +179,11 @@ def read_record(path: Path) -> dict[str, Any]:
 def short_timeouts(seconds: float) -> Iterator[None]:
     """MLflow reads its HTTP timeout and retries from the environment on each request: a few
     seconds and 2 retries while tfrecipe logs (a user's own settings win)."""
-    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, round(seconds))),
-              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": _RETRIES,
-              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}  # fmt: skip
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, round(seconds))),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": _RETRIES,
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    }
     added = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(added)
     try:

@@ -33,6 +33,7 @@ from tfrecipe import tasks
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform
 from tfrecipe.data.splits import Splits, batch
 from tfrecipe.errors import ConfigError
+from tfrecipe.training.context import RunContext
 
 log = logging.getLogger("tfrecipe")
 
@@ -109,15 +110,23 @@ def fit_baselines(
     }
 
 
-def fitter(spec, **kwargs: Any) -> Callable[[Splits], dict[str, Any]] | None:
-    """`fit(splits)`: `fit_baselines` with `kwargs` on a run's splits (the whole table's, not
-    a worker's share), timed on the console; None unless `baseline=auto` (`spec`)."""
+def fitter(spec, ctx: RunContext) -> Callable[[Splits], dict[str, Any]] | None:
+    """`fit(splits)`: `fit_baselines` on a run's splits (the whole table's, not a worker's
+    share) as the run `ctx` prepares them, timed on the console; None unless `baseline=auto`
+    (`spec`)."""
     if spec.name != "auto":
         return None
 
     def fit(splits: Splits) -> dict[str, Any]:
         started = time.perf_counter()
-        fitted = fit_baselines(splits, max_rows=spec.max_rows, **kwargs)
+        fitted = fit_baselines(
+            splits,
+            task=ctx.task,
+            pipeline=ctx.pipeline,
+            max_rows=spec.max_rows,
+            seed=ctx.seed,
+            allowed_targets=ctx.allowed_targets,
+        )
         log.info("baselines fitted in %.1fs", time.perf_counter() - started)
         return fitted
 

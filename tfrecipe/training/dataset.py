@@ -93,8 +93,9 @@ def evaluation_data(splits, split: str, options: PipelineOptions, *, batch_size:
     from tfrecipe.data.distribute import distribute as distribute_dataset
 
     dataset = getattr(splits, split)
-    prepared = prepare(dataset, options, split=split, training=False, seed=seed,
-                       chunks=splits.batched)  # fmt: skip
+    prepared = prepare(
+        dataset, options, split=split, training=False, seed=seed, chunks=splits.batched
+    )
     return distribute_dataset(
         tf.distribute.get_strategy(),
         prepared,

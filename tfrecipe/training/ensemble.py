@@ -4,6 +4,7 @@ tfrecipe.models.ensemble)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,12 +14,12 @@ import keras
 
 from tfrecipe import rundir, signature
 from tfrecipe.config import schema
-from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.data.tabular import StatsCache
 from tfrecipe.models import ensemble as ensemble_model
 from tfrecipe.models.build import compile_model, register_custom_objects
 from tfrecipe.runs import RunDir
 from tfrecipe.training import summary as summaries
+from tfrecipe.training.context import RunContext
 from tfrecipe.training.dataset import evaluation_data, load_splits
 from tfrecipe.training.summary import RunSummary
 
@@ -48,8 +49,13 @@ def as_single_run(members: list[Mapping[str, Any]]) -> dict[str, Any]:
     """The fields of a single run's summary that the members share (batch, replicas, learning
     rate, positive class) and the ensemble's parameters (all the members')."""
     first = members[0]
-    shared = ("num_replicas", "per_replica_batch_size", "global_batch_size", "learning_rate",
-              "positive_class")  # fmt: skip
+    shared = (
+        "num_replicas",
+        "per_replica_batch_size",
+        "global_batch_size",
+        "learning_rate",
+        "positive_class",
+    )
     fields = {name: first[name] for name in shared if name in first}
     counts = [m.get("params") or {} for m in members]
     fields["params"] = {
@@ -91,44 +97,56 @@ def scores(
     return {"test": evaluate("test"), "metrics": {f"val_{k}": v for k, v in validation.items()}}
 
 
-def train_ensemble(
-    config: Mapping[str, Any], dirs: RunDir, attempt: dict[str, RunSummary], *, started: float,
-    recorded: dict[str, Any], seeds: int, seed: int, dataset: schema.Target, task: schema.Task,
-    allowed_targets: list[str], pipeline: PipelineOptions, batch_size: int,
-    train_member: Callable[[int, RunDir], dict[str, Any]],
-    export: Callable[[keras.Model, Path, Any], dict[str, Any]],
-    fit_baselines: Callable[[Any], dict[str, Any]] | None,
-) -> RunSummary:  # fmt: skip
-    """`ensemble.seeds=N` in the claimed `dirs`: N member runs (RUN_DIR/members/I, seed + I; a
-    completed member is kept, an interrupted one resumes from its own backup), then one model
-    averaging them, evaluated, exported and recorded as a single run's.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Members:
+    """What an ensemble's run needs besides the context.
 
-    Args:
-      recorded: what summary.json records of the config (`summary.config_fields`).
-      train_member: `train_member(index, dirs)` trains member `index`; returns its summary.
+    Attributes:
+      seeds: `ensemble.seeds`, the members' number.
+      dataset: the run's `dataset`, which the averaged model is scored on.
+      batch_size: the per-replica batch its examples are prepared at.
+      train_member: `train_member(index, home)` trains member `index` into the RunDir `home`;
+        returns its summary.
       export: `export(model, run_dir, splits)`: the exports' summary.
       fit_baselines: `fit_baselines(splits)`, when the run fits baselines.
-      The others: the run's sections the averaged model reads its data and scores with.
     """
-    fields = summaries.ensemble_fields(recorded, seeds=seeds, run_dir=dirs.path)
-    summary = RunSummary(dirs.path, fields, started=started)
-    summary.start(config, chief=dirs.chief)
+
+    seeds: int
+    dataset: schema.Target
+    batch_size: int
+    train_member: Callable[[int, RunDir], dict[str, Any]]
+    export: Callable[[keras.Model, Path, Any], dict[str, Any]]
+    fit_baselines: Callable[[Any], dict[str, Any]] | None
+
+
+def train_ensemble(
+    ctx: RunContext, attempt: dict[str, RunSummary], spec: Members, *, started: float
+) -> RunSummary:
+    """`ensemble.seeds=N` in the claimed `ctx.home`: N member runs (RUN_DIR/members/I, seed + I;
+    a completed member is kept, an interrupted one resumes from its own backup), then one model
+    averaging them, evaluated, exported and recorded as a single run's."""
+    home = ctx.home
+    fields = summaries.ensemble_fields(dict(ctx.recorded), seeds=spec.seeds, run_dir=home.path)
+    summary = RunSummary(home.path, fields, started=started)
+    summary.start(ctx.config, chief=home.chief)
     attempt["summary"] = summary
-    members = _train_members(seeds, seed, dirs, summary, train_member)
-    first = dirs.member(0).path
+    members = _train_members(ctx, spec, summary)
+    first = home.member(0)
     splits = load_splits(
-        dataset, allowed_targets=allowed_targets, stats_cache=StatsCache(first, chief=False),
-        task=task,
-    )  # fmt: skip
+        spec.dataset,
+        allowed_targets=ctx.allowed_targets,
+        stats_cache=StatsCache(first.path, chief=False),
+        task=ctx.task,
+    )
     summary.update(as_single_run(members))
-    if dirs.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
-        signature.write(dirs.path, dirs.member(0).signature())
-    model = load(dirs.path, seeds=seeds, task=task, allowed_targets=allowed_targets)
-    scored = scores(model, splits, pipeline=pipeline, seed=seed, batch_size=batch_size)  # + val_
-    summary.update(test=scored["test"])
-    summary.update(exports=export(model, dirs.path, splits))
-    if fit_baselines is not None:
-        summary.update(baselines=fit_baselines(splits))
+    if home.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
+        signature.write(home.path, first.signature())
+    model = load(home.path, seeds=spec.seeds, task=ctx.task, allowed_targets=ctx.allowed_targets)
+    scored = scores(model, splits, pipeline=ctx.pipeline, seed=ctx.seed, batch_size=spec.batch_size)
+    summary.update(test=scored["test"])  # and val_ metrics, in _finish
+    summary.update(exports=spec.export(model, home.path, splits))
+    if spec.fit_baselines is not None:
+        summary.update(baselines=spec.fit_baselines(splits))
     _finish(summary, members, scored)
     return summary
 
@@ -147,16 +165,17 @@ def _finish(summary: RunSummary, members: list[dict[str, Any]], scored) -> None:
     summary.write()
 
 
-def _train_members(seeds: int, seed: int, dirs: RunDir, summary: RunSummary, train_member):
+def _train_members(ctx: RunContext, spec: Members, summary: RunSummary) -> list[dict[str, Any]]:
     """Each member's summary, trained unless an earlier attempt completed it."""
     members = []
-    for index in range(seeds):
-        member = dirs.member(index)
+    for index in range(spec.seeds):
+        member = ctx.home.member(index)
         done = member.summary()
         if not (done and done.get("status") == "completed"):
-            log.info("ensemble: member %d of %d (seed %d)", index + 1, seeds, seed + index)
-            done = train_member(index, member)
+            seed = ctx.seed + index
+            log.info("ensemble: member %d of %d (seed %d)", index + 1, spec.seeds, seed)
+            done = spec.train_member(index, member)
         members.append(done)
-        summary.update(ensemble=record(seeds, members))
+        summary.update(ensemble=record(spec.seeds, members))
         summary.write()
     return members

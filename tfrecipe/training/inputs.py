@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -15,10 +16,9 @@ from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.distribute import input_shard
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.data.splits import DatasetInfo, Splits
-from tfrecipe.data.tabular import StatsCache
 from tfrecipe.errors import ConfigError
+from tfrecipe.training.context import Batches, RunContext
 from tfrecipe.training.dataset import check_targets, load_splits
-from tfrecipe.training.plan import RunPlan
 
 
 def batch_sizes(spec: schema.Batching, num_replicas: int) -> tuple[int, int]:
@@ -51,27 +51,33 @@ class Inputs:
 
 
 def load_data(
+    ctx: RunContext,
+    strategy: tf.distribute.Strategy,
     spec: schema.Target,
-    *,
-    task: schema.Task,
     batching: schema.Batching,
     loop: schema.Loop,
-    global_batch: int,
-    allowed_targets: list[str],
-    stats_cache: StatsCache,
-) -> tuple[Splits, int]:
-    """The dataset's splits (not yet distributed) and the optimizer steps per epoch."""
-    splits = load_splits(spec, allowed_targets=allowed_targets, stats_cache=stats_cache, task=task)
+) -> Batches:
+    """The dataset's splits (not yet distributed), the batch sizes for the strategy's replicas
+    (a resumed run keeps its global batch) and the optimizer steps per epoch."""
+    replicas = strategy.num_replicas_in_sync
+    per_replica_batch, global_batch = batch_sizes(batching, replicas)
+    ctx.home.check_batch(global_batch=global_batch, num_replicas=replicas)
+    splits = load_splits(
+        spec,
+        allowed_targets=ctx.allowed_targets,
+        stats_cache=ctx.home.stats_cache(),
+        task=ctx.task,
+    )
     # the batch first: a typo'd batch size is named as such, not as the memory it would take
     check_batch_fits(batching, global_batch, splits.info.num_train)
-    check_targets(spec, splits.info, task=task, global_batch=global_batch)
+    check_targets(spec, splits.info, task=ctx.task, global_batch=global_batch)
     # Steps count optimizer steps; with gradient accumulation each reads N batches, so the
     # default epoch stays about one pass.
     steps_per_epoch = loop.steps_per_epoch or math.ceil(
         _steps_in(splits.info.num_train, global_batch, batching.drop_remainder)
         / loop.gradient_accumulation_steps
     )
-    return splits, steps_per_epoch
+    return Batches(strategy, splits, steps_per_epoch, per_replica_batch, global_batch, batching)
 
 
 def check_batch_fits(spec: schema.Batching, global_batch: int, num_train: int) -> None:
@@ -93,52 +99,22 @@ def _steps_in(num_examples: int, global_batch: int, drop_remainder: bool) -> int
     return math.ceil(num_examples / global_batch)
 
 
-def build_inputs(
-    splits: Splits,
-    strategy: tf.distribute.Strategy,
-    *,
-    task: schema.Task,
-    pipeline: PipelineOptions,
-    drop_remainder: bool,
-    seed: int,
-    plan: RunPlan,
-    steps_per_epoch: int,
-    global_batch: int,
-    start_step: int = 0,
-) -> Inputs:
+def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> Inputs:
     """The splits distributed with the strategy, training's from `start_step` on (this worker's
     share of a streamed table), weighted by class with `task.class_weight`."""
-    class_weight = tasks.class_weights(task, splits.train, splits.info, chunks=splits.batched)
-    shard = input_shard(strategy)
+    splits = batches.splits
+    class_weight = tasks.class_weights(ctx.task, splits.train, splits.info, chunks=splits.batched)
+    shard = input_shard(batches.strategy)
     if splits.for_worker is not None:  # a streamed table: each worker reads its own share
         splits = splits.for_worker(*shard)
     # a streamed split's rows, where this worker reads them all (Keras counts its batches)
     rows = {"validation": splits.info.num_validation, "test": splits.info.num_test}
+    place = functools.partial(_distributed, batches, ctx, splits, class_weight)
 
     def distribute(dataset: tf.data.Dataset | None, *, split: str, start: int = 0):
         if dataset is None:
             return None
-        training = split == "train"
-        batch_map = _batch_map(pipeline, class_weight if training else None)
-        place = _placement(pipeline, batch_map, dataset, training=training, splits=splits)
-        dataset = prepare(place.rows_mapped(dataset), place.rows, split=split, training=training,
-                          seed=seed, chunks=splits.batched)  # fmt: skip
-        return distribute_dataset(
-            strategy,
-            dataset,
-            global_batch_size=global_batch,
-            drop_remainder=drop_remainder and training,
-            # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
-            # with the default (one pass per epoch) each epoch sees every example once.
-            repeat=training,
-            auto_shard_policy=pipeline.auto_shard_policy,
-            batch_map=place.batch_map,
-            # A restored run continues the same seeded stream where the backup was taken.
-            skip=start * plan.gradient_accumulation_steps,
-            chunks=splits.batched,
-            num_rows=rows.get(split) if shard[1] == 1 else None,
-            cache_batches=place.cache_batches,
-        )
+        return place(_Split(dataset, split, start, rows.get(split) if shard[1] == 1 else None))
 
     def train_from(step: int) -> tf.distribute.DistributedDataset:
         return distribute(splits.train, split="train", start=step)
@@ -148,10 +124,52 @@ def build_inputs(
         validation=distribute(splits.validation, split="validation"),
         test=distribute(splits.test, split="test"),
         info=splits.info,
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=batches.steps_per_epoch,
         train_from=train_from,
         class_weight=class_weight,
         splits=splits,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    dataset: tf.data.Dataset
+    name: str  # train, validation, test
+    start: int  # the optimizer step training's data starts at
+    num_rows: int | None  # a streamed split's rows, where this worker reads them all
+
+
+def _distributed(
+    batches: Batches, ctx: RunContext, splits: Splits, class_weight, split: _Split
+) -> tf.distribute.DistributedDataset:
+    """One split of `splits`, prepared as the pipeline says and distributed."""
+    training = split.name == "train"
+    pipeline = ctx.pipeline
+    batch_map = _batch_map(pipeline, class_weight if training else None)
+    place = _placement(pipeline, batch_map, split.dataset, training=training, splits=splits)
+    dataset = prepare(
+        place.rows_mapped(split.dataset),
+        place.rows,
+        split=split.name,
+        training=training,
+        seed=ctx.seed,
+        chunks=splits.batched,
+    )
+    return distribute_dataset(
+        batches.strategy,
+        dataset,
+        global_batch_size=batches.global_batch,
+        drop_remainder=batches.batching.drop_remainder and training,
+        # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
+        # with the default (one pass per epoch) each epoch sees every example once.
+        repeat=training,
+        auto_shard_policy=pipeline.auto_shard_policy,
+        batch_map=place.batch_map,
+        # A restored run continues the same seeded stream where the backup was taken.
+        skip=split.start * ctx.plan.gradient_accumulation_steps,
+        chunks=splits.batched,
+        num_rows=split.num_rows,
+        cache_batches=place.cache_batches,
     )
 
 

@@ -17,22 +17,22 @@ import keras
 from tfrecipe import optim, rundir, tasks
 from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.data import table_stream
 from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.errors import DataError
 from tfrecipe.fault import backup
 from tfrecipe.fault.preemption import Preempted
-from tfrecipe.fault.recovery import Recovery
 from tfrecipe.loops import custom, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
 from tfrecipe.perf import report
 from tfrecipe.tracking import optuna_trial
-from tfrecipe.training import lr_find, performance
+from tfrecipe.training import baselines, lr_find, performance
+from tfrecipe.training.context import Built, RunContext
 from tfrecipe.training.inputs import Inputs
 from tfrecipe.training.monitors import Monitors
-from tfrecipe.training.plan import RunPlan
 from tfrecipe.training.protection import Protection
 from tfrecipe.training.summary import RunSummary
 
@@ -102,25 +102,43 @@ class Exporting:
             raise TrainingError(f"export failed: {error}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Finishing:
+    """What a trained model goes through: its exports, and the baselines fitted beside it."""
+
+    exporting: Exporting
+    fit_baselines: Callable[[Any], dict[str, Any]] | None  # baseline=auto
+
+
+def finishing(
+    ctx: RunContext, export: schema.Export, batching: schema.Batching, baseline: schema.Baseline
+) -> Finishing:
+    """The exports of `export.formats`, their examples prepared as training's, and the
+    baselines `baseline=auto` fits."""
+    exporting = Exporting(
+        spec=export,
+        pipeline=ctx.pipeline,
+        task=ctx.task,
+        batch_size=batching.per_replica_batch_size,
+    )
+    return Finishing(exporting, baselines.fitter(baseline, ctx))
+
+
 def train_model(
-    plan: RunPlan,
-    model: keras.Model,
-    inputs: Inputs,
-    *,
+    ctx: RunContext,
+    built: Built,
     options: LoopOptions,
     summary: RunSummary,
     monitors: Monitors,
     protected: Protection,
-    policy: Recovery,
-    start_step: int,
-    phases: finetune.TwoPhases | None,
 ):
     """Trains with the plan's loop (again from a backup after each rollback; in two phases with
     `loop.finetune`); the model ends on its averaged weights with `optimizer.ema`. Returns the
     loop, which evaluates the test split."""
-    loop = loop_of(plan)
-    if phases is not None:
-        loop = finetune.TwoPhaseLoop(loop, phases, on_switch=protected.follow_optimizer)
+    model, inputs = built.model, built.data
+    loop = loop_of(ctx.plan)
+    if built.phases is not None:
+        loop = finetune.TwoPhaseLoop(loop, built.phases, on_switch=protected.follow_optimizer)
     callbacks = [*monitors.callbacks, *protected.callbacks]
     unused = [inputs.train]  # the first attempt's data, from start_step on
 
@@ -130,10 +148,10 @@ def train_model(
         at_step = dataclasses.replace(options, initial_step=step)
         loop.run(model, data, inputs.validation, options=at_step, callbacks=callbacks)
 
-    policy.train(
+    built.policy.train(
         model,
         train_from,
-        start_step=start_step,
+        start_step=built.start_step,
         history=monitors.history,
         rollbacks=summary["rollbacks"],
         on_rollback=summary.write,
@@ -144,8 +162,7 @@ def train_model(
 
 def test_and_export(
     loop,
-    model: keras.Model,
-    inputs: Inputs,
+    built: Built,
     summary: RunSummary,
     exporting: Exporting,
     *,
@@ -154,6 +171,7 @@ def test_and_export(
 ) -> None:
     """The test split's scores (`objective`'s loss and metrics) and the exports, while the
     curves of the epochs' `rows` are plotted beside them."""
+    model, inputs = built.model, built.data
     plotting = rundir.plot_curves_in_background(
         summary.run_dir, rows, tasks.main_metric(exporting.task)
     )
@@ -166,30 +184,22 @@ def test_and_export(
 
 
 def find_learning_rate(
-    spec: schema.LRFind, plan: RunPlan, model: keras.Model, inputs: Inputs, **kwargs: Any
+    spec: schema.LRFind, ctx: RunContext, built: Built, sweeping: lr_find.Sweeping
 ) -> dict[str, Any]:
     """`loop.lr_find`: the range test with the run's loop on a fresh stream of its training
-    data; the model is put back as it was (`kwargs`: `lr_find.find_learning_rate`'s)."""
-    return lr_find.find_learning_rate(
-        spec, model, loop_of(plan), inputs.train_from(0), plan=plan, **kwargs
-    )
+    data; the model is put back as it was."""
+    data = built.data.train_from(0)
+    return lr_find.find_learning_rate(spec, built.model, loop_of(ctx.plan), data, ctx, sweeping)
 
 
 def measurer(
-    plan: RunPlan,
-    inputs: Inputs,
-    *,
-    per_replica_batch: int,
-    global_batch: int,
-    hosts: int,
-    deterministic: bool,
-    pipeline: PipelineOptions | None = None,
-    steps_per_call: int | None = None,
-    validation_freq: int | None = None,
+    ctx: RunContext, built: Built, *, hosts: int, validation_freq: int | None = None
 ) -> Callable[..., dict[str, Any]]:
     """`measure(model, clock=..., examples_per_sec=...)`: summary.json's `perf` of this run;
-    its diagnosis names only remedies the run does not already apply (`pipeline`, the steps
+    its diagnosis names only remedies the run does not already apply (the pipeline, the steps
     per call)."""
+    plan, inputs, pipeline = ctx.plan, built.data, ctx.pipeline
+    steps_per_call, per_replica_batch = built.steps_per_call, built.per_replica_batch
     knobs = report.Knobs(
         cache=pipeline.cache if pipeline else None,
         num_parallel_calls=pipeline.num_parallel_calls if pipeline else None,
@@ -201,16 +211,16 @@ def measurer(
         validation_freq=validation_freq,
         prefetches=True,  # tfrecipe.data.distribute ends every input in a prefetch
     )
-    return functools.partial(
-        performance.perf_fields,
+    measured = performance.Measured(
         element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
         per_replica_batch=per_replica_batch,
-        global_batch=global_batch,
+        global_batch=built.global_batch,
         hosts=hosts,
         asynchronous=plan.parameter_servers,
-        deterministic=deterministic,
+        deterministic=ctx.deterministic,
         knobs=knobs,
-    )  # fmt: skip
+    )
+    return functools.partial(performance.perf_fields, measured=measured)
 
 
 @contextlib.contextmanager

@@ -28,9 +28,10 @@ import numpy as np
 
 from tfrecipe import files
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.distribute.strategy import model_scope
 from tfrecipe.loops.options import LoopOptions
-from tfrecipe.training.plan import RunPlan
+from tfrecipe.training.context import RunContext
 
 log = logging.getLogger("tfrecipe")
 
@@ -81,27 +82,28 @@ class _SweepCallback(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def find_learning_rate(
-    spec: schema.LRFind,
-    model: keras.Model,
-    loop,
-    train_data,
-    *,
-    optimizer: schema.Optimizer,
-    objective: Callable[[], tuple[Any, Any]],
-    plan: RunPlan,
-    recompile: Callable[..., None],
-    run_dir: Path,
-    chief: bool,
-) -> dict[str, Any]:
-    """Runs the sweep with `loop` on `train_data` (a fresh stream), puts the model back as it
-    was, writes lr_find.png and lr_find.csv (the chief) and returns summary.json's `lr_find`.
+@dataclasses.dataclass(frozen=True)
+class Sweeping:
+    """What the sweep trains with.
 
-    Args:
+    Attributes:
       optimizer: the `optimizer` group, whose optimizer the sweep steps.
       objective: the task's loss and metrics (`LoopOptions.objective`).
       recompile: compiles `model` with `optimizer=` and `steps_per_execution=` as the run does.
     """
+
+    optimizer: schema.Optimizer
+    objective: Callable[[], tuple[Any, Any]]
+    recompile: Callable[..., None]
+
+
+def find_learning_rate(
+    spec: schema.LRFind, model: keras.Model, loop, train_data, ctx: RunContext, sweeping: Sweeping
+) -> dict[str, Any]:
+    """Runs the sweep with `loop` on `train_data` (a fresh stream), puts the model back as it
+    was, writes lr_find.png and lr_find.csv (the chief) and returns summary.json's `lr_find`."""
+    plan, run_dir, chief = ctx.plan, ctx.home.path, ctx.chief
+    optimizer, objective, recompile = sweeping.optimizer, sweeping.objective, sweeping.recompile
     sweep = Sweep(steps=spec.steps, min_lr=spec.min_lr, max_lr=spec.max_lr)
     weights = model.get_weights()
     run_optimizer, steps_per_execution = model.optimizer, model.steps_per_execution
@@ -130,9 +132,13 @@ def find_learning_rate(
     if chief:
         _write(run_dir, recorder.rates, recorder.losses, result)
         result.update(plot=PLOT, curve=CURVE)
-    log.info("lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
-             result["suggested_learning_rate"], result["min_loss_learning_rate"], result["steps"],
-             run_dir / PLOT)  # fmt: skip
+    log.info(
+        "lr_find: suggested learning rate %s (lowest loss at %s) after %d steps; plot: %s",
+        result["suggested_learning_rate"],
+        result["min_loss_learning_rate"],
+        result["steps"],
+        run_dir / PLOT,
+    )
     return result
 
 

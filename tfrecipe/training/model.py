@@ -4,6 +4,7 @@ formats, the signature)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 from tfrecipe import compat, optim, signature, tasks
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.data.splits import Splits
 from tfrecipe.distribute.strategy import model_scope
 from tfrecipe.errors import ConfigError
@@ -20,35 +22,67 @@ from tfrecipe.models import batch_norm, warm_start
 from tfrecipe.models import export as exports
 from tfrecipe.models.build import build_model, compile_model
 from tfrecipe.models.build import objective as objective  # the task's, for the loops
-from tfrecipe.training.plan import RunPlan
+from tfrecipe.training.context import Batches, RunContext
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """The run's model, compiled under its strategy, with its scaled learning rate and
+    `loop.finetune`'s two phases (or None)."""
+
+    model: keras.Model
+    learning_rate: float
+    phases: finetune.TwoPhases | None
 
 
 def build_compiled(
+    ctx: RunContext,
+    batches: Batches,
     spec: schema.Target,
-    splits: Splits,
-    strategy: tf.distribute.Strategy,
-    *,
-    task: schema.Task,
-    batching: schema.Batching,
+    optimizer: schema.Optimizer,
+    loop: schema.Loop,
+    export_formats: list[str],
+) -> Compiled:
+    """Model (`spec`), optimizer, loss and metrics, created under the strategy's scope (one
+    step per call until `pace` decides, after the restore); a format of `export_formats` that
+    cannot carry it is refused before training, not after it."""
+    learning_rate = initial_learning_rate(
+        optimizer.learning_rate, batches.batching, global_batch=batches.global_batch, plan=ctx.plan
+    )
+    new_optimizer = optimizer_factory(
+        optimizer,
+        learning_rate=learning_rate,
+        plan=ctx.plan,
+        total_steps=batches.steps_per_epoch * loop.epochs,
+    )
+    model = _compiled_model(ctx, batches, spec, new_optimizer)
+    check_export_formats(export_formats, model)
+    phases = two_phases(loop.finetune, model, batches, ctx, new_optimizer)
+    return Compiled(model, learning_rate, phases)
+
+
+def _compiled_model(
+    ctx: RunContext,
+    batches: Batches,
+    spec: schema.Target,
     new_optimizer: Callable[[], keras.optimizers.Optimizer],
-    plan: RunPlan,
-    allowed_targets: list[str],
 ) -> keras.Model:
-    """Model, optimizer, loss and metrics, created under the strategy's scope (one step per
-    call until `pace` decides, after the restore)."""
-    _check_fit_accumulation(plan, strategy.num_replicas_in_sync)
+    strategy, batching = batches.strategy, batches.batching
+    _check_fit_accumulation(ctx.plan, strategy.num_replicas_in_sync)
     _check_xla(batching.jit_compile, strategy)
     compat.cache_saving_skipsets()  # its best-weights saves and exports, 2x faster on an MLP
     with model_scope(strategy):
-        model = build_model(spec, splits, task=task, allowed_targets=allowed_targets)
+        model = build_model(
+            spec, batches.splits, task=ctx.task, allowed_targets=ctx.allowed_targets
+        )
         if batching.fused_batch_norm:
             batch_norm.fuse(model)
         compile_model(
             model,
-            task=task,
+            task=ctx.task,
             optimizer=new_optimizer(),
             jit_compile=batching.jit_compile,
-            allowed_targets=allowed_targets,
+            allowed_targets=ctx.allowed_targets,
         )
     return model
 
@@ -151,17 +185,15 @@ def check_export_formats(formats, model: keras.Model) -> None:
 
 def two_phases(
     spec: schema.Finetune,
-    strategy: tf.distribute.Strategy,
     model: keras.Model,
-    *,
-    task: schema.Task,
-    jit_compile: bool | str,
+    batches: Batches,
+    ctx: RunContext,
     new_optimizer: Callable[[], keras.optimizers.Optimizer],
-    steps_per_epoch: int,
 ) -> finetune.TwoPhases | None:
     """`loop.finetune`'s switch: phase two's optimizer and compile are the run's own."""
     if spec.unfreeze_at_epoch is None:
         return None
+    strategy, jit_compile = batches.strategy, batches.batching.jit_compile
 
     def scoped_optimizer() -> keras.optimizers.Optimizer:
         with model_scope(strategy):
@@ -171,17 +203,17 @@ def two_phases(
         with model_scope(strategy):
             compile_model(
                 model,
-                task=task,
+                task=ctx.task,
                 optimizer=optimizer,
                 steps_per_execution=model.steps_per_execution,
                 jit_compile=jit_compile,
             )
 
-    plan = finetune.Plan(spec.unfreeze_at_epoch, spec.learning_rate_factor, spec.unfreeze)
+    schedule = finetune.Unfreezing(spec.unfreeze_at_epoch, spec.learning_rate_factor, spec.unfreeze)
     return finetune.TwoPhases(
         model,
-        plan,
-        steps_per_epoch=steps_per_epoch,
+        schedule,
+        steps_per_epoch=batches.steps_per_epoch,
         new_optimizer=scoped_optimizer,
         compile_with=compile_with,
     )

@@ -17,14 +17,14 @@ from hydra.types import RunMode
 from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.distribute import evaluator
 from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.tracking import Tracker, optuna_trial
-from tfrecipe.training.inputs import Inputs
-from tfrecipe.training.plan import RunPlan
+from tfrecipe.training.context import Built, RunContext
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,53 +56,43 @@ class Monitors:
         if profiler is None:
             return None
         if profiler.result is None:  # the window was never reached
-            return {"error": f"the run ended after {profiler.steps_seen} steps, before step "
-                    f"{profiler.first} (logger.tensorboard.profile_batch)"}  # fmt: skip
+            return {
+                "error": f"the run ended after {profiler.steps_seen} steps, before step "
+                f"{profiler.first} (logger.tensorboard.profile_batch)"
+            }
         return profiler.result
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Knobs:
+class MonitorOptions:
     """What the monitors read of the config besides `callbacks` and `logger`."""
 
-    allowed_targets: list[str]  # the packages a `callbacks.extra` target may come from
     export_formats: Collection[str]  # `export.formats`: periodic exports write those they can
     averaged_weights: bool  # `optimizer.ema`: validation scores the averaged weights
     sidecar_evaluator: bool  # `cluster.evaluator`: per-epoch checkpoints for it
-    deterministic: bool  # op determinism refuses clock ops in a graph
     epoch_is_a_pass: bool  # no `loop.steps_per_epoch`: an epoch reads the training split once
 
 
 def build_monitors(
+    ctx: RunContext,
+    built: Built,
     spec: schema.Callbacks,
     logger: schema.Logger,
-    plan: RunPlan,
-    *,
-    knobs: Knobs,
-    config: Mapping[str, Any],
-    chief: bool,
-    run_dir: Path,
-    inputs: Inputs,
-    global_batch: int,
-    strategy: tf.distribute.Strategy,
-    start_step: int = 0,
-    resuming: bool = False,
+    knobs: MonitorOptions,
     watchdog: StallWatchdog | None = None,
 ) -> Monitors:
-    """Args:
-    config: the run's public config (secrets redacted), for W&B.
-    chief: this process records the run (W&B); the others train into a scratch dir.
-    watchdog: the progress watchdog (tfrecipe.fault.watchdog), when it is on.
-    strategy: the run's; the input clock keeps one sum per replica in its scope.
-    """
+    """The callbacks (`spec`) and trackers (`logger`) of the run `ctx` says; the chief records
+    the run (W&B, MLflow), the others train into a scratch dir. `watchdog`: the progress
+    watchdog (tfrecipe.fault.watchdog), when it is on."""
+    plan, run_dir, inputs, start_step = ctx.plan, ctx.home.path, built.data, built.start_step
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
     history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
-        examples_per_step=global_batch * plan.gradient_accumulation_steps,
+        examples_per_step=built.global_batch * plan.gradient_accumulation_steps,
         examples_per_epoch=inputs.info.num_train if knobs.epoch_is_a_pass else None,
     )
-    input_clock = _input_clock(plan, strategy, deterministic=knobs.deterministic)
+    input_clock = _input_clock(plan, built.strategy, deterministic=ctx.deterministic)
     step_clock = StepClock(input_clock)
     callbacks = [
         history,
@@ -112,7 +102,7 @@ def build_monitors(
             spec,
             logger,
             run_dir=run_dir,
-            allowed_targets=knobs.allowed_targets,
+            allowed_targets=ctx.allowed_targets,
             export_formats=knobs.export_formats,
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
         ),
@@ -124,10 +114,13 @@ def build_monitors(
     if knobs.sidecar_evaluator:  # checkpoints for the sidecar evaluator
         callbacks += evaluator.checkpoint_callbacks(run_dir)
     # One tracked run per training run: the chief's (other workers train into a scratch dir).
-    trackers = _start_tracking(logger, config, run_dir, history, resume=resuming) if chief else []
+    resuming = built.resumed is not None
+    trackers = (
+        _start_tracking(logger, ctx.config, run_dir, history, resume=resuming) if ctx.chief else []
+    )
     for tracker in trackers:
         callbacks += tracker.callbacks()
-    callbacks += optuna_trial.reporters(config, chief=chief)  # an Optuna sweep's trial: last
+    callbacks += optuna_trial.reporters(ctx.config, chief=ctx.chief)  # an Optuna trial: last
     return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -42,27 +43,39 @@ def _hosts(shape: Mapping[str, list[str]]) -> int:
     return max(1, len(hosts))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What a run's `perf` block is measured against.
+
+    Attributes:
+      element_spec: the training data's (distributed) element spec: FLOPs are counted on it.
+      hosts: machines training together (replicas on one CPU share its peak).
+      asynchronous: parameter servers: the loop does not stamp its steps (no input wait).
+      deterministic: op determinism is on: no clock op in the graph (no input wait).
+      knobs: what the diagnosis may suggest (report.Knobs).
+    """
+
+    element_spec: Any
+    per_replica_batch: int
+    global_batch: int
+    hosts: int
+    asynchronous: bool
+    deterministic: bool = False
+    knobs: report.Knobs | None = None
+
+
 def perf_fields(
     model: keras.Model,
     *,
     clock: StepClock,
     examples_per_sec: float | None,
-    element_spec: Any,
-    per_replica_batch: int,
-    global_batch: int,
-    hosts: int,
-    asynchronous: bool,
-    deterministic: bool = False,
-    knobs: report.Knobs | None = None,
+    measured: Measured,
 ) -> dict[str, Any]:
-    """The `perf` block (report.perf_block), with `overhead_s`: what measuring it cost here.
-
-    Args:
-      element_spec: the training data's (distributed) element spec: FLOPs are counted on it.
-      hosts: machines training together (replicas on one CPU share its peak).
-      asynchronous: parameter servers: the loop does not stamp its steps (no input wait).
-      deterministic: op determinism is on: no clock op in the graph (no input wait).
-    """
+    """The `perf` block (report.perf_block), with `overhead_s`: what measuring it cost here."""
+    element_spec, per_replica_batch = measured.element_spec, measured.per_replica_batch
+    global_batch, asynchronous = measured.global_batch, measured.asynchronous
+    deterministic, knobs = measured.deterministic, measured.knobs
+    hosts = measured.hosts
     started = time.perf_counter()
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
@@ -73,13 +86,16 @@ def perf_fields(
     note = None
     if wait is None:
         note = "not measured: " + (
-            "parameter servers train asynchronously" if asynchronous
-            else "deterministic=true (TensorFlow refuses clock ops in a graph)" if deterministic
-            else "the step runs on TPUs, which have no clock op" if "TPU" in device_kinds(strategy)
+            "parameter servers train asynchronously"
+            if asynchronous
+            else "deterministic=true (TensorFlow refuses clock ops in a graph)"
+            if deterministic
+            else "the step runs on TPUs, which have no clock op"
+            if "TPU" in device_kinds(strategy)
             else "XLA (jit_compile) compiles this strategy's whole step, which has no clock op"
             if model.jit_compile
             else "no steady-state steps"
-        )  # fmt: skip
+        )
     block = report.perf_block(
         examples_per_sec=examples_per_sec,
         step_time_ms=clock.step_times_ms(),

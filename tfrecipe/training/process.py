@@ -4,7 +4,6 @@ sidecar evaluates), where it writes, and its TensorFlow state (strategy, seeds, 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -12,14 +11,15 @@ import tensorflow as tf
 
 from tfrecipe import compat
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.data.tabular import STATS_WAIT_S, StatsCache
 from tfrecipe.distribute import cluster, evaluator
 from tfrecipe.distribute.strategy import build_strategy, device_kinds
 from tfrecipe.errors import ConfigError
 from tfrecipe.models.build import build_model, compile_model
 from tfrecipe.precision import set_precision
+from tfrecipe.training.context import RunContext
 from tfrecipe.training.dataset import evaluation_data, load_splits
-from tfrecipe.training.plan import RunPlan
 
 
 def join_cluster(spec: schema.Cluster, plan: RunPlan) -> cluster.Task:
@@ -49,41 +49,41 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
 def setup_strategy(
     spec: schema.Strategy,
     cluster_spec: schema.Cluster,
-    plan: RunPlan,
-    *,
-    seed: int,
-    deterministic: bool,
-    require_native: bool,
+    precision: schema.Precision,
+    ctx: RunContext,
 ) -> tf.distribute.Strategy:
     """The strategy (first: logical devices must be set before any other TensorFlow call),
     then seeds, then the plan's precision policy (seeding clears the Keras session, which
     resets it)."""
     strategy = build_strategy(spec, cluster_resolver=cluster.build_resolver(cluster_spec))
-    seed_everything(seed, deterministic=deterministic)
+    seed_everything(ctx.seed, deterministic=ctx.deterministic)
+    plan = ctx.plan
     set_precision(
         plan.precision,
-        require_native=require_native,
+        require_native=precision.require_native,
         device_kinds=device_kinds(strategy),
         cpu_bfloat16_pays=plan.cpu_bfloat16_pays,
     )
     return strategy
 
 
-def evaluate_checkpoints(run: schema.RunConfig, run_dir: Path) -> dict[str, Any]:
-    """The sidecar evaluator: the run's model, compiled like training's, scores each checkpoint
-    on the validation split (the test split when there is none), prepared like training's
-    evaluation data, all on the default strategy (it joins no collective)."""
-    started = time.perf_counter()
+def evaluate_checkpoints(
+    ctx: RunContext, model_spec: schema.Target, dataset: schema.Target, batching: schema.Batching
+) -> dict[str, Any]:
+    """The sidecar evaluator: the run's model (`model_spec`), compiled like training's, scores
+    each checkpoint in the run dir on the validation split (the test split when there is none),
+    prepared like training's evaluation data, all on the default strategy (it joins no
+    collective)."""
+    started, run_dir, allowed = time.perf_counter(), ctx.home.shared, ctx.allowed_targets
     splits = load_splits(
-        run.dataset,
-        allowed_targets=run.allowed_targets,
+        dataset,
+        allowed_targets=allowed,
         stats_cache=StatsCache(run_dir, chief=False, wait_s=STATS_WAIT_S),  # the chief's
-        task=run.task,
+        task=ctx.task,
     )
-    model = build_model(run.model, splits, task=run.task, allowed_targets=run.allowed_targets)
-    compile_model(model, task=run.task, allowed_targets=run.allowed_targets)
+    model = build_model(model_spec, splits, task=ctx.task, allowed_targets=allowed)
+    compile_model(model, task=ctx.task, allowed_targets=allowed)
     split = "validation" if splits.validation is not None else "test"
-    data = evaluation_data(
-        splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size, seed=run.seed
-    )
+    batch_size = batching.per_replica_batch_size
+    data = evaluation_data(splits, split, ctx.pipeline, batch_size=batch_size, seed=ctx.seed)
     return evaluator.evaluate_checkpoints(model, data, run_dir=run_dir, started=started)

@@ -10,10 +10,10 @@ import keras
 
 from tfrecipe import optim
 from tfrecipe.config import schema
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.fault import backup, preemption
 from tfrecipe.fault.recovery import Recovery, candidates, restore
 from tfrecipe.outcome import BACKUP_DIR
-from tfrecipe.training.plan import RunPlan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,9 +146,13 @@ def config_fields(
 ) -> dict[str, Any]:
     """What summary.json records of the run's config (`initial_fields`, `ensemble_fields`)."""
     return {
-        "strategy": strategy.name, "loop": loop.name, "model": model.target,
-        "dataset": dataset.target, "precision": precision.policy, "seed": seed,
-    }  # fmt: skip
+        "strategy": strategy.name,
+        "loop": loop.name,
+        "model": model.target,
+        "dataset": dataset.target,
+        "precision": precision.policy,
+        "seed": seed,
+    }
 
 
 def initial_fields(
@@ -251,10 +255,14 @@ def best_epoch(
     return {
         "best": None
         if best is None
-        else {"epoch": int(best["epoch"]), "monitor": monitor, "value": best[monitor],
-              "metrics": {k: v for k, v in best.items() if k != "epoch"}},
+        else {
+            "epoch": int(best["epoch"]),
+            "monitor": monitor,
+            "value": best[monitor],
+            "metrics": {k: v for k, v in best.items() if k != "epoch"},
+        },
         "stopped_epoch": stopped,
-    }  # fmt: skip
+    }
 
 
 def final_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
