@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib
 import re
 import textwrap
 
@@ -61,6 +62,33 @@ def test_every_key_that_reads_like_a_sink_is_in_the_inventory():
     assert not unlisted, (
         f"add these to tfrecipe/config/doors.py (CONFIG_DOORS or NOT_DOORS): {unlisted}"
     )
+
+
+_ALL_DOORS = doors.CONFIG_DOORS + doors.ENV_DOORS + doors.FILE_DOORS
+
+
+@pytest.mark.parametrize("door", _ALL_DOORS, ids=lambda door: door.key)
+def test_every_guard_names_a_check_that_exists(door):
+    """A door's guard starts with the dotted name of its check under `tfrecipe`: renamed or
+    removed, the check fails here instead of leaving the inventory naming nothing."""
+    dotted = re.split(r"[ :,(]", door.guard, maxsplit=1)[0]
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):  # the longest importable module, then attributes
+        try:
+            found = importlib.import_module(".".join(["tfrecipe", *parts[:split]]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[split:]:
+            assert hasattr(found, name), f"{door.key}: {dotted}: no {name} in {found!r}"
+            found = getattr(found, name)
+        return
+    raise AssertionError(f"{door.key}: {dotted} names no module under tfrecipe")
+
+
+def test_the_guard_check_can_fail():
+    bad = doors.Door("x", doors.READ, "config.grants.no_such_check: gone")
+    with pytest.raises(AssertionError, match="no no_such_check"):
+        test_every_guard_names_a_check_that_exists(bad)
 
 
 def test_the_inventory_names_no_key_that_is_gone():

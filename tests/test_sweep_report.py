@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from tfrecipe.cli import compare
 from tfrecipe.cli.sweep_report import (
-    SweepPlan,
+    SweepSetup,
     console_text,
     invocation,
     plan_from,
@@ -52,8 +52,8 @@ def sweep(tmp_path) -> Path:
     return sweep
 
 
-def _plan(sweep: Path, metric="val_accuracy", direction="max") -> SweepPlan:
-    return SweepPlan(sweep, metric, direction, "task=classification's main metric")
+def _plan(sweep: Path, metric="val_accuracy", direction="max") -> SweepSetup:
+    return SweepSetup(sweep, metric, direction, "task=classification's main metric")
 
 
 def test_the_best_completed_job_wins_and_its_command_reruns_it(sweep):

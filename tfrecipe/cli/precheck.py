@@ -27,7 +27,7 @@ class Invocation:
       run_dir_existed: whether it was there before this invocation.
       made_manifest: this invocation began the run dir's manifest (tfrecipe.files).
       cluster: a single run's validated `cluster` config (schema.Cluster).
-      sweep: a sweep's plan (sweep_report.SweepPlan): where it writes, what picks its best.
+      sweep: a sweep's plan (sweep_report.SweepSetup): where it writes, what picks its best.
     """
 
     run_dir: Path | None = None

@@ -35,7 +35,7 @@ SWEEP_PLOT = "sweep.png"
 
 
 @dataclasses.dataclass(frozen=True)
-class SweepPlan:
+class SweepSetup:
     """What the launching process knows of a sweep before it starts.
 
     Attributes:
@@ -58,10 +58,10 @@ class SweepPlan:
     mlflow_uri: str | None = None
 
 
-def plan_from(cfg, sweep_dir: Path, *, command: Sequence[str], run_mode: bool) -> SweepPlan:
+def plan_from(cfg, sweep_dir: Path, *, command: Sequence[str], run_mode: bool) -> SweepSetup:
     """The plan of a sweep whose first job composes to `cfg` (a config with Hydra's node)."""
     metric, direction, chosen_by = _metric(cfg)
-    return SweepPlan(
+    return SweepSetup(
         sweep_dir,
         metric,
         direction,
@@ -115,7 +115,7 @@ class Job:
     metrics: dict[str, float | None]
     wall_time_s: float | None
 
-    def record(self, plan: SweepPlan) -> dict[str, Any]:
+    def record(self, plan: SweepSetup) -> dict[str, Any]:
         return {
             "job": self.number,
             "run_dir": str(self.run_dir),
@@ -195,7 +195,7 @@ def varied_keys(jobs: Sequence[Job]) -> list[str]:
     return [key for key in keys if len({job.overrides.get(key) for job in jobs}) > 1]
 
 
-def rerun_command(plan: SweepPlan, job: Job) -> str:
+def rerun_command(plan: SweepSetup, job: Job) -> str:
     """The command line that trains this job again, into a new run dir."""
     from tfrecipe.config.secrets import redact_text
 
@@ -205,7 +205,7 @@ def rerun_command(plan: SweepPlan, job: Job) -> str:
     return redact_text(shlex.join([*plan.command, *overrides]))
 
 
-def write_report(plan: SweepPlan, *, invocation: Mapping[str, Any]) -> dict[str, Any]:
+def write_report(plan: SweepSetup, *, invocation: Mapping[str, Any]) -> dict[str, Any]:
     """Writes sweep.json and sweep.png into the sweep dir; returns what sweep.json holds."""
     jobs = find_jobs(plan.sweep_dir, plan.metric)
     best = best_job(jobs, plan.direction)
@@ -317,7 +317,7 @@ def _best_lines(report: Mapping[str, Any], number: Callable[[float], str]) -> li
     ]
 
 
-def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepPlan, best: Job | None, path: Path):
+def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | None, path: Path):
     """sweep.png: the metric against each varied key, a panel per key (numbers on a number
     axis, other values as categories in job order); the best job is a star, jobs without the
     metric (failed, preempted, unfinished) are counted in the title."""

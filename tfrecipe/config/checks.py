@@ -10,7 +10,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tfrecipe.config.doors import command_line_only_problems
 from tfrecipe.config.grants import allowed_prefix_problem
 from tfrecipe.config.hydra_node import hydra_problems
 from tfrecipe.config.instantiate import target_problems
@@ -45,3 +44,41 @@ def config_problems(
     if hydra is not None:
         problems += hydra_problems(hydra, allowed=usable, trust=trust, output_dir=output_dir)
     return problems
+
+
+# Writes outside the run dir that only the command line may aim: key -> the values that are not
+# paths.
+COMMAND_LINE_ONLY = {
+    "pipeline.cache": (None, "memory", ""),
+    # A tracking server receives the config, every metric and the model: the default (null)
+    # is a sqlite file in the run or sweep dir, else MLFLOW_TRACKING_URI, your environment's.
+    "logger.mlflow.tracking_uri": (None, ""),
+}
+
+
+def command_line_only_problems(container: Mapping[str, Any], *, trust: Trust) -> list[Problem]:
+    """A config file may not aim a write outside the run dir (a cache, which a later run also
+    reads back): those values count only when the command line gives them."""
+    problems = []
+    for key, plain in COMMAND_LINE_ONLY.items():
+        value = _select(container, key)
+        if value in plain or trust.gave(key, value):
+            continue
+        problems.append(
+            Problem(
+                key,
+                value,
+                "aims what the run writes or sends outside its run dir: only your command line may "
+                f"name where, not a config file; pass {key}=... yourself if you mean it",
+            )
+        )
+    return problems
+
+
+def _select(container: Mapping[str, Any], key: str) -> Any:
+    node: Any = container
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

@@ -14,10 +14,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Mapping
-from typing import Any
-
-from tfrecipe.config.trust import Trust
-from tfrecipe.errors import Problem
 
 # What a door reaches.
 IMPORT = "import"  # code imported or called by name
@@ -36,7 +32,9 @@ class Door:
     Attributes:
       key: a config key (`*` for one name) or, for a file, `RUN_DIR/NAME` / `INPUT`.
       sink: what it reaches (IMPORT, SHELL, ENV, WRITE, READ, NETWORK, NAME).
-      guard: the check every use goes through.
+      guard: the check every use goes through: its dotted name under `tfrecipe` first (which
+        tests/test_doors.py imports: a renamed or removed check fails there), then, after a
+        space or a colon, what it checks.
       probes: the payloads tests/test_doors.py tries through it ("code", "outside", "secret",
         "non_regular", "oversize").
     """
@@ -48,83 +46,190 @@ class Door:
 
 
 CONFIG_DOORS = (
-    Door("allowed_targets", IMPORT, "trust.Trust via grants.allowed_prefix_problem", ("code",)),
-    Door("model._target_", IMPORT, "instantiate.target_problem (kind MODEL)", ("code",)),
-    Door("dataset._target_", IMPORT, "instantiate.target_problem (kind DATASET)", ("code",)),
-    Door("callbacks.extra.*._target_", IMPORT, "instantiate.target_problem (CALLBACK)", ("code",)),
-    Door("task.loss._target_", IMPORT, "instantiate.target_problem (kind LOSS)", ("code",)),
-    Door("task.metrics.*._target_", IMPORT, "instantiate.target_problem (kind METRIC)", ("code",)),
     Door(
-        "hydra.sweeper._target_", IMPORT, "hydra_node: HYDRA_PLUGIN kind, SWEEPER_KEYS", ("code",)
+        "allowed_targets",
+        IMPORT,
+        "config.grants.allowed_prefix_problem: the command line's Trust only",
+        ("code",),
     ),
-    Door("hydra.launcher._target_", IMPORT, "hydra_node: HYDRA_PLUGIN kind", ("code",)),
-    Door("hydra.sweeper.sampler._target_", IMPORT, "instantiate (kind OPTUNA_SAMPLER)"),
+    Door("model._target_", IMPORT, "config.instantiate.target_problem (kind MODEL)", ("code",)),
+    Door("dataset._target_", IMPORT, "config.instantiate.target_problem (kind DATASET)", ("code",)),
     Door(
-        "hydra.sweeper.custom_search_space", IMPORT, "hydra_node._search_space_problems", ("code",)
+        "callbacks.extra.*._target_",
+        IMPORT,
+        "config.instantiate.target_problem (CALLBACK)",
+        ("code",),
+    ),
+    Door("task.loss._target_", IMPORT, "config.instantiate.target_problem (kind LOSS)", ("code",)),
+    Door(
+        "task.metrics.*._target_",
+        IMPORT,
+        "config.instantiate.target_problem (kind METRIC)",
+        ("code",),
+    ),
+    Door(
+        "hydra.sweeper._target_",
+        IMPORT,
+        "config.instantiate.HYDRA_PLUGIN: HYDRA_PLUGIN kind, SWEEPER_KEYS",
+        ("code",),
+    ),
+    Door(
+        "hydra.launcher._target_",
+        IMPORT,
+        "config.instantiate.HYDRA_PLUGIN: HYDRA_PLUGIN kind",
+        ("code",),
+    ),
+    Door(
+        "hydra.sweeper.sampler._target_",
+        IMPORT,
+        "config.instantiate.OPTUNA_SAMPLER (kind OPTUNA_SAMPLER)",
+    ),
+    Door(
+        "hydra.sweeper.custom_search_space",
+        IMPORT,
+        "config.hydra_node._search_space_problems",
+        ("code",),
     ),
     Door("hydra.sweeper.params", IMPORT, "cli.sweeps.sweep_problems: every job checked", ("code",)),
-    Door("hydra.sweeper.search_space", IMPORT, "cli.sweeps: expanded like params", ("code",)),
+    Door(
+        "hydra.sweeper.search_space",
+        IMPORT,
+        "cli.sweeps._search_space_axis: expanded like params",
+        ("code",),
+    ),
     Door(
         "hydra.sweeper.storage",
         NETWORK,
-        "hydra_node._storage_problems (sqlite or journal file; a server: command line only)",
+        "config.hydra_node._storage_problems (sqlite or journal file; a server: command line only)",
     ),
-    Door("hydra.sweeper.pruner", NAME, "tracking.optuna_trial.PRUNERS: a fixed table of names"),
-    Door("hydra.callbacks", IMPORT, "hydra_node._callback_problems (refused)", ("code",)),
+    Door(
+        "hydra.sweeper.pruner",
+        NAME,
+        "tracking.optuna_trial.make_pruner: a fixed table of names",
+    ),
+    Door("hydra.callbacks", IMPORT, "config.hydra_node._callback_problems (refused)", ("code",)),
     Door(
         "hydra.job_logging",
         WRITE,
-        "hydra_node._logging_problems (.log in the run dir)",
+        "config.hydra_node._logging_problems (.log in the run dir)",
         ("outside",),
     ),
-    Door("hydra.hydra_logging", WRITE, "hydra_node._logging_problems", ("outside",)),
-    Door("hydra.output_subdir", WRITE, "hydra_node._output_subdir_problems", ("outside",)),
-    Door("hydra.job.env_set", ENV, "hydra_node.SAFE_ENV", ("code",)),
-    Door("hydra.job.env_copy", NAME, "hydra_node._env_copy_problems (no secret's name)"),
+    Door("hydra.hydra_logging", WRITE, "config.hydra_node._logging_problems", ("outside",)),
+    Door("hydra.output_subdir", WRITE, "config.hydra_node._output_subdir_problems", ("outside",)),
+    Door(
+        "hydra.job.env_set",
+        ENV,
+        "config.hydra_node._env_set_problems: SAFE_ENV only",
+        ("code",),
+    ),
+    Door("hydra.job.env_copy", NAME, "config.hydra_node._env_copy_problems (no secret's name)"),
     Door(
         "hydra.launcher.setup",
         SHELL,
-        "hydra_node._launcher_shell_problems: command line only",
+        "config.hydra_node._launcher_shell_problems: command line only",
         ("code",),
     ),
-    Door("hydra.launcher.srun_args", SHELL, "hydra_node._launcher_shell_problems"),
-    Door("hydra.launcher.additional_parameters", SHELL, "hydra_node._launcher_shell_problems"),
-    Door("hydra.run.dir", WRITE, "cli.precheck (lock, fresh-dir check), secrets", ("secret",)),
-    Door("hydra.sweep.dir", WRITE, "secrets.hydra_secret_problems", ("secret",)),
-    Door("hydra.sweep.subdir", WRITE, "secrets.hydra_secret_problems"),
-    Door("hydra.job.name", NAME, "secrets.hydra_secret_problems"),
-    Door("pipeline.cache", WRITE, "doors.command_line_only_problems", ("outside",)),
-    Door("dataset.path", READ, "data readers (regular files, size caps)"),
-    Door("dataset.validation_path", READ, "data readers"),
-    Door("dataset.test_path", READ, "data readers"),
-    Door("dataset.train_files", READ, "data readers"),
-    Door("dataset.validation_files", READ, "data readers"),
-    Door("dataset.test_files", READ, "data readers"),
-    Door("dataset.data_dir", READ, "tfds: prepared data only, never downloads"),
-    Door("model.init_from", READ, "models.warm_start (a run dir, .keras or weights file)"),
-    Door("model.weights", READ, "models.keras_app (imagenet, none or a weights file)"),
-    Door("logger.wandb.project", NETWORK, "tracking: chief only, secrets redacted"),
-    Door("logger.wandb.entity", NETWORK, "tracking: chief only, secrets redacted"),
-    Door("logger.wandb.name", NAME, "tracking: secrets redacted"),
-    Door("logger.mlflow.tracking_uri", NETWORK, "doors.command_line_only_problems", ("outside",)),
-    Door("logger.mlflow.run_name", NAME, "tracking: secrets redacted"),
+    Door("hydra.launcher.srun_args", SHELL, "config.hydra_node._launcher_shell_problems"),
+    Door(
+        "hydra.launcher.additional_parameters", SHELL, "config.hydra_node._launcher_shell_problems"
+    ),
+    Door(
+        "hydra.run.dir",
+        WRITE,
+        "cli.precheck._hold_run_dir (lock, fresh-dir check), secrets",
+        ("secret",),
+    ),
+    Door(
+        "hydra.sweep.dir",
+        WRITE,
+        "config.secrets.hydra_value_problems: no secret in a path Hydra writes",
+        ("secret",),
+    ),
+    Door(
+        "hydra.sweep.subdir",
+        WRITE,
+        "config.secrets.hydra_value_problems: no secret in a path Hydra writes",
+    ),
+    Door(
+        "hydra.job.name",
+        NAME,
+        "config.secrets.hydra_value_problems: no secret in a path Hydra writes",
+    ),
+    Door("pipeline.cache", WRITE, "config.checks.command_line_only_problems", ("outside",)),
+    Door("dataset.path", READ, "reading.open_file: data readers (regular files, size caps)"),
+    Door("dataset.validation_path", READ, "reading.open_file: data readers"),
+    Door("dataset.test_path", READ, "reading.open_file: data readers"),
+    Door("dataset.train_files", READ, "reading.open_file: data readers"),
+    Door("dataset.validation_files", READ, "reading.open_file: data readers"),
+    Door("dataset.test_files", READ, "reading.open_file: data readers"),
+    Door("dataset.data_dir", READ, "data.tfds.load: prepared data only, never downloads"),
+    Door(
+        "model.init_from",
+        READ,
+        "models.warm_start.init_from (a run dir, .keras or weights file)",
+    ),
+    Door("model.weights", READ, "models.keras_app.keras_app (imagenet, none or a weights file)"),
+    Door(
+        "logger.wandb.project",
+        NETWORK,
+        "rundir.public_config: chief only, secrets redacted",
+    ),
+    Door(
+        "logger.wandb.entity",
+        NETWORK,
+        "rundir.public_config: chief only, secrets redacted",
+    ),
+    Door("logger.wandb.name", NAME, "config.secrets.redact_text: secrets redacted"),
+    Door(
+        "logger.mlflow.tracking_uri",
+        NETWORK,
+        "config.checks.command_line_only_problems",
+        ("outside",),
+    ),
+    Door("logger.mlflow.run_name", NAME, "config.secrets.redact_text: secrets redacted"),
 )
 
 # What tfrecipe reads from the environment that decides where it connects or what it grants.
 ENV_DOORS = (
-    Door("TFRECIPE_TRUST", IMPORT, "trust.Trust.of_this_process (never settable by a config)"),
-    Door("TFRECIPE_K8S_*, JOB_COMPLETION_INDEX", NETWORK, "distribute.cluster: validated names"),
+    Door(
+        "TFRECIPE_TRUST", IMPORT, "config.trust.Trust.of_this_process (never settable by a config)"
+    ),
+    Door(
+        "TFRECIPE_K8S_*, JOB_COMPLETION_INDEX",
+        NETWORK,
+        "distribute.cluster.k8s_task: validated names",
+    ),
     Door("TF_CONFIG", NETWORK, "distribute.cluster.check_environment"),
-    Door("MLFLOW_TRACKING_URI", NETWORK, "tracking.mlflow_run (your environment's choice)"),
-    Door("TFRECIPE_SWEEP_KEYS", NAME, "tracking.hparams: names of HParams keys only"),
-    Door("TFRECIPE_SWEEP_STORAGE", NETWORK, "cli.optuna_study: your environment's study storage"),
+    Door(
+        "MLFLOW_TRACKING_URI",
+        NETWORK,
+        "tracking.mlflow_run.MlflowTracker (your environment's choice)",
+    ),
+    Door(
+        "TFRECIPE_SWEEP_KEYS",
+        NAME,
+        "tracking.hparams.hyperparameters: names of HParams keys only",
+    ),
+    Door(
+        "TFRECIPE_SWEEP_STORAGE",
+        NETWORK,
+        "cli.optuna_study.storage_url: your environment's study storage",
+    ),
     Door(
         "TFRECIPE_OPTUNA_TRIAL",
         NETWORK,
-        "tracking.optuna_trial: the sweeper's checked storage and trial (no config sets it)",
+        "tracking.optuna_trial.TrialHandle.of_this_process: the sweeper's checked storage and trial (no config sets it)",
     ),
-    Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study: a worker's number only"),
-    Door("TFRECIPE_PERF_CACHE, XDG_CACHE_HOME", WRITE, "perf.cache: through files.write_atomic"),
+    Door(
+        "TFRECIPE_SWEEP_WORKER",
+        NAME,
+        "cli.optuna_study.WORKER_ENV: a worker's number only",
+    ),
+    Door(
+        "TFRECIPE_PERF_CACHE, XDG_CACHE_HOME",
+        WRITE,
+        "files.write_atomic: through files.write_atomic",
+    ),
 )
 
 # Files tfrecipe reads from a run dir or from the user, and what guards each.
@@ -132,52 +237,87 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/config.yaml",
         IMPORT,
-        "schema.validate with the command line's Trust only",
+        "runs.RunDir.config: schema.validate with the command line's Trust only",
         ("non_regular",),
     ),
     Door("RUN_DIR/signature.json", READ, "signature.read", ("non_regular",)),
     Door(
         "RUN_DIR/model.keras",
         IMPORT,
-        "reading: zip sized before inflating; keras safe_mode",
+        "reading.check_archive: zip sized before inflating; keras safe_mode",
         ("non_regular",),
     ),
-    Door("RUN_DIR/best.weights.h5", READ, "keras load_weights into the configured model"),
-    Door("RUN_DIR/data_stats.json", READ, "table_stats.load_cached: fingerprint-checked"),
+    Door(
+        "RUN_DIR/best.weights.h5",
+        READ,
+        "runs.TrainedModel.load: keras load_weights into the configured model",
+    ),
+    Door(
+        "RUN_DIR/data_stats.json",
+        READ,
+        "data.tabular.StatsCache.get: fingerprint- and digest-checked",
+    ),
     Door("RUN_DIR/summary.json", READ, "rundir.read_summary", ("non_regular",)),
     Door("RUN_DIR/history.csv", READ, "rundir.read_history (a resume's epochs)", ("non_regular",)),
-    Door("RUN_DIR/members/*/summary.json", READ, "rundir.read_summary (ensemble.seeds: a member)"),
-    Door("RUN_DIR/members/*/model.keras", IMPORT, "keras safe_mode load (ensemble members)"),
-    Door("RUN_DIR/members/*/signature.json", READ, "signature.read (copied to the ensemble's)"),
+    Door("RUN_DIR/members/*/summary.json", READ, "runs.RunDir.summary (ensemble.seeds: a member)"),
+    Door(
+        "RUN_DIR/members/*/model.keras",
+        IMPORT,
+        "training.ensemble.load: keras safe_mode load (ensemble members)",
+    ),
+    Door(
+        "RUN_DIR/members/*/signature.json",
+        READ,
+        "runs.RunDir.signature (copied to the ensemble's)",
+    ),
     Door("RUN_DIR/lr_find.png", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("RUN_DIR/lr_find.csv", WRITE, "files.write_atomic, a name tfrecipe chose"),
-    Door("SWEEP_DIR/study.db", WRITE, "cli.optuna_study: Optuna's sqlite file, the default name"),
+    Door(
+        "SWEEP_DIR/study.db",
+        WRITE,
+        "cli.optuna_study.storage_url: Optuna's sqlite file, the default name",
+    ),
     Door("SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
     Door(
         "RUN_DIR/* (a received run dir)",
         WRITE,
-        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through "
-        "files.write_atomic/write_weights/open_log/library_dir (tests/test_run_dir_writes.py)",
+        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through files.write_atomic/write_weights/open_log/library_dir (tests/test_run_dir_writes.py)",
     ),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
     Door(
         "RUN_DIR/data_fingerprint.json",
         READ,
-        "data.fingerprint: compared, never trusted",
+        "data.fingerprint.load: compared, never trusted",
         ("non_regular",),
     ),
     Door(
         "RUN_DIR/stall-TASK.txt",
         READ,
-        "fault.watchdog: known fields, their types only",
+        "fault.watchdog.recorded_stalls: known fields, their types only",
         ("non_regular",),
     ),
-    Door("RUN_DIR/mlflow/run.json", NETWORK, "tracking.mlflow_run: a run id; its URI unused"),
-    Door("SWEEP_DIR/mlflow/parent.json", NETWORK, "tracking.mlflow_run: a run id only"),
-    Door("SWEEP_DIR/sweep.json", READ, "cli.sweep_report: printed, never run"),
-    Door("RUN_DIR/wandb/run_id", NETWORK, "tracking.wandb_run: reading.read_text, 4 KB"),
+    Door(
+        "RUN_DIR/mlflow/run.json",
+        NETWORK,
+        "tracking.mlflow_run.MlflowTracker: a run id; its URI unused",
+    ),
+    Door(
+        "SWEEP_DIR/mlflow/parent.json",
+        NETWORK,
+        "tracking.mlflow_run.MlflowTracker: a run id only",
+    ),
+    Door(
+        "SWEEP_DIR/sweep.json",
+        READ,
+        "cli.sweep_report.read_report: printed, never run",
+    ),
+    Door(
+        "RUN_DIR/wandb/run_id",
+        NETWORK,
+        "tracking.wandb_run.WandbTracker: reading.read_text, 4 KB",
+    ),
     Door("INPUT (predict)", READ, "data.readers.open_sources"),
     Door("--output (predict)", WRITE, "files.check_output", ("outside",)),
 )
@@ -310,41 +450,3 @@ def find(key: str) -> Door | None:
         if fnmatch.fnmatchcase(key, door.key) or fnmatch.fnmatchcase(key, door.key + ".*"):
             return door
     return None
-
-
-# Writes outside the run dir that only the command line may aim: key -> the values that are not
-# paths.
-COMMAND_LINE_ONLY = {
-    "pipeline.cache": (None, "memory", ""),
-    # A tracking server receives the config, every metric and the model: the default (null)
-    # is a sqlite file in the run or sweep dir, else MLFLOW_TRACKING_URI, your environment's.
-    "logger.mlflow.tracking_uri": (None, ""),
-}
-
-
-def command_line_only_problems(container: Mapping[str, Any], *, trust: Trust) -> list[Problem]:
-    """A config file may not aim a write outside the run dir (a cache, which a later run also
-    reads back): those values count only when the command line gives them."""
-    problems = []
-    for key, plain in COMMAND_LINE_ONLY.items():
-        value = _select(container, key)
-        if value in plain or trust.gave(key, value):
-            continue
-        problems.append(
-            Problem(
-                key,
-                value,
-                "aims what the run writes or sends outside its run dir: only your command line may "
-                f"name where, not a config file; pass {key}=... yourself if you mean it",
-            )
-        )
-    return problems
-
-
-def _select(container: Mapping[str, Any], key: str) -> Any:
-    node: Any = container
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
