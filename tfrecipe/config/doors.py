@@ -2,11 +2,11 @@
 the environment, a file opened or a path written, and the one check that guards it.
 
 A door is where data (a recipe, a run dir, a sweep's params, a file read) could turn into code
-that runs, a file written elsewhere, a secret sent away or memory exhausted. tests/test_doors.py
-holds this table to the code: it tries a payload through each door, fails when a config key whose
-name says it reaches one of these sinks has no entry here, and fails when a module writes files,
-imports by name, starts programs or changes the environment outside the places listed in
-`SINK_SITES`. A new key or file that reaches a sink joins this table in the same commit.
+that runs, a file written elsewhere, a secret sent away or memory exhausted.
+tests/trust/test_doors.py holds this table to the code: it imports each door's guard, tries a
+payload through each door, fails when a config key whose name says it reaches one of these sinks
+has no entry here, and fails when a module writes files, imports by name, starts programs or
+changes the environment outside the places listed in `SINK_SITES`. A new key or file that reaches a sink joins this table in the same commit.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ class Door:
       key: a config key (`*` for one name) or, for a file, `RUN_DIR/NAME` / `INPUT`.
       sink: what it reaches (IMPORT, SHELL, ENV, WRITE, READ, NETWORK, NAME).
       guard: the check every use goes through: its dotted name under `tfrecipe` first (which
-        tests/test_doors.py imports: a renamed or removed check fails there), then, after a
-        space or a colon, what it checks.
-      probes: the payloads tests/test_doors.py tries through it ("code", "outside", "secret",
-        "non_regular", "oversize").
+        tests/trust/test_doors.py imports: a renamed or removed check fails there), then,
+        after a space or a colon, what it checks.
+      probes: the payloads tests/trust/test_doors.py tries through it ("code", "outside",
+        "secret", "non_regular", "oversize").
     """
 
     key: str
@@ -282,7 +282,7 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/* (a received run dir)",
         WRITE,
-        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through files.write_atomic/write_weights/open_log/library_dir (tests/test_run_dir_writes.py)",
+        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through files.write_atomic/write_weights/open_log/library_dir (tests/trust/test_run_dir_writes.py)",
     ),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),
