@@ -78,6 +78,20 @@ def _parameters(function) -> list[str]:
     return [name for name in names if name not in ("self", "cls")]
 
 
+def _field_names(tree: ast.AST) -> set[ast.AST]:
+    """Strings used as a mapping's keys (summary.json's "members", "exports"), not as names of
+    files: dict keys, subscripts and `.get(...)`'s first argument."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            found.update(k for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            found.add(node.slice)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and node.args:
+            found.add(node.args[0])
+    return found
+
+
 def measure(package: Path, original: Path, tests: Path) -> dict:
     markers = {p: p.read_text().count("# fmt: skip") for p in original.rglob("*.py")}
     in_training = sum(
@@ -111,10 +125,11 @@ def measure(package: Path, original: Path, tests: Path) -> dict:
             taker += "config" not in path.parts and any(
                 a.endswith("RunConfig") for a in annotations
             )
+        keys = _field_names(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 10:
                 big_calls += 1
-            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES:
+            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES and node not in keys:
                 naming_files.add(str(relative))
         if path.name == "cross_checks.py":
             strategy_tests = len(re.findall(r"\b(?:strategy|loop)\.name\b", text))

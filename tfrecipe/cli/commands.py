@@ -52,7 +52,9 @@ def ls(args: list[str]) -> None:
     groups = sorted(p for p in root.iterdir() if p.is_dir())
     options = {group: sorted(group.glob("*.yaml")) for group in groups}
     width = max(len(p.stem) for p in [*recipes, *(o for group in options.values() for o in group)])
-    defaults = OmegaConf.to_container(OmegaConf.load(root / "config.yaml").defaults)
+    defaults = OmegaConf.to_container(
+        OmegaConf.load(root / f"{configs.PRIMARY_CONFIG}.yaml").defaults
+    )
     chosen = {k: v for item in defaults if isinstance(item, dict) for k, v in item.items()}
     print("recipes (recipe=NAME):")
     for path in recipes:

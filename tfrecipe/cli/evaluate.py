@@ -70,7 +70,7 @@ def _load_model(
     return model
 
 
-def evaluate_run(run_dir: Path, *, which: str = "model.keras", overrides=()) -> dict[str, Any]:
+def evaluate_run(run_dir: Path, *, which: str = rundir.MODEL, overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
     run = RunDir.at(run_dir).config(list(overrides), command="evaluate")
     from tfrecipe.data.fingerprint import check_evaluated_data
@@ -119,7 +119,7 @@ def main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tfrecipe evaluate", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument(
-        "--model", default="model.keras", help="model.keras | best | model-NNN.keras"
+        "--model", default=rundir.MODEL, help="model.keras | best | model-NNN.keras"
     )
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
     # Intermixed: `RUN_DIR --model best key=value` (the README's order) as well as

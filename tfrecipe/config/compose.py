@@ -17,6 +17,9 @@ from tfrecipe.errors import ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # tfrecipe/
 
+# conf/PRIMARY_CONFIG.yaml: the defaults list every run starts from.
+PRIMARY_CONFIG = "config"
+
 
 def _find(name: str) -> Path:
     for candidate in (_PACKAGE_DIR / name, _PACKAGE_DIR.parent / name):
@@ -84,7 +87,7 @@ def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = F
     register_recipes()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(
-            "config",
+            PRIMARY_CONFIG,
             overrides=recipe_file_overrides(overrides or []),
             return_hydra_config=return_hydra_config,
         )

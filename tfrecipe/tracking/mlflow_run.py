@@ -34,7 +34,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import files
+from tfrecipe import files, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.secrets import redact_text
 from tfrecipe.tracking.mlflow_store import (
@@ -52,15 +52,10 @@ from tfrecipe.tracking.mlflow_store import (
 
 log = logging.getLogger("tfrecipe")
 
-_ARTIFACTS = (
-    "model.keras",
-    "model.onnx",
-    "model.tflite",
-    "saved_model",
-    "summary.json",
-    "history.csv",
-    "config.yaml",
-    "curves.png",
+# What the chief's run dir holds that the tracker uploads (rundir.LAYOUT's names).
+_ARTIFACTS = tuple(
+    rundir.LAYOUT[name][0]
+    for name in ("model", "onnx", "litert", "saved_model", "summary", "history", "config", "curves")
 )
 # A pruned trial (an Optuna sweep's) ended cleanly: FINISHED, its `status` tag says pruned.
 _STATUS = {"completed": "FINISHED", "pruned": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
