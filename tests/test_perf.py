@@ -28,16 +28,19 @@ SLOW_INPUT = (
 
 
 def test_perf_block_totals_and_per_replica():
-    block = report.perf_block(
+    timing = report.Timing(
         examples_per_sec=1000.0,
         step_time_ms={"median": 5.0, "p90": 6.0},
         input_wait=[0.1, 0.3],
         input_wait_note=None,
+    )
+    compute = report.Compute(
         flops_per_example=2e6,
         peak_per_replica=5e9,
         peak_source="calibration:float32 matmul",
         num_replicas=2,
     )
+    block = report.perf_block(timing, compute)
     assert set(block) >= PERF_KEYS
     assert block["achieved_flops_per_sec"] == 2e9
     assert block["peak_flops_per_sec"] == 1e10

@@ -67,28 +67,44 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
     return tried
 
 
-def perf_block(
-    *,
-    examples_per_sec: float | None,
-    step_time_ms: Mapping[str, float] | None,
-    input_wait: list[float] | None,
-    input_wait_note: str | None,
-    flops_per_example: float | None,
-    peak_per_replica: float | None,
-    peak_source: str,
-    num_replicas: int,
-    knobs: Knobs | None = None,
-    wall_split: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """The run's `perf` block: totals over all replicas, and `per_replica` figures.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timing:
+    """What the run's clocks measured.
 
-    Args:
+    Attributes:
       input_wait: each local replica's input-wait fraction, or None (not measured: see note).
       wall_split: the steady state's wall time in training calls, validation and the rest
         (`StepClock.wall_split`).
+    """
+
+    examples_per_sec: float | None
+    step_time_ms: Mapping[str, float] | None
+    input_wait: list[float] | None
+    input_wait_note: str | None
+    wall_split: Mapping[str, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Compute:
+    """What a step costs and what the devices could do.
+
+    Attributes:
       peak_per_replica: one replica's device peak FLOP/s in the compute dtype (replicas that
         share one CPU share its peak).
     """
+
+    flops_per_example: float | None
+    peak_per_replica: float | None
+    peak_source: str
+    num_replicas: int
+
+
+def perf_block(timing: Timing, compute: Compute, knobs: Knobs | None = None) -> dict[str, Any]:
+    """The run's `perf` block: totals over all replicas, and `per_replica` figures."""
+    examples_per_sec, step_time_ms = timing.examples_per_sec, timing.step_time_ms
+    input_wait, wall_split = timing.input_wait, timing.wall_split
+    flops_per_example, peak_per_replica = compute.flops_per_example, compute.peak_per_replica
+    num_replicas = compute.num_replicas
     achieved = (
         examples_per_sec * flops_per_example if examples_per_sec and flops_per_example else None
     )
@@ -101,7 +117,7 @@ def perf_block(
         "flops_per_example": _round(flops_per_example),
         "achieved_flops_per_sec": _round(achieved),
         "peak_flops_per_sec": _round(peak),
-        "peak_source": peak_source,
+        "peak_source": compute.peak_source,
         "mfu": round(achieved / peak, 4) if achieved and peak else None,
         "replicas": num_replicas,
         "per_replica": _per_replica(
@@ -112,8 +128,8 @@ def perf_block(
             wait, knobs, step_time_ms and step_time_ms.get("median"), wall_split=wall_split
         ),
     }
-    if input_wait_note:
-        block["input_wait_note"] = input_wait_note
+    if timing.input_wait_note:
+        block["input_wait_note"] = timing.input_wait_note
     return block
 
 

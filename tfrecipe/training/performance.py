@@ -96,18 +96,20 @@ def perf_fields(
             if model.jit_compile
             else "no steady-state steps"
         )
-    block = report.perf_block(
+    timing = report.Timing(
         examples_per_sec=examples_per_sec,
         step_time_ms=clock.step_times_ms(),
         input_wait=wait,
         input_wait_note=note,
+        wall_split=clock.wall_split(),
+    )
+    compute = report.Compute(
         flops_per_example=step_flops / global_batch if step_flops else None,
         peak_per_replica=device_peak.flops_per_sec,
         peak_source=device_peak.source,
         num_replicas=replicas,
-        knobs=knobs,
-        wall_split=clock.wall_split(),
     )
+    block = report.perf_block(timing, compute, knobs)
     allreduce = _allreduce_ms(model)
     if allreduce is not None:  # an estimate from the link's bandwidth, named as one
         block["allreduce_ms_estimate"] = allreduce
