@@ -84,8 +84,8 @@ def _finished_before(cfg, run_dir: Path) -> dict | None:
     if not summary or summary.get("status") not in FINISHED:
         return None
     check_resume_unchanged(run_dir, public_config(cfg), resume="auto")
-    log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, summary["status"],
-             run_dir)  # fmt: skip
+    status = summary["status"]
+    log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, status, run_dir)
     return summary
 
 
