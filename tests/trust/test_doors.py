@@ -223,6 +223,7 @@ PAYLOADS = {
     ("logger.mlflow.tracking_uri", "outside"): (
         "defaults: [{override /logger: [csv, mlflow]}]\n"
         "logger: {mlflow: {tracking_uri: 'http://203.0.113.9:5000'}}\n", "logger.mlflow.tracking_uri"),
+    ("export.name", "outside"): ("export: {name: ../../outside}\n", "export.name"),
 }  # fmt: skip
 
 

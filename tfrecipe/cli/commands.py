@@ -10,6 +10,8 @@ tfrecipe baseline RUN_DIR [overrides]   scikit-learn's baselines on a run's spli
 tfrecipe lr-find [overrides]         a learning-rate sweep (lr_find.png, a suggested rate)
 tfrecipe predict RUN_DIR INPUT... [--output FILE]   a run's predictions for new files
 tfrecipe export RUN_DIR --format F   a finished run in more formats (onnx, litert, ...)
+tfrecipe serve RUN_DIR [--name NAME] [--port P]   TF Serving's REST API for a run's model
+tfrecipe card RUN_DIR                MODEL_CARD.md from a run's records
 tfrecipe help [overrides]            the same as `tfrecipe --help`
 """
 
@@ -307,6 +309,20 @@ def export(args: list[str]) -> None:
         export_main(args)
 
 
+def serve(args: list[str]) -> None:
+    from tfrecipe.cli.console import quiet_start_up
+    from tfrecipe.cli.serve import main as serve_main  # TensorFlow once the run dir is checked
+
+    with quiet_start_up():
+        serve_main(args)
+
+
+def card(args: list[str]) -> None:
+    from tfrecipe.cli.card import main as card_main  # no TensorFlow: records only
+
+    card_main(args)
+
+
 def compare(args: list[str]) -> None:
     from tfrecipe.cli.compare import main as compare_main
 
@@ -349,5 +365,7 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "baseline": baseline,
     "predict": predict,
     "export": export,
+    "serve": serve,
+    "card": card,
     "mlflow-sync": mlflow_sync,
 }

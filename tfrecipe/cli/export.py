@@ -1,5 +1,5 @@
 """`tfrecipe export RUN_DIR --format F [--format F ...] [--quantize Q] [--model final|best]
-[key=value ...]`: a finished run's model in more formats.
+[--name NAME] [key=value ...]`: a finished run's model in more formats.
 
 The same exports as `export.formats` at the end of training (tfrecipe/models/export.py): each
 file is loaded in its own runtime and compared with Keras on the run's held-out examples (its
@@ -8,8 +8,10 @@ another machine), kept only within `--tolerance`, and recorded under `exports` i
 `summary.json`. A format that cannot carry the model is refused with the reason (exit 2).
 
 The files go to `RUN_DIR/exports/final/` (or `exports/best/`): an export adds files and never
-replaces what training wrote (its model.keras, saved_model/, ...). The run dir is locked while
-it exports, so a run still training there is not written into.
+replaces what training wrote (its model.keras, saved_model/, ...). With `--name NAME` the
+SavedModel goes to `RUN_DIR/exports/serving/NAME/1/` (TF Serving's layout) and the ONNX file to
+`RUN_DIR/exports/triton/NAME/1/model.onnx` with its `config.pbtxt` (Triton's). The run dir is
+locked while it exports, so a run still training there is not written into.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 from pathlib import Path
 
 from tfrecipe import rundir
+from tfrecipe.config.export_limits import server_name_problem
 from tfrecipe.config.schema import EXPORT_FORMATS
 from tfrecipe.errors import ConfigError
 
@@ -38,10 +41,15 @@ def _parse(args: list[str]) -> argparse.Namespace:
     parser.add_argument("--quantize", default="none", choices=QUANTIZE, help="LiteRT quantization")
     parser.add_argument("--model", default="final", choices=["final", "best"])
     parser.add_argument("--tolerance", type=float, default=None, help="default: the run's")
+    parser.add_argument(
+        "--name", default=None, help="lay saved_model and onnx out for servers under this name"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
     options = parser.parse_args(args)
     if options.quantize != "none" and "litert" not in options.format:
         raise ConfigError(f"export: --quantize={options.quantize}: needs --format litert")
+    if options.name is not None and server_name_problem(options.name):
+        raise ConfigError(f"export: --name={options.name!r}: {server_name_problem(options.name)}")
     return options
 
 
@@ -86,6 +94,7 @@ def _export(options, run, run_files) -> dict:
         check_examples=spec.check_examples,
         quantize=options.quantize,
         representative_examples=spec.litert.representative_examples,
+        name=options.name,
     )
     splits = load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
     try:
@@ -97,12 +106,10 @@ def _export(options, run, run_files) -> dict:
             pipeline=run.pipeline,
             task=run.task,
             batch_size=run.batching.per_replica_batch_size,
+            root=options.run_dir,  # paths in the report are the run dir's
         )
     except export.ExportError as error:
         raise SystemExit(f"tfrecipe export: failed: {error}") from None
-    for record in report.values():
-        if "path" in record:
-            record["path"] = str(out / record["path"])
     summary = RunDir.at(options.run_dir).summary() or {}
     summary["exports"] = {**summary.get("exports", {}), **report}
     rundir.write_summary(options.run_dir, summary)

@@ -173,7 +173,7 @@ def _arrow(values: np.ndarray):
 
 
 # --- the model --------------------------------------------------------------------------------
-def _normalizer(record: dict[str, Any]):
+def normalizer(record: dict[str, Any]):
     """The per-batch normalization training applied outside the model (`pipeline.normalize`)."""
     import tensorflow as tf
 
@@ -202,7 +202,7 @@ def predict_batches(
     model, run: TrainedModel, batches: Iterator[Batch]
 ) -> Iterator[dict[str, np.ndarray]]:
     """Pass-through columns and prediction columns, batch by batch."""
-    normalize = _normalizer(run.signature)
+    normalize = normalizer(run.signature)
     for batch in batches:
         outputs = model.predict_on_batch(model_inputs(batch.features, normalize))
         yield batch.passthrough | predictions(run.signature, np.asarray(outputs))

@@ -187,6 +187,12 @@ CONFIG_DOORS = (
         ("outside",),
     ),
     Door("logger.mlflow.run_name", NAME, "config.secrets.redact_text: secrets redacted"),
+    Door(
+        "export.name",
+        WRITE,
+        "config.export_limits.server_name_problem: one folder under RUN_DIR/exports/{serving,triton}",
+        ("outside",),
+    ),
 )
 
 # What tfrecipe reads from the environment that decides where it connects or what it grants.
@@ -320,6 +326,23 @@ FILE_DOORS = (
     ),
     Door("INPUT (predict)", READ, "data.readers.open_sources"),
     Door("--output (predict)", WRITE, "files.check_output", ("outside",)),
+    Door(
+        "--name (export)",
+        WRITE,
+        "config.export_limits.server_name_problem: one folder, then the one writer",
+    ),
+    Door(
+        "--host (serve)",
+        NETWORK,
+        "cli.serve.bind: 127.0.0.1 unless the command line names another (the start-up line says)",
+    ),
+    Door("--name (serve)", NAME, "config.export_limits.server_name_problem: a URL segment"),
+    Door(
+        "RUN_DIR (serve)",
+        READ,
+        "runs.RunDir.trained_model: the one reader; the server writes nothing",
+    ),
+    Door("RUN_DIR/MODEL_CARD.md", WRITE, "files.write_atomic, under runs.RunDir.lock (card)"),
 )
 
 # Keys whose last name reads like a sink, but which reach none: name -> why not a door.

@@ -8,6 +8,7 @@ Plain data, no TensorFlow and no pydantic: `tfrecipe validate` reads it without 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 
@@ -76,3 +77,20 @@ def why_not(fmt: str, layer: str, *, called: str | None = None) -> str | None:
 def carried_by(layer: str) -> list[str]:
     """The formats that carry a `layer` (a layer class), in table order."""
     return [fmt for fmt in FORMATS if layer not in FORMATS[fmt].cannot_carry]
+
+
+# A model's name for servers (export.name, `tfrecipe export --name`, `tfrecipe serve --name`):
+# a folder name of its own (exports/serving/NAME/, exports/triton/NAME/) and a URL segment
+# (/v1/models/NAME), never a path, `..` or a hidden name.
+_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SERVER_NAME_RULE = (
+    "expected a name of letters, digits, '_', '.' and '-' (up to 64, starting with a letter or a "
+    "digit), e.g. digits"
+)
+
+
+def server_name_problem(name: str) -> str | None:
+    """What makes `name` no server name (None: nothing)."""
+    if not isinstance(name, str) or not _SERVER_NAME.fullmatch(name):
+        return SERVER_NAME_RULE
+    return None

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from tfrecipe.config.export_limits import EXPORT_FORMATS
+from tfrecipe.config.export_limits import EXPORT_FORMATS, SERVER_NAME_RULE, server_name_problem
 from tfrecipe.config.training_sections import (
     Batching,
     ClassificationTask,
@@ -92,7 +92,18 @@ class Export(Section):
     tolerance: PositiveFloat = 1e-4
     # Held-out examples compared (the test split, else the validation split).
     check_examples: PositiveInt = 256
+    # A name for model servers (null: none): saved_model goes to exports/serving/NAME/1/ (TF
+    # Serving), onnx to exports/triton/NAME/1/model.onnx with a config.pbtxt (Triton).
+    name: str | None = None
     litert: LiteRT = LiteRT()
+
+    @field_validator("name")
+    @classmethod
+    def _server_name(cls, name):
+        """A folder name of its own: never a path, `..` or a hidden name."""
+        if name is not None and server_name_problem(name):
+            raise PydanticCustomError("server_name", SERVER_NAME_RULE)
+        return name
 
     @field_validator("formats", mode="before")
     @classmethod

@@ -206,13 +206,8 @@ class Table:
             table = table_files.open_table(str(file), format=kind, key="INPUT", csv=options)
         except ValueError as error:
             raise ConfigError(f"predict: {error}") from None
-        missing = [name for name in (*self.columns, *self.keep) if name not in table.columns]
-        if missing:
-            wanted = "the model's" if any(m in self.columns for m in missing) else "--keep"
-            raise ConfigError(
-                f"predict: {file}: missing {wanted} column(s) {', '.join(missing)}; the model "
-                f"takes {', '.join(self.columns)}"
-            )
+        if any(name not in table.columns for name in (*self.columns, *self.keep)):
+            raise missing_columns(str(file), list(self.columns), table.columns, keep=self.keep)
         return table
 
     def num_rows(self) -> int | None:
@@ -257,6 +252,19 @@ class Table:
         return Batch(features, passthrough)
 
 
+def missing_columns(
+    where: str, columns: Sequence[str], present: Sequence[str], *, keep: Sequence[str] = ()
+) -> ConfigError:
+    """`predict: WHERE: missing the model's column(s) ...; the model takes ...` (a file's, a
+    served request's)."""
+    missing = [name for name in (*columns, *keep) if name not in present]
+    wanted = "the model's" if any(m in columns for m in missing) else "--keep"
+    return ConfigError(
+        f"predict: {where}: missing {wanted} column(s) {', '.join(missing)}; the model takes "
+        f"{', '.join(columns)}"
+    )
+
+
 def _column(table, name: str, dtype: str) -> np.ndarray:
     values = table.column(name).to_numpy(zero_copy_only=False)
     return values.astype(object) if dtype == "string" else values.astype(dtype)
@@ -281,7 +289,7 @@ def _rebatch(record_batches, batch_size: int, make) -> Iterator[Batch]:
 
 
 # --- arrays, images, texts, records ---------------------------------------------------------------
-def _check_shape(where: str, shape: Sequence[int], expected: Sequence[int]) -> None:
+def check_shape(where: str, shape: Sequence[int], expected: Sequence[int]) -> None:
     if list(shape) != list(expected):
         raise ConfigError(
             f"predict: {where}: examples of shape {list(shape)}, the model takes {list(expected)}"
@@ -323,7 +331,7 @@ class Arrays:
     def _check(self, file: Path) -> int:
         """The file's example count, its shape and every value checked (before TensorFlow)."""
         array = self._array(file)
-        _check_shape(str(file), array.shape[1:], self.shape)
+        check_shape(str(file), array.shape[1:], self.shape)
         if not np.issubdtype(array.dtype, np.number) or array.dtype.kind == "c":
             raise ConfigError(f"predict: {file}: holds {array.dtype}, not real numbers")
         name = self.key if file.suffix.lower() == ".npz" else "x"

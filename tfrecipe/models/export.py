@@ -21,6 +21,7 @@ import numpy as np
 
 from tfrecipe import files, rundir
 from tfrecipe.config import export_limits
+from tfrecipe.models import serving_layout
 
 # The final file (or directory) of each format in the run dir (the table: config.export_limits).
 FILES = {fmt: spec.file for fmt, spec in export_limits.FORMATS.items()}
@@ -43,6 +44,7 @@ class ExportOptions:
     check_examples: int = 256  # held-out examples each export is compared on
     quantize: str = "none"  # none | dynamic | float16 | int8 (LiteRT)
     representative_examples: int = 200  # training examples int8 calibrates on
+    name: str | None = None  # export.name: saved_model and onnx laid out for servers
 
 
 def options_from(spec) -> ExportOptions:
@@ -53,6 +55,7 @@ def options_from(spec) -> ExportOptions:
         check_examples=spec.check_examples,
         quantize=spec.litert.quantize,
         representative_examples=spec.litert.representative_examples,
+        name=spec.name,
     )
 
 
@@ -316,8 +319,11 @@ def export_all(
     held_out: list[Features],
     representative: list[Features] | None = None,
     score: Callable[[Callable[[Features], np.ndarray]], dict[str, float]] | None = None,
+    root: Path | None = None,
 ) -> dict[str, Any]:
-    """Every format of `options` in `run_dir`, checked (model.keras is Keras' own: unchecked).
+    """Every format of `options` in `run_dir`, checked (model.keras is Keras' own: unchecked);
+    with `options.name`, saved_model and onnx laid out for servers under `root`
+    (tfrecipe.models.serving_layout).
 
     Args:
       held_out: batches of held-out features (normalized as the model takes them) the exports
@@ -325,26 +331,43 @@ def export_all(
       representative: batches of training features (int8 calibration).
       score: the test metrics of a predict function (the quantized model's, next to the float
         model's); None: not measured.
+      root: the run dir (where exports/serving and exports/triton go); None: `run_dir`.
 
     Returns:
-      summary.json's "exports": per format {path, max_abs_diff, bytes}, and for a quantized
-      LiteRT model also its metrics and the float model's.
+      summary.json's "exports": per format {path, max_abs_diff, bytes} (paths relative to
+      `root`; Triton's also its `config`), and for a quantized LiteRT model also its metrics and
+      the float model's.
     """
+    root = run_dir if root is None else root
     save_model(model, run_dir / rundir.MODEL)
-    report: dict[str, Any] = {
-        "keras": {"path": rundir.MODEL, "bytes": _size(run_dir / rundir.MODEL)}
-    }
+    report: dict[str, Any] = {"keras": {"path": rundir.MODEL}}
     for fmt in options.formats:
-        if fmt == "keras":
-            continue
-        report[fmt] = export_checked(
-            model, fmt, run_dir / FILES[fmt], held_out, tolerance=options.tolerance
-        )
+        if fmt != "keras":
+            report[fmt] = _placed(model, fmt, run_dir, root, options, held_out)
     if "litert" in options.formats and options.quantize != "none":
         report[f"litert_{options.quantize}"] = _quantized(
             model, run_dir, options, held_out, representative, score
         )
+    for fmt in ("keras", f"litert_{options.quantize}"):
+        if fmt in report:  # the flat files, beside model.keras
+            report[fmt]["path"] = str((run_dir / report[fmt]["path"]).relative_to(root))
+    report["keras"]["bytes"] = _size(run_dir / rundir.MODEL)
     return report
+
+
+def _placed(model, fmt: str, run_dir: Path, root: Path, options, held_out) -> dict[str, Any]:
+    """`fmt` exported and checked at its flat file in `run_dir`, or with `options.name` where
+    its server loads it under `root` (Triton's also with its config.pbtxt)."""
+    placed = serving_layout.server_path(root, fmt, options.name) if options.name else None
+    path = placed or run_dir / FILES[fmt]
+    if placed is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)  # the version folder
+    record = export_checked(model, fmt, path, held_out, tolerance=options.tolerance)
+    record["path"] = str(path.relative_to(root))
+    if placed is not None and fmt == "onnx":
+        config = serving_layout.write_triton_config(path)
+        record["config"] = str(config.relative_to(root))
+    return record
 
 
 def _quantized(model, run_dir, options, held_out, representative, score) -> dict[str, Any]:
@@ -360,7 +383,15 @@ def _quantized(model, run_dir, options, held_out, representative, score) -> dict
 
 
 def export_run(
-    model, run_dir: Path, options: ExportOptions, *, splits, pipeline, task, batch_size: int
+    model,
+    run_dir: Path,
+    options: ExportOptions,
+    *,
+    splits,
+    pipeline,
+    task,
+    batch_size: int,
+    root: Path | None = None,
 ) -> dict[str, Any]:
     """`export_all` with the examples of a run's splits: its test split (else validation, else
     training) to compare on, training examples to calibrate int8 on, the test split to score a
@@ -388,6 +419,7 @@ def export_run(
         held_out=first(held_out, options.check_examples),
         representative=representative,
         score=score,
+        root=root,
     )
 
 
