@@ -271,3 +271,35 @@ def test_a_basic_sweep_rerun_resumes_its_preempted_job_and_skips_completed_ones(
     assert again.returncode == 0, again.stderr[-3000:]
     assert [_summary(sweep / n) for n in ("0", "1")] == [job0, job1]
     assert "sweep: 2 jobs (2 completed)" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_preempted_trial_is_retried_into_its_run_dir_and_resumes(cli, tmp_path):
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    sweep = tmp_path / "sw"
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=1",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        "loop.epochs=3",
+        "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
+        "+callbacks.extra.hold.epoch=2",
+        f"+callbacks.extra.hold.signal_dir={signals}",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    first = _start(command, tmp_path)
+    _wait_for(signals / "reached", first)
+    os.killpg(first.pid, signal.SIGTERM)  # noted now, acted on at the next training step
+    (signals / "release").write_text("")
+    assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
+    storage = f"sqlite:///{sweep / 'study.db'}"
+    assert _states(storage) == ["FAIL", "WAITING"]  # its retry is queued at once
+    result = cli(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _states(storage) == ["FAIL", "COMPLETE"]
+    summary = _summary(sweep / "0")
+    assert summary["status"] == "completed" and summary["resumed_from_step"] > 0

@@ -259,12 +259,22 @@ class _TrialLoop:
             value = math.nan
         marked = self.study._storage.get_trial(trial._trial_id).user_attrs
         if PRUNED_ATTR in marked:
-            self.study.tell(trial, state=state.PRUNED)
+            _told(self.study, trial, state=state.PRUNED)
         elif math.isfinite(value):
-            self.study.tell(trial, value)
+            _told(self.study, trial, values=value)
         else:
             self.failures += 1
-            self.study.tell(trial, state=state.FAIL)
+            _told(self.study, trial, state=state.FAIL)
+
+
+def _told(study, trial, **outcome: Any) -> None:
+    """study.tell; the grid sampler's `study.stop()` once its grid is done (meant for
+    `optimize`, it raises here after the trial was recorded) is not an error."""
+    try:
+        study.tell(trial, **outcome)
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
 
 
 def _write_results(study, sweep_dir: Path) -> None:
