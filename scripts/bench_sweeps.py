@@ -7,13 +7,15 @@ launches two jobs and waits for both before the next two).
     python scripts/bench_sweeps.py [--trials 12] [--epochs 8] [--skip-pruning] [--skip-idle]
 
 Every sweep is a real `python -m tfrecipe -m ...` on digits (model=mlp) in a temporary dir; the
-figures are printed as a Markdown table. Idle share = 1 - (sum of the trials' own wall times) /
-(workers x the sweep's wall time): the time workers held no trial, start-up included for both.
+figures are printed as a Markdown table. Idle share: the share of the two workers' time in which they held no trial while trials were
+still waiting to start (from when both had begun their first trial, process start-up excluded for
+both launches, to when the last trial started).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -21,10 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-# Six trials of 3 full digits epochs; one sleeps SLOW_S per step (tests/helpers/slow_steps.py),
-# which makes it about five times as long as the others on the 2-core machine.
+# Six trials of 3 full digits epochs; one sleeps SLOW_S at each epoch's end
+# (tests/helpers/slow_steps.py), which makes it about five times as long as the others on the
+# loaded 2-core machine (the others sleep 0-4 ms: a grid needs distinct values).
 SLEEPS = ("0.0", "0.001", "0.002", "0.003", "0.004")
-SLOW_S = "0.6"
+SLOW_S = "30.0"
 
 
 def _sweep(args: list[str], sweep_dir: Path) -> tuple[float, list[dict]]:
@@ -83,15 +86,14 @@ def pruning(root: Path, trials: int, epochs: int) -> list[tuple[str, ...]]:
 
 def idle(root: Path) -> list[tuple[str, ...]]:
     """Six trials, two workers, one trial ~5x the others: tfrecipe's sweeper against a batch
-    launch. The busy time is each trial's own (summary.json's wall time, ending when the file
-    was written); the span runs from the first trial's start to the last one's end, so process
-    start-up counts for neither."""
+    launch. Each trial runs from its end (summary.json written) back over its wall time; the idle
+    share is that of the steady state (`_idle_share`)."""
     common = [
         "model=mlp",
         "loop.epochs=3",
         "loop.verbose=0",
         "allowed_targets=[tests.helpers]",
-        "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowSteps",
+        "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowEpochs",
     ]
     sleeps = ",".join((SLOW_S, *SLEEPS))
     runs = {
@@ -115,21 +117,35 @@ def idle(root: Path) -> list[tuple[str, ...]]:
     for name, args in runs.items():
         sweep_dir = root / name.split(",")[0].split(" ")[0]
         wall, jobs = _sweep(args, sweep_dir)
-        ends = [job["ended"] for job in jobs]
         busy = [job["wall_time_s"] for job in jobs]
-        span = max(ends) - min(end - took for end, took in zip(ends, busy, strict=True))
-        share = 1 - sum(busy) / (2 * span)
+        spans = [(job["ended"] - job["wall_time_s"], job["ended"]) for job in jobs]
+        share, steady = _idle_share(spans, workers=2)
         ordered = sorted(busy)
         rows.append(
             (
                 name,
                 f"{wall:.0f}",
-                f"{span:.0f}",
+                f"{steady:.0f}",
                 f"{ordered[-1]:.1f} / {ordered[len(ordered) // 2]:.1f}",
                 f"{share:.0%}",
             )
         )
     return rows
+
+
+def _idle_share(spans: list[tuple[float, float]], workers: int) -> tuple[float, float]:
+    """(idle share, seconds) of the time trials were still waiting to start: from when every
+    worker had begun its first trial (process start-up excluded, for both launches) to when the
+    last trial started. A worker idle then waits for nothing but its batch; after it, idling is
+    the sweep's tail, the same for any launcher."""
+    starts = sorted(start for start, _ in spans)
+    begin, end = starts[workers - 1], starts[-1]
+    points = sorted({begin, end, *(t for span in spans for t in span if begin < t < end)})
+    idle = 0.0
+    for left, right in itertools.pairwise(points):
+        running = sum(start <= left and ended >= right for start, ended in spans)
+        idle += max(0, workers - running) * (right - left)
+    return idle / (workers * (end - begin)) if end > begin else 0.0, end - begin
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -159,7 +175,7 @@ def main() -> None:
             header = (
                 "2 workers, 6 trials",
                 "wall s",
-                "trials' span s",
+                "s until the last trial started",
                 "slowest / median trial s",
                 "idle share",
             )

@@ -19,3 +19,15 @@ class SlowSteps(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(self.seconds)
+
+
+class SlowEpochs(keras.callbacks.Callback):
+    """Makes each epoch last `seconds` longer (scripts/bench_sweeps.py: one trial much slower
+    than the rest, whatever the steps per call)."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(self.seconds)

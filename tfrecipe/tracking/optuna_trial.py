@@ -6,7 +6,8 @@ through the environment (`TRIAL_ENV`, which no config may set: `hydra_node.SAFE_
 study's storage, its name, the trial's id and the pruner's settings, so a job in another process
 (a SLURM job) reports as one in the sweeper's own. A pruned run finishes like a completed one
 (backup, history.csv, model.keras, the trackers), says `status: pruned` in summary.json, and
-marks its trial (`PRUNED_ATTR`) for the sweeper, which tells Optuna.
+marks its trial (`PRUNED_ATTR`) for the sweeper, which tells Optuna. The Keras side is
+tracking.optuna_reporter; this module imports no TensorFlow (the sweep's process reads it).
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-import keras
 
 log = logging.getLogger("tfrecipe")
 
@@ -90,56 +88,3 @@ def open_storage(url: str):
 def _engine_kwargs(url: str) -> dict[str, Any] | None:
     """SQLite waits for another writer (several workers on one file) instead of failing."""
     return {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else None
-
-
-class TrialReporter(keras.callbacks.Callback):
-    """Reports `objective` after every epoch that validated, as the trial's intermediate value
-    at step = epochs trained; stops training at this epoch's end when the pruner says so (not
-    after the last epoch: a trial that trained to its end completed, and may win)."""
-
-    def __init__(self, handle: TrialHandle, objective: str, epochs: int | None = None):
-        super().__init__()
-        import optuna
-
-        storage = open_storage(handle.storage)
-        study = optuna.load_study(
-            study_name=handle.study_name, storage=storage, pruner=make_pruner(handle.pruner)
-        )
-        self.trial = optuna.trial.Trial(study, handle.trial_id)
-        self.objective, self.epochs = objective, epochs
-        self.pruned_at_epoch: int | None = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        value = (logs or {}).get(self.objective)
-        if value is None or not math.isfinite(float(value)):
-            return  # not validated this epoch (loop.validation_freq), or a NaN: nothing to judge
-        self.trial.report(float(value), step=epoch + 1)
-        if epoch + 1 != self.epochs and self.trial.should_prune():
-            self.pruned_at_epoch = epoch + 1
-            self.trial.set_user_attr(PRUNED_ATTR, epoch + 1)
-            log.info(
-                "pruned: trial %d stops after epoch %d (%s=%.4g)",
-                self.trial.number,
-                epoch + 1,
-                self.objective,
-                value,
-            )
-            self.model.stop_training = True
-
-
-def reporters(config: Mapping[str, Any], *, chief: bool) -> list[keras.callbacks.Callback]:
-    """The trial reporter of an Optuna sweep's job (on the chief: it validates for the run);
-    none outside one."""
-    handle = TrialHandle.of_this_process()
-    if handle is None or not chief:
-        return []
-    objective = str((config.get("sweep") or {}).get("objective", "val_loss"))
-    return [TrialReporter(handle, objective, (config.get("loop") or {}).get("epochs"))]
-
-
-def pruned_at(callbacks: Sequence[keras.callbacks.Callback]) -> int | None:
-    """The epoch a trial reporter among `callbacks` stopped training at (None: not pruned)."""
-    for callback in callbacks:
-        if isinstance(callback, TrialReporter) and callback.pruned_at_epoch is not None:
-            return callback.pruned_at_epoch
-    return None

@@ -28,7 +28,7 @@ from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
 from tfrecipe.perf import report
-from tfrecipe.tracking import optuna_trial
+from tfrecipe.tracking import optuna_reporter
 from tfrecipe.training import baselines, lr_find, performance
 from tfrecipe.training.context import Built, RunContext
 from tfrecipe.training.inputs import Inputs
@@ -253,7 +253,7 @@ def recording_end(
         protected.close()
     board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
     _record_perf(summary, monitors, model, measure, board)
-    pruned = optuna_trial.pruned_at(monitors.callbacks)  # an Optuna trial its pruner stopped
+    pruned = optuna_reporter.pruned_at(monitors.callbacks)  # an Optuna trial its pruner stopped
     if pruned is not None:
         summary.update(pruned_at_epoch=pruned)
     _finish(summary, monitors, model, status="completed" if pruned is None else "pruned")

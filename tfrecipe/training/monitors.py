@@ -23,7 +23,7 @@ from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
-from tfrecipe.tracking import Tracker, optuna_trial
+from tfrecipe.tracking import Tracker, optuna_reporter
 from tfrecipe.training.context import Built, RunContext
 
 
@@ -120,7 +120,7 @@ def build_monitors(
     )
     for tracker in trackers:
         callbacks += tracker.callbacks()
-    callbacks += optuna_trial.reporters(ctx.config, chief=ctx.chief)  # an Optuna trial: last
+    callbacks += optuna_reporter.reporters(ctx.config, chief=ctx.chief)  # an Optuna trial: last
     return Monitors(callbacks, history, throughput, trackers, step_clock, input_clock, watchdog)
 
 
