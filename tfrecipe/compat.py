@@ -422,11 +422,8 @@ def seed_generators(layer: keras.Layer) -> list[keras.random.SeedGenerator]:
 
 def after_skipped_step(optimizer: keras.optimizers.LossScaleOptimizer, then) -> None:
     """Calls `then()` whenever `optimizer` skips a step because its float16 gradients overflowed.
-
-    Keras has no hook for a skipped step: its LossScaleOptimizer calls
-    `self._stateful_handle_non_finite_grads()` (Keras 3.0-3.15) when it traces the step, so an
-    attribute on this instance replaces it for this optimizer only (the class keeps Keras' own).
-    """
+    Keras has no hook for it: its LossScaleOptimizer calls `self._stateful_handle_non_finite_grads()`
+    (Keras 3.0-3.15) when it traces the step; an instance attribute replaces it for this one."""
     skip = _private(optimizer, "_stateful_handle_non_finite_grads", user="after_skipped_step")
 
     def skip_then():
@@ -437,12 +434,10 @@ def after_skipped_step(optimizer: keras.optimizers.LossScaleOptimizer, then) -> 
 
 
 def build_metric(metric: keras.metrics.Metric, output_shape: tuple) -> None:
-    """Creates the variables of a metric that makes them on its first update (R2Score,
-    F1Score): a custom loop must have them before its `tf.function` runs, since variables made
-    while a distributed loop traces fail at run time ("You must feed a value for placeholder
-    tensor"); fit makes them in its symbolic build. Keras 3.0-3.15: `_built` and
-    `_build(y_true_shape, y_pred_shape)` on those metrics, `_build(y_pred_shape)` on AUC with
-    `multi_label`; others have neither."""
+    """Creates the variables of a metric that makes them on its first update (R2Score, F1Score):
+    a custom loop needs them before its `tf.function` runs (made while a distributed loop traces,
+    they fail: "You must feed a value for placeholder tensor"); fit makes them in its symbolic
+    build. Keras 3.0-3.15: `_built`, `_build(y_true_shape, y_pred_shape)`; AUC `_build(shape)`."""
     if getattr(metric, "_built", True):
         return
     shape = (None, *output_shape[1:])
@@ -461,20 +456,16 @@ def learning_rate_setting(optimizer: keras.optimizers.Optimizer):
 
 
 def disable_op_determinism() -> None:
-    """Turns op determinism off (an earlier run in this process may have turned it on).
-    TensorFlow 2.21 exports only the enabling half (`tf.config.experimental.
-    enable_op_determinism`); this half is `tensorflow.python.framework.config` (TF 2.9-2.21)."""
+    """Turns op determinism off (an earlier run in this process may have turned it on): TF 2.21
+    exports only `enable_op_determinism`; this half is `tensorflow.python.framework.config`."""
     module, name = "tensorflow.python.framework.config", "disable_op_determinism"
     _private_import(module, name, user="disable_op_determinism")()
 
 
 def set_collective_key_base(strategy_class: type[tf.distribute.Strategy], base: int) -> None:
-    """Where the next strategy of `strategy_class` starts its collective keys.
-
-    Each new MirroredStrategy's extended reads its class's `_collective_key_base` (TF 2.4-2.21;
-    TensorFlow's own tests set it, distribute/strategy_combinations.py). Checked to exist first:
-    setting an attribute that TensorFlow no longer has would change nothing, silently.
-    """
+    """Where the next strategy of `strategy_class` starts its collective keys: each new
+    MirroredStrategy's extended reads its class's `_collective_key_base` (TF 2.4-2.21; TF's own
+    tests set it). Checked to exist first: setting a gone attribute would change nothing."""
     _private(strategy_class, "_collective_key_base", user="set_collective_key_base")
     strategy_class._collective_key_base = base
 
@@ -489,6 +480,15 @@ def stop_preemption_watchers(
     user = "stop_preemption_watchers"
     _private(handler, "_stop_poll_termination_signal_thread", user=user)()
     _private(handler, "_stop_cluster_wise_termination_watcher_thread", user=user)()
+
+
+def gpu_memory_bytes(device: str) -> int:
+    """What TensorFlow's allocator may take on GPU `device` (the resident split's cap is a share;
+    data/resident.py): no public API says; `device_lib.list_local_devices()` does (TF 2.0-2.21)."""
+    lib, index = "tensorflow.python.client.device_lib", device.rsplit(":", 1)[-1]
+    listed = _private_import(lib, "list_local_devices", user="gpu_memory_bytes")()
+    gpus = [d for d in listed if d.device_type == "GPU" and d.name.rsplit(":", 1)[-1] == index]
+    return int(gpus[0].memory_limit)
 
 
 # --- Saving: `saving_lib.get_attr_skipset`, asked per layer/metric/optimizer by each save and load,

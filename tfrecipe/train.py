@@ -197,6 +197,8 @@ def _start_summary(
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(built.phases, built.warm, built.data.class_weight))
     summary.update(summaries.about_data(ctx.task, built.splits.info))
+    summary.update(resident=built.data.resident)  # pipeline.resident: chosen, and why
+    log.info("training data: %s", built.data.resident["reason"])
     if built.resumed:
         step = built.resumed.step
         rollbacks = built.policy.resume_rollbacks(model, home.shared, step)

@@ -15,6 +15,7 @@ from tfrecipe.config import export_limits as limits
 from tfrecipe.config.plan import RunPlan
 from tfrecipe.config.run_sections import RunConfig
 from tfrecipe.config.training_sections import parse_freeze
+from tfrecipe.data import residency
 from tfrecipe.errors import Problem
 
 
@@ -37,6 +38,7 @@ def cross_section_problems(run: RunConfig) -> list[Problem]:
         *_ensemble_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
+        *residency.problems(run.pipeline.resident, strategy=run.strategy.name),
     ]
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from tfrecipe.config.run_sections import Logger, RunConfig
+from tfrecipe.data import residency
 
 # A model below this many parameters takes a small fraction of a millisecond per example, so a
 # training step costs about as much as the Python (callbacks, dispatch) around it: several steps
@@ -60,6 +61,8 @@ class RunPlan:
     one_step_per_call: str | None
     gradient_accumulation_steps: int
     hook_keys: tuple[str, ...] = ()  # the key that set each of `hook_intervals`
+    # where the training data live, as far as the config decides (tfrecipe.data.residency)
+    training_data: str = ""
 
     @classmethod
     def from_config(cls, run: RunConfig) -> RunPlan:
@@ -93,6 +96,9 @@ class RunPlan:
             else run.loop.steps_per_loop,
             one_step_per_call=_one_step_per_call(loop, run.logger),
             gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
+            training_data=residency.plan_line(
+                run.pipeline.resident, strategy=run.strategy.name, cache=run.pipeline.cache
+            ),
         )
 
     @property
@@ -181,6 +187,7 @@ class RunPlan:
             + (_AUTO[self.cpu_bfloat16_pays] if self.precision == "auto" else ""),
             f"backups: {backups}; rollbacks on NaN/Inf: {rollbacks}",
             f"steps per call: {steps}; hook intervals (steps): {hooks}",
+            *([self.training_data] if self.training_data else []),
         ]
 
 

@@ -39,6 +39,9 @@ class PipelineOptions(BaseModel):
     cache: str | None = "memory"
     num_parallel_calls: Literal["autotune"] | Annotated[int, Field(gt=0)] = "autotune"
     auto_shard_policy: Literal["auto", "file", "data", "off"] = "auto"
+    # The training split held on the device and gathered in the graph (tfrecipe.data.residency):
+    # "auto" where it fits under the cap, True always, False never.
+    resident: Literal["auto"] | bool = "auto"
 
     @property
     def augments(self) -> bool:
@@ -107,7 +110,7 @@ def _augmented(dataset, options: PipelineOptions, *, seed: int):
         else (options.num_parallel_calls)
     )
     return tf.data.Dataset.zip(dataset, seeds).map(
-        lambda example, seed: (_augment(example[0], seed, options), example[1]),
+        lambda example, seed: (augment_image(example[0], seed, options), example[1]),
         num_parallel_calls=parallel,
         deterministic=True,
     )
@@ -170,7 +173,8 @@ def _require_images(shape, options: PipelineOptions) -> None:
         )
 
 
-def _augment(image, seed, options: PipelineOptions):
+def augment_image(image, seed, options: PipelineOptions):
+    """One image flipped and cropped as `options` ask, from its own stateless `seed`."""
     import tensorflow as tf
 
     flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))

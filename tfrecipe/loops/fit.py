@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe.compat import fix_fit_under_strategy
+from tfrecipe.loops import resident_fit
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.perf.clock import time_train_step
 
@@ -59,6 +60,14 @@ def run(
 
 
 def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
+    data, detach = resident_fit.attach(model, data)  # a held split: fit runs its steps in-graph
+    try:
+        _fit_data(model, data, validation_data, options, callbacks, initial_epoch, epochs)
+    finally:
+        detach()
+
+
+def _fit_data(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
     model.fit(
         data,
         validation_data=validation_data,

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfrecipe import tasks
 from tfrecipe.config import schema
+from tfrecipe.data import resident
 from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.distribute import input_shard
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
@@ -48,6 +49,8 @@ class Inputs:
     # per class id, the weight of its examples' loss in training (task.class_weight), or None
     class_weight: np.ndarray | None = None
     splits: Splits | None = None  # undistributed: examples for checking exports
+    # summary.json's `resident`: whether the training split is held on the device, and why
+    resident: dict[str, object] | None = None
 
 
 def load_data(
@@ -116,7 +119,21 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
             return None
         return place(_Split(dataset, split, start, rows.get(split) if shard[1] == 1 else None))
 
-    def train_from(step: int) -> tf.distribute.DistributedDataset:
+    # --- pipeline.resident: the training split held on the device (tfrecipe.data.resident)
+    per_pass = _steps_in(splits.info.num_train, global_batch, drop_remainder)
+    choice, held = resident.hold_training(
+        splits.train,
+        splits.info.num_train,
+        strategy=strategy,
+        layout=resident.Layout(global_batch, per_pass, seed),
+        options=pipeline,
+        finish=_batch_map(pipeline, class_weight),
+        chunks=splits.batched,
+    )
+
+    def train_from(step: int) -> tf.distribute.DistributedDataset | resident.ResidentTrain:
+        if held is not None:  # micro-batches: N per optimizer step with accumulation
+            return resident.ResidentTrain(held, start=step * plan.gradient_accumulation_steps)
         return distribute(splits.train, split="train", start=step)
 
     return Inputs(
@@ -128,6 +145,7 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
         train_from=train_from,
         class_weight=class_weight,
         splits=splits,
+        resident=choice.fields(),
     )
 
 

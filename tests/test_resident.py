@@ -1,0 +1,176 @@
+"""`pipeline.resident`: the training split held on the device, batches gathered in the graph.
+
+The cap from device descriptions (no device needed), the stream's promises on a small held
+split (each example once per pass, another order each pass, the same for the same seed, a
+restart at step N continues at batch N, each replica its share), and runs of both loops.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tfrecipe.config.trust import Trust
+from tfrecipe.data import residency
+from tfrecipe.data.residency import DeviceMemory
+
+GIB = 1 << 30
+H200 = DeviceMemory("GPU", 141 * GIB)
+SMALL_GPU = DeviceMemory("GPU", 2 * GIB)
+HOST_TWO_REPLICAS = DeviceMemory("CPU", 8 * GIB, copies=2)
+CIFAR10_FLOAT32 = 50_000 * 32 * 32 * 3 * 4  # 586 MiB normalized
+
+
+def test_auto_holds_what_fits_under_a_share_of_the_devices_memory():
+    assert residency.choose("auto", held_bytes=CIFAR10_FLOAT32, memory=H200).resident
+    small = residency.choose("auto", held_bytes=CIFAR10_FLOAT32, memory=SMALL_GPU)
+    assert not small.resident and "over the cap" in small.reason and "512.0 MiB" in small.reason
+    # two replicas' copies share the host: each may take half the share
+    assert residency.cap_bytes(HOST_TWO_REPLICAS) == GIB
+    # whatever the device holds, no split above RESIDENT_MAX_BYTES is held by auto
+    assert residency.cap_bytes(H200) == residency.RESIDENT_MAX_BYTES
+    unknown = residency.choose("auto", held_bytes=float("inf"), memory=H200)
+    assert not unknown.resident and "known only when read" in unknown.reason
+
+
+def test_true_and_false_decide_whatever_the_size():
+    assert residency.choose(True, held_bytes=CIFAR10_FLOAT32, memory=SMALL_GPU).resident
+    never = residency.choose(False, held_bytes=1, memory=H200)
+    assert never.fields() == {"resident": False, "reason": "pipeline.resident=false"}
+
+
+def test_validate_says_where_the_training_data_live_and_refuses_what_cannot_hold(compose_cfg):
+    from tfrecipe.config import schema
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.training.plan import RunPlan
+
+    def plan_lines(*overrides):
+        run = schema.validate(compose_cfg(*overrides), trust=Trust.from_command_line(overrides))
+        return "\n".join(RunPlan.from_config(run).lines())
+
+    assert "training data: resident on the device where the decoded split fits" in plan_lines()
+    assert "training data: streamed (pipeline.resident=false)" in plan_lines(
+        "pipeline.resident=false"
+    )
+    assert "streamed (strategy=parameter_server" in plan_lines(
+        "strategy=parameter_server", "loop=custom", "cluster=local", "cluster.num_ps=1"
+    )
+    with pytest.raises(ConfigError) as refused:
+        schema.validate(
+            compose_cfg("pipeline.resident=true", "strategy=multi_worker_mirrored"),
+            trust=Trust.of_this_process(),
+        )
+    assert "pipeline.resident" in str(refused.value)
+    assert "multi_worker_mirrored streams its input" in str(refused.value)
+
+
+def _held(num_rows=10, global_batch=4, seed=7, strategy=None, per_pass=None):
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import HeldSplit, Layout
+
+    rows = (tf.range(num_rows)[:, None], tf.range(num_rows))
+    layout = Layout(global_batch, per_pass or -(-num_rows // global_batch), seed)
+    return HeldSplit(rows, strategy=strategy or tf.distribute.get_strategy(), layout=layout)
+
+
+def _joined(lists) -> list:
+    return list(itertools.chain.from_iterable(lists))
+
+
+def _labels(iterator, steps):
+    return [next(iterator)[1].numpy().tolist() for _ in range(steps)]
+
+
+def test_each_example_once_per_pass_in_another_order_each_pass():
+    from tfrecipe.data.resident import ResidentTrain
+
+    batches = _labels(iter(ResidentTrain(_held())), 6)  # 2 passes of 3 batches (4 + 4 + 2)
+    first, second = _joined(batches[:3]), _joined(batches[3:])
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
+    assert sorted(first) == sorted(second) == list(range(10))
+    assert first != second
+    again = _labels(iter(ResidentTrain(_held())), 6)
+    assert again == batches  # the same seed: the same stream
+    assert _labels(iter(ResidentTrain(_held(seed=8))), 3) != batches[:3]
+
+
+def test_a_stream_restarted_at_step_n_continues_at_batch_n():
+    from tfrecipe.data.resident import ResidentTrain
+
+    held = _held()
+    whole = _labels(iter(ResidentTrain(held)), 7)
+    assert _labels(iter(ResidentTrain(held, start=4)), 3) == whole[4:]
+
+
+def test_the_graph_gathers_without_tf_data():
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+
+    iterator = iter(ResidentTrain(_held()))
+
+    @tf.function
+    def three_steps():
+        total = tf.constant(0)
+        for _ in tf.range(3):
+            total += tf.reduce_sum(next(iterator)[1])
+        return total
+
+    assert int(three_steps()) == sum(range(10))  # one pass, in one call
+    assert int(iterator.position.numpy()) == 3
+
+
+def test_each_replica_gathers_its_share_of_the_global_batch():
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    iterator = iter(ResidentTrain(_held(num_rows=9, strategy=strategy)))
+    single = _labels(iter(ResidentTrain(_held(num_rows=9))), 3)
+    for expected in single:
+        shares = strategy.experimental_local_results(next(iterator)[1])
+        sizes = [len(s) for s in shares]
+        assert sizes == {4: [2, 2], 1: [1, 0]}[len(expected)]
+        assert _joined(s.numpy().tolist() for s in shares) == expected
+
+
+def test_augmentation_runs_on_the_gathered_batch_seeded_by_the_step():
+    import tensorflow as tf
+
+    from tfrecipe.data.pipeline import PipelineOptions
+    from tfrecipe.data.resident import HeldSplit, Layout, ResidentTrain, batch_function
+
+    options = PipelineOptions(augment_flip=True)
+    images = tf.cast(tf.reshape(tf.range(16 * 2 * 2), [16, 2, 2, 1]), tf.uint8)
+    per_batch = batch_function(options, lambda x, y: (tf.cast(x, tf.float32), y))
+    default = tf.distribute.get_strategy()
+    held = HeldSplit(
+        (images, tf.range(16)), strategy=default, layout=Layout(16, 1, 3), per_batch=per_batch
+    )
+    first, second = (next(iter(ResidentTrain(held)))[0].numpy() for _ in range(2))
+    np.testing.assert_array_equal(first, second)  # seeded: the same step, the same flips
+    x, y = next(iter(ResidentTrain(held, start=1)))
+    flipped = x.numpy() != tf.cast(tf.gather(images, y), tf.float32).numpy()
+    assert x.dtype == tf.float32 and flipped.any() and not flipped.all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_both_loops_train_the_same_on_a_resident_split(train_run, strategy):
+    """The same seed: fit and the custom loop see the same batches, and do the same again."""
+    common = [f"strategy={strategy}", "deterministic=true", "model.dropout=0.0"]
+    if strategy == "mirrored":
+        common.append("strategy.logical_cpus=2")
+    fit, _ = train_run(*common, "loop=fit")
+    custom, _ = train_run(*common, "loop=custom")
+    again, _ = train_run(*common, "loop=fit")
+    streamed, _ = train_run(*common, "loop=fit", "pipeline.resident=false")
+    assert fit["resident"]["resident"] and "fits" in fit["resident"]["reason"]
+    assert fit["metrics"]["loss"] == pytest.approx(custom["metrics"]["loss"], rel=5e-4)
+    assert again["metrics"] == fit["metrics"]
+    assert streamed["resident"] == {"resident": False, "reason": "pipeline.resident=false"}
+    assert streamed["steps_completed"] == fit["steps_completed"] == 6

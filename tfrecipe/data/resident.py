@@ -1,0 +1,270 @@
+"""The training split held on the device, each step's batch gathered from it in the graph.
+
+`pipeline.resident` (tfrecipe.data.residency decides and says why). A held split is read once;
+its rows are normalized once where nothing augments them (else each gathered batch is augmented,
+then normalized). Its training stream is the streamed one's contract:
+
+- one pass = `steps_per_pass` global batches of a permutation of all rows, drawn statelessly
+  from `(seed, pass)` (`tf.random.experimental.stateless_shuffle`): every example once per pass,
+  another order each pass, the same order for the same seed;
+- the stream is endless and counted in micro-batches from the run's start step: a run restored
+  at step N continues with batch N of the same order (`ResidentTrain(start=N)`);
+- each replica gathers its own share of the global batch on its own device (tf.distribute's
+  split: the first `g % replicas` replicas take one example more of a short batch).
+
+A `ResidentTrain` stands where a distributed dataset stood: the custom loop iterates it (its
+`next` runs in the graph: a counter, a gather, no tf.data), and fit gets it through
+`tfrecipe.loops.resident_fit`, which runs a call's steps without fit's `get_next` per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from tfrecipe import compat
+from tfrecipe.data import residency
+from tfrecipe.data.pipeline import PipelineOptions, augment_image
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the stream cuts a pass: `global_batch` rows per micro-batch, `steps_per_pass`
+    micro-batches per pass (the last one short unless `drop_remainder`), seeded by `seed`."""
+
+    global_batch: int
+    steps_per_pass: int
+    seed: int
+
+
+def device_memory(strategy: tf.distribute.Strategy) -> residency.DeviceMemory:
+    """The memory a resident split would live in, from the strategy's devices: a GPU's own
+    (compat.gpu_memory_bytes), else the host's, shared by every logical CPU replica."""
+    devices = _devices(strategy)
+    name = devices[0] or (tf.config.list_logical_devices("GPU") or [None])[0]
+    name = getattr(name, "name", name)
+    if name is not None and "GPU" in name.upper():
+        return residency.DeviceMemory("GPU", compat.gpu_memory_bytes(name), copies=1)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return residency.DeviceMemory("CPU", host, copies=len(devices))
+
+
+def held_bytes(element_spec: Any, num_rows: int, *, normalized: bool) -> float:
+    """What `num_rows` examples of `element_spec` take held (infinite where not known before
+    reading: strings, shapes of unknown size). `normalized`: integer features held as float32."""
+    total = 0.0
+    for spec in tf.nest.flatten(element_spec):
+        if not isinstance(spec, tf.TensorSpec) or spec.dtype == tf.string:
+            return float("inf")
+        if not spec.shape.is_fully_defined():
+            return float("inf")
+        size = spec.dtype.size
+        if normalized and spec.dtype.is_integer:
+            size = 4  # features to float32, class ids to int32
+        total += num_rows * size * spec.shape.num_elements()
+    return total
+
+
+class HeldSplit:
+    """One split's rows on each replica's device, and the pass permutations over them.
+
+    Args:
+      rows: the split's rows, a nest of tensors with the examples on axis 0.
+      strategy: the run's strategy (a copy per replica device).
+      layout: the stream's cut.
+      per_batch: applied to each gathered batch: (batch, step seed) -> batch (augmentation,
+        normalization), or None (the rows were normalized before holding).
+    """
+
+    def __init__(self, rows: Any, *, strategy, layout: Layout, per_batch: Callable | None = None):
+        self.layout = layout
+        self.num_rows = int(tf.shape(tf.nest.flatten(rows)[0])[0])
+        self.strategy = strategy
+        self.per_batch = per_batch
+        self.devices = _devices(strategy)
+        self.copies = {}
+        for device in dict.fromkeys(self.devices):
+            with tf.device(device):
+                self.copies[device] = tf.nest.map_structure(tf.identity, rows)
+        self.element_spec = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), rows
+        )
+        with tf.device("/CPU:0"):
+            self._order = tf.Variable(tf.range(self.num_rows), trainable=False, name="order")
+            self._order_pass = tf.Variable(-1, dtype=tf.int64, trainable=False, name="pass")
+        self._seed = tf.constant(layout.seed, tf.int64)
+
+    def order(self, pass_: tf.Tensor) -> tf.Tensor:
+        """The permutation of pass `pass_` (drawn once per pass, then read)."""
+
+        def drawn():
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(self.num_rows), seed=tf.stack([self._seed, pass_])
+            )
+            with tf.control_dependencies([self._order.assign(order)]):
+                self._order_pass.assign(pass_)
+            return tf.identity(order)
+
+        with tf.device("/CPU:0"):
+            return tf.cond(tf.equal(pass_, self._order_pass), self._order.read_value, drawn)
+
+    def indices(self, step: tf.Tensor) -> tf.Tensor:
+        """The rows of global micro-batch `step` of the endless stream."""
+        step = tf.cast(step, tf.int64)
+        pass_, index = step // self.layout.steps_per_pass, step % self.layout.steps_per_pass
+        first = tf.cast(index, tf.int32) * self.layout.global_batch
+        return self.order(pass_)[first : first + self.layout.global_batch]
+
+    def batch_at(self, step: tf.Tensor) -> Any:
+        """Global micro-batch `step`, split over the replicas (each gathers its share)."""
+        indices = self.indices(step)
+        seed = tf.stack([self._seed + 1, tf.cast(step, tf.int64)])
+        if len(self.devices) == 1:
+            return self._gather(self.devices[0], indices, seed, 0, 1)
+
+        def replica_batch(context):
+            replica, replicas = context.replica_id_in_sync_group, context.num_replicas_in_sync
+            return self._gather(self.devices[replica], indices, seed, replica, replicas)
+
+        return self.strategy.experimental_distribute_values_from_function(replica_batch)
+
+    def _gather(self, device, indices, seed, replica: int, replicas: int):
+        with tf.device(device):
+            seeds = None
+            if self.per_batch is not None:
+                seeds = tf.random.experimental.stateless_split(seed, tf.shape(indices)[0])
+            if replicas > 1:
+                size = tf.shape(indices)[0]
+                base, extra = size // replicas, size % replicas
+                first = replica * base + tf.minimum(replica, extra)
+                length = base + tf.cast(replica < extra, tf.int32)
+                indices = indices[first : first + length]
+                seeds = None if seeds is None else seeds[first : first + length]
+            batch = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.copies[device])
+            return batch if self.per_batch is None else self.per_batch(batch, seeds)
+
+
+class ResidentIterator:
+    """`next` in the graph: the batch at a step counter (a variable), which it advances."""
+
+    def __init__(self, held: HeldSplit, start: int):
+        self.held = held
+        with tf.device("/CPU:0"):
+            self.position = tf.Variable(start, dtype=tf.int64, trainable=False, name="position")
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        step = self.position.assign_add(1) - 1
+        return self.held.batch_at(step)
+
+    get_next = __next__
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidentTrain:
+    """The endless training stream of a held split from micro-batch `start` on (what a
+    distributed dataset was to the loops; `iter` gives a fresh counter at `start`)."""
+
+    held: HeldSplit
+    start: int = 0
+
+    def __iter__(self) -> ResidentIterator:
+        return ResidentIterator(self.held, self.start)
+
+    @property
+    def element_spec(self) -> Any:
+        return self.held.element_spec
+
+    def first_batch(self) -> Any:
+        """The stream's first global batch, undistributed (a shape and dtype for fit's build)."""
+        return tf.nest.map_structure(
+            lambda t: tf.gather(t, self.held.indices(self.start)),
+            self.held.copies[self.held.devices[0]],
+        )
+
+
+def batch_function(options: PipelineOptions, finish: Callable) -> Callable:
+    """(batch, per-example seeds) -> the batch augmented as `options` ask, then `finish`ed
+    (normalization, class weights)."""
+
+    def per_batch(batch, seeds):
+        features, labels = batch
+        if options.augments:
+            features = tf.map_fn(
+                lambda pair: augment_image(pair[0], pair[1], options),
+                (features, seeds),
+                fn_output_signature=features.dtype,
+            )
+        return finish(features, labels)
+
+    return per_batch
+
+
+def hold(
+    dataset: tf.data.Dataset,
+    num_rows: int,
+    *,
+    strategy,
+    layout: Layout,
+    options: PipelineOptions,
+    finish: Callable,
+) -> HeldSplit:
+    """The split read once and held (normalized once unless augmentation needs the rows as
+    read)."""
+    rows = next(iter(dataset.batch(num_rows)))
+    if not options.augments:
+        return HeldSplit(finish(*rows), strategy=strategy, layout=layout)
+    per_batch = batch_function(options, finish)
+    return HeldSplit(rows, strategy=strategy, layout=layout, per_batch=per_batch)
+
+
+def _devices(strategy: tf.distribute.Strategy) -> tuple[str | None, ...]:
+    """The local replicas' devices (None: the default strategy's placement)."""
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy has no device list
+        return (None,)
+
+
+def hold_training(
+    dataset: tf.data.Dataset,
+    num_rows: int,
+    *,
+    strategy: tf.distribute.Strategy,
+    layout: Layout,
+    options: PipelineOptions,
+    finish: Callable,
+    chunks: bool = False,
+) -> tuple[residency.Choice, HeldSplit | None]:
+    """The training split held as `options.resident` and the cap decide (None: it streams),
+    and why. `chunks`: a streamed table (`Splits.batched`), which stays out of memory."""
+    reason = residency.streams_because(
+        options.resident, strategy=_strategy_name(strategy), cache=options.cache
+    )
+    if reason is None and chunks:
+        reason = "a streamed table (dataset.stream): its rows stay out of memory"
+    if reason is not None:
+        return residency.Choice(False, reason), None
+    size = held_bytes(dataset.element_spec, num_rows, normalized=not options.augments)
+    choice = residency.choose(options.resident, held_bytes=size, memory=device_memory(strategy))
+    if not choice.resident:
+        return choice, None
+    held = hold(dataset, num_rows, strategy=strategy, layout=layout, options=options, finish=finish)
+    return choice, held
+
+
+def _strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The config's name for the strategies that stream (residency._STREAMING_STRATEGIES)."""
+    kinds = {
+        "multi_worker_mirrored": tf.distribute.MultiWorkerMirroredStrategy,
+        "parameter_server": tf.distribute.experimental.ParameterServerStrategy,
+        "central_storage": tf.distribute.experimental.CentralStorageStrategy,
+        "tpu": tf.distribute.TPUStrategy,
+    }
+    return next((name for name, kind in kinds.items() if isinstance(strategy, kind)), "")

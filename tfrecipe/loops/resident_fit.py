@@ -1,0 +1,68 @@
+"""`Model.fit` on a resident training split (tfrecipe.data.resident): one call, one graph loop.
+
+Keras' TF trainer calls its iterator's `get_next` once per step, also inside a
+`steps_per_execution` loop, and the Python around each call costs as much as a small model's
+step. With a held split fit gets a stand-in dataset (the stream's first batch, repeated: fit
+builds from its spec and never reads it) and `model.train_function` is ours: each call runs
+`model.steps_per_execution` steps of Keras' own `model.train_step` (the clocked one, where the
+input clock wraps it) in a `tf.range` loop, each on the next batch gathered from the held split
+in the graph. Everything else is fit's: epochs, callbacks at each call's edges, metrics, logs,
+validation; the step counter the gather reads is the stream's (`ResidentTrain.start`: a restored
+run continues at its step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfrecipe.data.resident import ResidentIterator, ResidentTrain
+
+
+def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
+    """(what fit is given, `detach`): for resident `data` a stand-in dataset, with
+    `model.train_function` running the held split's steps until `detach()`; other data as
+    they are."""
+    if not isinstance(data, ResidentTrain):
+        return data, lambda: None
+    model.train_function = _train_function(model, iter(data))
+    stand_in = tf.data.Dataset.from_tensors(data.first_batch()).repeat()
+
+    def detach() -> None:
+        model.train_function = None  # another fit (streamed, or a new stream) traces its own
+
+    return stand_in, detach
+
+
+def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
+    """fit's `train_function(iterator)`: `model.steps_per_execution` steps on `iterator`'s
+    batches (fit's own iterator, the stand-in's, is not read), the last step's logs."""
+    strategy = model.distribute_strategy
+    step = model.train_step
+    steps = int(model.steps_per_execution)
+
+    def one_step(batch):
+        outputs = strategy.run(step, args=(batch,))
+        return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
+
+    if model.jit_compile and not hasattr(step, "_tfrecipe_clock"):  # as fit compiles its step
+        one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
+
+    @tf.function
+    def run_steps():
+        outputs = one_step(next(iterator))  # outside the loop: the first trace builds metrics
+        for _ in tf.range(steps - 1):
+            outputs = one_step(next(iterator))
+        return outputs
+
+    return lambda _unused_iterator: run_steps()
+
+
+def _mean_over_replicas(value: Any, strategy: tf.distribute.Strategy) -> Any:
+    """Keras' `reduce_per_replica(..., "auto")` off TPUs: a per-replica value's mean."""
+    if not isinstance(value, tf.distribute.DistributedValues):
+        return value
+    return tf.reduce_mean(strategy.experimental_local_results(value), axis=0)
