@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # GPU readiness in one go: the default job on one GPU, mirrored across all GPUs, in
 # mixed_float16 and in mixed_bfloat16, each printing its perf line (summary.json's perf block:
-# examples/s, step time, input wait, FLOP/s against the GPU table's peak, MFU).
+# examples/s, step time, input wait, FLOP/s against the GPU table's peak, MFU, the wall split),
+# with the training split resident on the device (pipeline.resident=auto: which, and why) and
+# streamed, and the ResNet on CIFAR-sized synthetic data resident in mixed_bfloat16; then the
+# default job twice with XLA's persistent compile cache (the second run's "other" share against
+# the first's: what compiling costs, and what a cache saves).
 #
 #     bash scripts/gpu_check.sh                 # 5 epochs each, run dirs under $OUT or a temp dir
 #     EPOCHS=10 bash scripts/gpu_check.sh model=resnet dataset=synthetic   # extra overrides
@@ -38,15 +42,26 @@ import json, sys
 summary = json.load(open(sys.argv[1]))
 perf = summary.get("perf") or {}
 keys = ("examples_per_sec", "step_time_ms", "input_wait_fraction", "flops_per_example",
-        "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas")
+        "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas",
+        "wall_split", "input_wait_note")
 print(json.dumps({"status": summary["status"], "precision": summary["precision"],
-                  "jit_compile": summary.get("jit_compile"),
-                  **{k: perf.get(k) for k in keys}}))
+                  "jit_compile": summary.get("jit_compile"), "wall_time_s": summary.get("wall_time_s"),
+                  "resident": summary.get("resident"), **{k: perf.get(k) for k in keys}}))
 PY
 }
 
 run default "$@"
+run default_streamed pipeline.resident=false "$@"
 run mirrored strategy=mirrored "$@"
 run mixed_float16 precision=mixed_float16 "$@"
 run mixed_bfloat16 precision=mixed_bfloat16 "$@"
+# the ResNet on CIFAR-sized synthetic data (50,000 x 32x32x3), held on the GPU: MFU vs bf16 peak
+run resnet_bf16_resident model=resnet dataset=synthetic dataset.num_examples=50000 "dataset.shape=[32,32,3]" \
+    precision=mixed_bfloat16 pipeline.resident=true "$@"
+# XLA's persistent cache: the same job twice; the second should compile from the cache
+export TF_XLA_FLAGS="--tf_xla_persistent_cache_directory=$ROOT/xla_cache"
+mkdir -p "$ROOT/xla_cache"
+run xla_cache_first batching.jit_compile=true "$@"
+run xla_cache_second batching.jit_compile=true "$@"
+unset TF_XLA_FLAGS
 echo "run dirs: $ROOT"

@@ -420,3 +420,20 @@ def test_a_deterministic_run_says_why_it_has_no_input_wait(train_run):
     assert perf["input_wait_fraction"] is None
     assert "deterministic=true" in perf["input_wait_note"]
     assert perf["step_time_ms"]["median"] > 0 and perf["flops_per_example"] > 0
+
+
+def test_warm_up_splits_the_first_epochs_extra_time():
+    """The first call's tracing (and compiling), the first validation's, the rest; and what a
+    steady epoch spends outside its calls and validation (saving, logs)."""
+    from tfrecipe.perf.clock import StepClock
+
+    clock = StepClock(None)
+    assert clock.warm_up() is None  # no epochs yet
+    clock.calls = [(0, 10, 2.0), (0, 10, 0.2), (1, 10, 0.1), (1, 10, 0.1)]
+    clock._walls = [(3.0, 2.2, 0.5), (0.5, 0.2, 0.1)]  # (wall, calls, validation) per epoch
+    assert clock.warm_up() == {
+        "first_call": 1.9,  # 2.0 s against 10 steady steps of 10 ms
+        "first_validation": 0.4,
+        "first_epoch_rest": 0.2,
+        "epoch_end": 0.2,
+    }

@@ -211,6 +211,35 @@ class StepClock(keras.callbacks.Callback):
         shares["other"] = max(1.0 - shares["steps"] - shares["validation"], 0.0)
         return {name: round(min(share, 1.0), 3) for name, share in shares.items()}
 
+    def warm_up(self) -> dict[str, float] | None:
+        """Where the first epoch's extra time went, and what a steady epoch spends outside its
+        calls and validation, in seconds (None with fewer than two epochs):
+        - `first_call`: the first training call beyond steady calls of as many steps (tracing
+          the step; with XLA, compiling it);
+        - `first_validation`: the first validation beyond a steady one (tracing evaluation);
+        - `first_epoch_rest`: the rest of the first epoch's extra (its other calls' warm-up,
+          the first epoch-end callbacks);
+        - `epoch_end`: a steady epoch's time outside calls and validation (saving: best weights,
+          backups; logs)."""
+        steady = self.steady_calls()
+        if len(self._walls) < 2 or not self.calls or not steady:
+            return None
+        per_step = sum(s for _, s in steady) / max(sum(n for n, _ in steady), 1)
+        _, first_steps, first_seconds = self.calls[0]
+        first_call = first_seconds - first_steps * per_step
+        later = self._walls[1:]
+        wall, calls, validation = (sum(c) / len(later) for c in zip(*later, strict=True))
+        epoch_end = wall - calls - validation
+        first_validation = self._walls[0][2] - validation
+        rest = self._walls[0][0] - wall - first_call - first_validation
+        parts = {
+            "first_call": first_call,
+            "first_validation": first_validation,
+            "first_epoch_rest": rest,
+            "epoch_end": epoch_end,
+        }
+        return {name: round(max(value, 0.0), 3) for name, value in parts.items()}
+
     def on_train_batch_begin(self, batch, logs=None):
         self._first_step = batch
         self._call_start = time.perf_counter()

@@ -113,6 +113,7 @@ def perf_fields(
     allreduce = _allreduce_ms(model)
     if allreduce is not None:  # an estimate from the link's bandwidth, named as one
         block["allreduce_ms_estimate"] = allreduce
+    block["warm_up_s"] = clock.warm_up()  # the first epoch's extra, split; saving per epoch
     block["overhead_s"] = round(time.perf_counter() - started, 3)
     return block
 
