@@ -54,8 +54,9 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     @tf.function
     def run_steps():
         outputs = one_step(next(iterator))  # outside the loop: the first trace builds metrics
-        for _ in tf.range(steps - 1):
-            outputs = one_step(next(iterator))
+        if steps > 1:
+            for _ in tf.range(steps - 1):
+                outputs = one_step(next(iterator))
         return outputs
 
     return lambda _unused_iterator: run_steps()
