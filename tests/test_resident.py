@@ -43,8 +43,8 @@ def test_true_and_false_decide_whatever_the_size():
 
 def test_validate_says_where_the_training_data_live_and_refuses_what_cannot_hold(compose_cfg):
     from tfrecipe.config import schema
+    from tfrecipe.config.plan import RunPlan
     from tfrecipe.errors import ConfigError
-    from tfrecipe.training.plan import RunPlan
 
     def plan_lines(*overrides):
         run = schema.validate(compose_cfg(*overrides), trust=Trust.from_command_line(overrides))

@@ -119,21 +119,11 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
             return None
         return place(_Split(dataset, split, start, rows.get(split) if shard[1] == 1 else None))
 
-    # --- pipeline.resident: the training split held on the device (tfrecipe.data.resident)
-    per_pass = _steps_in(splits.info.num_train, global_batch, drop_remainder)
-    choice, held = resident.hold_training(
-        splits.train,
-        splits.info.num_train,
-        strategy=strategy,
-        layout=resident.Layout(global_batch, per_pass, seed),
-        options=pipeline,
-        finish=_batch_map(pipeline, class_weight),
-        chunks=splits.batched,
-    )
+    choice, held = _held_training(batches, ctx, splits, class_weight)  # pipeline.resident
 
     def train_from(step: int) -> tf.distribute.DistributedDataset | resident.ResidentTrain:
         if held is not None:  # micro-batches: N per optimizer step with accumulation
-            return resident.ResidentTrain(held, start=step * plan.gradient_accumulation_steps)
+            return resident.ResidentTrain(held, start=step * ctx.plan.gradient_accumulation_steps)
         return distribute(splits.train, split="train", start=step)
 
     return Inputs(
@@ -146,6 +136,22 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
         class_weight=class_weight,
         splits=splits,
         resident=choice.fields(),
+    )
+
+
+def _held_training(batches: Batches, ctx: RunContext, splits: Splits, class_weight):
+    """`pipeline.resident`: the training split held on the device, normalized and weighted as
+    a streamed batch would be (tfrecipe.data.resident), or None where it streams; and why."""
+    drop_remainder = batches.batching.drop_remainder
+    per_pass = _steps_in(splits.info.num_train, batches.global_batch, drop_remainder)
+    return resident.hold_training(
+        splits.train,
+        splits.info.num_train,
+        strategy=batches.strategy,
+        layout=resident.Layout(batches.global_batch, per_pass, ctx.seed),
+        options=ctx.pipeline,
+        finish=_batch_map(ctx.pipeline, class_weight),
+        chunks=splits.batched,
     )
 
 
