@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfrecipe import files
+from tfrecipe import files, rundir
 
-SERVING = Path("exports", "serving")
-TRITON = Path("exports", "triton")
+SERVING = Path(rundir.EXPORTS, "serving")
+TRITON = Path(rundir.EXPORTS, "triton")
 VERSION = "1"
 TRITON_CONFIG = "config.pbtxt"
 
