@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.doors",
         "tfrecipe.config.hydra_node",
         "tfrecipe.config.checks",
+        "tfrecipe.config.argument_types",
         "tfrecipe.config.changes",
     ),
     # what is learned and from what: the tasks, the datasets; what a trained model takes and

@@ -234,8 +234,8 @@ def validate(args: list[str]) -> None:
     sweeping = any(a in ("-m", "--multirun") for a in args)
     recipe, overrides = _split([a for a in args if a not in ("-m", "--multirun")])
     # With Hydra's node: what Hydra itself would instantiate is checked too.
-    cfg = configs.compose([*recipe, *overrides], return_hydra_config=True)
-    problems, run = [], None
+    cfg, problems = _composed_for_validate([*recipe, *overrides])
+    run = None
     trust = Trust.from_command_line(overrides)
     try:
         run = validate_schema(cfg, trust=trust)
@@ -252,6 +252,20 @@ def validate(args: list[str]) -> None:
     from tfrecipe.config.plan import RunPlan  # no TensorFlow: what the run will decide
 
     print("plan:" + "".join(f"\n  {line}" for line in RunPlan.from_config(run).lines()))
+
+
+def _composed_for_validate(overrides: list[str]) -> tuple[DictConfig, list[Problem]]:
+    """The composed config, or, where overrides name unknown keys or options, the config the
+    others compose and a problem for each of them: validate reports all at once."""
+    from tfrecipe.cli.hydra_errors import describe, hydra_errors
+
+    try:
+        return configs.compose(overrides, return_hydra_config=True), []
+    except hydra_errors() as error:
+        if getattr(error, "composed_without", None) is None:
+            raise
+        every = configs.every_error(error)
+        return error.composed_without, [Problem("", hint=describe(e)) for e in every]
 
 
 def _sweep_problems(recipe: list[str], overrides: list[str], trust: Trust) -> list[Problem]:

@@ -68,8 +68,10 @@ def _main(argv: list[str]) -> None:
         print(redact_text(error.report()), file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     except hydra_errors() as error:
-        described = redact_text(describe(error))
-        print(f"tfrecipe: invalid configuration: {described}", file=sys.stderr)
+        from tfrecipe.config.compose import every_error
+
+        each = ConfigError([redact_text(describe(e)) for e in every_error(error)])
+        print(each.report(), file=sys.stderr)  # each unknown option or key on its line
         raise SystemExit(EXIT_CONFIG) from None
     except KeyboardInterrupt:  # a second Ctrl-C
         print("tfrecipe: interrupted (Ctrl-C): stopped without a backup", file=sys.stderr)

@@ -1,6 +1,7 @@
 """`config_problems`: the one check of a composed config, found without importing or running
 anything: its `allowed_targets` entries, every `_target_` by its slot's kind (`instantiate`) and
-Hydra's own node (`hydra_node`)."""
+its arguments by the types its signature declares (`argument_types`), and Hydra's own node
+(`hydra_node`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from tfrecipe.config.argument_types import argument_type_problems
 from tfrecipe.config.grants import allowed_prefix_problem
 from tfrecipe.config.hydra_node import hydra_problems
-from tfrecipe.config.instantiate import target_problems
+from tfrecipe.config.instantiate import iter_targets, target_problem, target_problems
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
 
@@ -40,6 +42,12 @@ def config_problems(
     usable = [e for e in allowed if not allowed_prefix_problem(e, trust=trust)]
     refused = [e for e in allowed if e not in usable]
     problems += target_problems(container, allowed=usable, refused=refused)
+    # the arguments of the targets it allows, by the types their signatures declare
+    problems += argument_type_problems(
+        (key, target, node)
+        for key, target, node in iter_targets(container)
+        if isinstance(target, str) and target_problem(target, key=key, allowed=usable) is None
+    )
     problems += command_line_only_problems(container, trust=trust)
     if hydra is not None:
         problems += hydra_problems(hydra, allowed=usable, trust=trust, output_dir=output_dir)

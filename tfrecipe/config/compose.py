@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -78,7 +79,33 @@ def recipe_file_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = False) -> DictConfig:
-    """Composes the config the way `python -m tfrecipe` does (for tests and subcommands)."""
+    """Composes the config the way `python -m tfrecipe` does (for tests and subcommands).
+
+    Raises:
+      hydra.errors.HydraException: the first unknown group option, unknown key or bad override;
+        its `later_errors` attribute holds the others (Hydra stops at the first: composing
+        again without each offending override finds them all, `every_error`), and
+        `composed_without` the config the other overrides compose (or None), for `validate`
+        to report that config's problems beside them.
+    """
+    from hydra.errors import HydraException
+
+    overrides = recipe_file_overrides(overrides or [])
+    try:
+        return _compose(overrides, return_hydra_config)
+    except HydraException as error:
+        later, rest = _later_errors(overrides, error, return_hydra_config)
+        error.later_errors = later  # type: ignore[attr-defined]
+        error.composed_without = rest  # type: ignore[attr-defined]
+        raise
+
+
+def every_error(error: BaseException) -> list[BaseException]:
+    """`error` and the errors composing found after it (`compose`)."""
+    return [error, *getattr(error, "later_errors", [])]
+
+
+def _compose(overrides: list[str], return_hydra_config: bool) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -87,7 +114,40 @@ def compose(overrides: list[str] | None = None, *, return_hydra_config: bool = F
     register_recipes()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(
-            PRIMARY_CONFIG,
-            overrides=recipe_file_overrides(overrides or []),
-            return_hydra_config=return_hydra_config,
+            PRIMARY_CONFIG, overrides=overrides, return_hydra_config=return_hydra_config
         )
+
+
+def _later_errors(
+    overrides: list[str], error: BaseException, return_hydra_config: bool
+) -> tuple[list[BaseException], DictConfig | None]:
+    """The errors composing meets once each offending override before is left out, in turn,
+    and the config the other overrides compose (None: an error named no override of the list)."""
+    from hydra.errors import HydraException
+
+    found: list[BaseException] = []
+    while (left := _without_offender(overrides, error)) is not None and len(found) < 50:
+        overrides = left
+        try:
+            return found, _compose(overrides, return_hydra_config)
+        except HydraException as later:
+            found.append(later)
+            error = later
+    return found, None
+
+
+def _without_offender(overrides: list[str], error: BaseException) -> list[str] | None:
+    """`overrides` without the ones `error` is about (None: it names none of them)."""
+    missing = getattr(error, "missing_cfg_file", None)
+    if getattr(error, "options", None) is not None and missing:
+        keys = {missing.rpartition("/")[0]}  # an unknown option of group G: G=...
+    else:
+        keys = set(re.findall(r"'([^'\s]+)'", str(error).split("\n")[0]))
+    left = [o for o in overrides if _override_key(o) not in keys and o not in keys]
+    return left if len(left) < len(overrides) else None
+
+
+def _override_key(override: str) -> str:
+    """`model.dropout` for `++model.dropout=0.1`; `model` for `model@x=cnn`."""
+    key = override.partition("=")[0].lstrip("+~")
+    return key.partition("@")[0]

@@ -388,6 +388,7 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 f"must be below loop.lr_find.max_lr={loop.lr_find.max_lr} (the sweep goes up)",
             )
         )
+    problems += _fit_steps_problems(run)
     if plan.loop != "fit" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
             Problem(
@@ -397,6 +398,28 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+# Strategies under which Keras 3.15's multi-step fit fails across replicas (TF 2.21: "You must
+# feed a value for placeholder tensor 'while/body/_1/while/cond/...'"); the custom loop runs
+# several steps per call there.
+FIT_ONE_STEP_STRATEGIES = ("mirrored", "multi_worker_mirrored")
+
+
+def _fit_steps_problems(run: RunConfig) -> list[Problem]:
+    """Several steps per fit call under a strategy where Keras' fit fails with them."""
+    steps, strategy = run.batching.steps_per_execution, run.strategy.name
+    if run.loop.name != "fit" or steps in (1, "auto") or strategy not in FIT_ONE_STEP_STRATEGIES:
+        return []
+    return [
+        Problem(
+            "batching.steps_per_execution",
+            steps,
+            f"Keras' fit fails running several steps per call under strategy={strategy}; use "
+            f"loop=custom loop.steps_per_loop={steps} (it runs {steps} steps per call there), "
+            "or batching.steps_per_execution=auto",
+        )
+    ]
 
 
 def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:

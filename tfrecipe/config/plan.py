@@ -164,6 +164,17 @@ class RunPlan:
             if self._auto_steps(interval, steps_per_epoch, 0) < unbounded
         )
 
+    def steps_key(self, replicas: int) -> str | None:
+        """What sets more steps per call for this run: fit's `batching.steps_per_execution`,
+        except across replicas, where fit runs 1 (validate refuses more under mirrored
+        strategies) and the custom loop runs several; None where nothing does (parameter
+        servers: one step per closure)."""
+        if self.parameter_servers or self.one_step_per_call is not None:
+            return None
+        if self.loop == "fit" and replicas > 1:
+            return "loop=custom loop.steps_per_loop"
+        return "batching.steps_per_execution" if self.loop == "fit" else "loop.steps_per_loop"
+
     def steps_per_execution(self, steps_per_call: int) -> int | None:
         """fit's `Model.steps_per_execution` for `steps_per_call` optimizer steps (it counts
         micro-batches: each call ends on an update); None for the other loops."""

@@ -54,8 +54,28 @@ def _is_package(module: str) -> bool:
     return _package_dir(module) is not None
 
 
-def find_definition(target: str, _depth: int = 0) -> ast.FunctionDef | ast.ClassDef:
+def find_definition(target: str) -> ast.FunctionDef | ast.ClassDef:
     """The `def`/`class` that `target` ("pkg.module.name") names, following re-exports."""
+    return _locate(target)[1]
+
+
+def annotations_of(target: str) -> tuple[ast.Module, dict[str, ast.expr]]:
+    """(the module that defines `target`, each annotated parameter's annotation): what
+    `tfrecipe.config.argument_types` checks configured values against.
+
+    Raises:
+      Unresolvable: the target's source cannot be found.
+    """
+    module, definition = _locate(target)
+    args = _parameters(definition)
+    if args is None:
+        return _module_ast(module), {}
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    return _module_ast(module), {a.arg: a.annotation for a in every if a.annotation is not None}
+
+
+def _locate(target: str, _depth: int = 0) -> tuple[str, ast.FunctionDef | ast.ClassDef]:
+    """(the module that defines `target`, its `def`/`class`), following re-exports."""
     if _depth > 10:
         raise Unresolvable(f"too many re-exports for {target!r}")
     module, _, name = target.rpartition(".")
@@ -68,13 +88,13 @@ def find_definition(target: str, _depth: int = 0) -> ast.FunctionDef | ast.Class
         raise Unresolvable(f"cannot find module {module!r}") from None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name == name:
-            return node
+            return module, node
     for node in tree.body:
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if (alias.asname or alias.name) == name:
                     source = _resolve_relative(module, node, _is_package(module))
-                    return find_definition(f"{source}.{alias.name}", _depth + 1)
+                    return _locate(f"{source}.{alias.name}", _depth + 1)
     raise Unresolvable(f"{name!r} is not defined in module {module!r}")
 
 

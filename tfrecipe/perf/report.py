@@ -25,7 +25,8 @@ class Knobs:
     num_parallel_calls: str | int | None = None
     steps_per_call: int | None = None
     steps_per_epoch: int | None = None
-    steps_key: str = "batching.steps_per_execution"  # the custom loop: loop.steps_per_loop
+    # what sets more steps per call (the custom loop: loop.steps_per_loop); None: nothing can
+    steps_key: str | None = "batching.steps_per_execution"
     bounded_by: tuple[str, ...] = ()  # the hooks (`key=interval`) that keep calls short
     per_replica_batch: int | None = None
     validation_freq: int | None = None  # loop.validation_freq
@@ -51,7 +52,9 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
         and knobs.steps_per_epoch is not None
         and knobs.steps_per_call >= knobs.steps_per_epoch
     )
-    if knobs.steps_per_call is None or knobs.steps_per_epoch is None:
+    if knobs.steps_key is None:
+        pass
+    elif knobs.steps_per_call is None or knobs.steps_per_epoch is None:
         tried.append(f"more steps per call ({knobs.steps_key})")
     elif not whole_epoch_calls:
         tried.append(
