@@ -269,7 +269,7 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     from tfrecipe.data.bundled import digits
 
     run_dir = tmp_path / "run"
-    # print_config=true: the tree shows where stdout is not a terminal too (auto: terminals only).
+    # print_config=true: the changes show where stdout is not a terminal too (auto: terminals).
     result = cli(f"hydra.run.dir={run_dir}", "print_config=true")
     summary = assert_trained(result, run_dir)
 
@@ -314,7 +314,7 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     accuracy = float(np.mean(np.argmax(model.predict(features, verbose=0), -1) == labels))
     assert accuracy == pytest.approx(summary["test"]["accuracy"], abs=1e-6)
 
-    # The log, and the console: the config tree and a progress bar per epoch.
+    # The log, and the console: what differs from the defaults and a progress bar per epoch.
     done = [
         line for line in (run_dir / "tfrecipe.log").read_text().splitlines() if "done: " in line
     ]
@@ -322,8 +322,9 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     # its last line says where the time went: throughput, step time, input wait, FLOP/s, MFU
     assert re.search(r"perf [\d.e+]+ ex/s, step [\d.]+ ms \(p90 [\d.]+\), input wait \d+%, "
                      r"[\d.]+ GFLOP/s of [\d.]+ \(MFU [\d.]+%\)", done[-1]), done[-1]  # fmt: skip
-    assert "config" in result.stdout and "├── model" in result.stdout
-    assert "_target_: tfrecipe.models.cnn" in result.stdout
+    assert "config: what differs from the defaults" in result.stdout
+    assert "  print_config=true\n" in result.stdout and "\nplan:\n" in result.stdout
+    assert "├── model" not in result.stdout  # the whole tree: config.yaml
     assert f"Epoch 1/{epochs}" in result.stdout and f"Epoch {epochs}/{epochs}" in result.stdout
     assert f"{steps_per_epoch}/{steps_per_epoch}" in result.stdout  # the bar reached its end
 

@@ -1,4 +1,5 @@
-"""What a run prints: the config tree only where someone watches a single run (`print_config`),
+"""What a run prints: what differs from the default config, and the plan, only where someone
+watches a single run (`print_config`),
 final metrics at 4 significant digits (the table at the end of a sweep:
 test_sweep_report.py)."""
 
@@ -15,7 +16,8 @@ from conftest import TINY
 
 from tfrecipe.cli.display import metrics_line, shows_config
 
-TREE = re.compile(r"^[├└]── (strategy|model|loop)$", re.MULTILINE)  # a branch of the tree
+TREE = re.compile(r"^[├└]── (strategy|model|loop)$", re.MULTILINE)  # a branch of a tree
+CHANGES = "config: what differs from the defaults (all of it: "
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -62,13 +64,22 @@ def _on_a_terminal(args: list[str], cwd) -> str:
     return ANSI.sub("", shown.decode(errors="replace").replace("\r\n", "\n"))
 
 
-def test_the_config_tree_shows_on_a_terminal_not_in_a_log(cli, tmp_path):
-    watched = _on_a_terminal([*TINY, "loop.verbose=2", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
-    assert TREE.search(watched), watched[-3000:]
+def test_what_differs_from_the_defaults_shows_on_a_terminal_not_in_a_log(cli, tmp_path):
+    """A watched run shows the options and keys it changed and its plan, not the whole tree
+    (config.yaml and --cfg job hold that)."""
+    args = [*TINY, "loop.verbose=2", "model=mlp", "model.hidden_units=[32]"]
+    watched = _on_a_terminal([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    shown = watched.split(CHANGES, 1)[1].split("\n", 1)[1].split("\nplan:\n", 1)
+    assert shown[0].splitlines() == [
+        "  model=mlp", "  model.hidden_units=[32]", "  loop.epochs=2", "  loop.steps_per_epoch=3",
+        "  loop.verbose=2", "  batching.per_replica_batch_size=16",
+    ], watched[-3000:]  # fmt: skip
+    assert shown[1].startswith("  loop: fit (one process)\n  precision: float32\n")
+    assert not TREE.search(watched)
     done = re.search(r"done: completed in [\d.]+s; test accuracy=(\S+) loss=(\S+);", watched)
     significant = [value.lstrip("0.").replace(".", "") for value in done.groups()] if done else []
     assert significant and all(0 < len(digits) <= 4 for digits in significant), watched
 
     logged = cli(*TINY, "loop.verbose=2", f"hydra.run.dir={tmp_path / 'b'}")
     assert logged.returncode == 0, logged.stderr[-3000:]
-    assert not TREE.search(logged.stdout) and "done: completed" in logged.stdout + logged.stderr
+    assert CHANGES not in logged.stdout and "done: completed" in logged.stdout + logged.stderr

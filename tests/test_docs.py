@@ -139,7 +139,17 @@ def test_readme_python_example_trains(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(snippet.replace(line.group(0), tiny), namespace)
     assert namespace["summary"]["status"] == "completed"
-    assert (tmp_path / "outputs" / "notebook" / "summary.json").is_file()
+    run_dir = tmp_path / namespace["run_dir"]
+    assert run_dir.parent == tmp_path / "outputs" / "notebook"
+    assert (run_dir / "summary.json").is_file()
+    # the cell run again into the same dir: refused, naming the argument the caller typed
+    from tfrecipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        namespace["train"](namespace["compose"](namespace["overrides"]), run_dir=run_dir)
+    assert str(refused.value) == (
+        f"run_dir={run_dir}: already holds a completed run (summary.json); choose another run_dir"
+    )
 
 
 # Before a shell block whose commands the tests do not run as shown: why, and where they run.

@@ -75,7 +75,8 @@ def test_diagnosis_names_only_what_the_run_does_not_do_already():
     assert "steps per call" not in line  # one call per epoch already
     assert "hooks" not in line
     short = report.diagnosis(0.77, dataclasses.replace(done, steps_per_call=2), step_ms=0.76)
-    assert "a larger batch (batching.per_replica_batch_size=16" in short
+    # a value the run does not use already
+    assert "a larger batch (batching.per_replica_batch_size=32, twice the run's 16" in short
     assert "2 of the epoch's 10)" in short
     assert "fewer per-step Python hooks" in short
     bounded = dataclasses.replace(
@@ -94,7 +95,8 @@ def test_diagnosis_says_where_the_wall_time_went_when_the_steps_took_little_of_i
     line = report.diagnosis(0.05, knobs, wall_split={"steps": 0.2, "validation": 0.3, "other": 0.5})
     assert line == (
         "the training steps took 20% of the wall time: epoch-end work 50% (best-weights saves, "
-        "backups, exports, logs), validation 30% (loop.validation_freq=1: validate less often)"
+        "backups, exports, logs), validation 30% (loop.validation_freq=2 validates half as often "
+        "as the run's 1)"
     )
     assert (
         report.diagnosis(0.05, knobs, wall_split={"steps": 0.6, "validation": 0.3, "other": 0.1})

@@ -318,3 +318,14 @@ def test_dev_zero_links_in_input_folders_are_refused_not_read(digits_run, tmp_pa
         f"tfrecipe: invalid configuration: predict: {folder / 'a.png'}: a link to /dev/zero, a "
         "character device; an input of predict must be a regular file"
     )
+
+
+def test_a_file_output_says_where_the_rows_went(customers_run, tmp_path, capsys):
+    """`predict -o FILE` ends with one line naming the rows, the file and its columns (stdout
+    carries nothing else: without -o it is the CSV itself)."""
+    _new_rows(tmp_path / "new.csv", count=40)
+    out = tmp_path / "scores.csv"
+    main(["predict", str(customers_run), str(tmp_path / "new.csv"), "-o", str(out)])
+    said = capsys.readouterr().out.splitlines()
+    assert said == [f"predict: wrote 40 rows to {out} (columns: prediction, prob_no, prob_yes)"]
+    assert len(_read(out)) == 40

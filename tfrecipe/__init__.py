@@ -44,6 +44,17 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def _quiet_tensorflow() -> None:
+    """TensorFlow's start-up lines stay off the console whoever imports it first (the Python
+    API too; TF_CPP_MIN_LOG_LEVEL=0 shows them)."""
+    from tfrecipe.cli.console import quiet_tensorflow_import
+
+    quiet_tensorflow_import()
+
+
+_quiet_tensorflow()
+
+
 def __getattr__(name: str):
     if name not in _PUBLIC:
         raise AttributeError(f"module 'tfrecipe' has no attribute {name!r}")

@@ -315,7 +315,7 @@ def _install(name: str, replacement) -> None:
     owner = trainer if name == "reduce_per_replica" else trainer.TensorFlowTrainer
     _original[name] = _private(owner, name, user=user)
     setattr(owner, name, replacement)
-    log.info("installed tfrecipe's fix of Keras' %s", name)
+    log.debug("installed tfrecipe's fix of Keras' %s", name)
 
 
 # --- Variables shared by replicas: Keras' assign_add is not an increment ---------------------

@@ -10,7 +10,10 @@ import sys
 
 # What TensorFlow's C++ side writes to fd 2 while it loads, before its log level applies
 # (TF_CPP_MIN_LOG_LEVEL does not reach these lines in TF 2.21): INFO lines and absl's notice.
-_START_UP_INFO = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
+_START_UP_INFO = re.compile(
+    rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog|To enable the following "
+    rb"instructions: )"  # the second line of cpu_feature_guard's INFO
+)
 # Its line where no CUDA driver is installed, when it looks for GPUs: there a failed cuInit is the
 # normal case (the CPU trains), not an error.
 _NO_DRIVER_LINE = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
@@ -21,10 +24,30 @@ def discover_devices() -> None:
     TF_CPP_MIN_LOG_LEVEL=0 asks for them) and, where no CUDA driver is installed, the cuInit
     error off the console. Every other line shows, a failed cuInit on a machine with a driver
     too: there it is a real error."""
+    _drop_quiet_finders()  # this import is filtered here
     with _stderr_without(*_hidden_lines()):
         import tensorflow as tf
 
         tf.config.list_physical_devices()
+
+
+def quiet_tensorflow_import() -> None:
+    """From now on, whenever TensorFlow is first imported (by the Python API, `from tfrecipe.train
+    import train`, or a subcommand), it loads with its start-up lines off the console, as
+    `discover_devices` loads it, and its C++ INFO lines stay off after it (TF_CPP_MIN_LOG_LEVEL
+    2 unless set: 0 shows them all). `import tfrecipe` calls it: a user sees tfrecipe's lines."""
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if any(isinstance(f, _QuietTensorFlow) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _QuietTensorFlow())
+
+
+def _drop_quiet_finders() -> None:
+    for finder in [f for f in sys.meta_path if isinstance(f, _QuietTensorFlow)]:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
 
 
 @contextlib.contextmanager
@@ -33,7 +56,7 @@ def quiet_start_up():
     step of a subcommand), it loads as `discover_devices` loads it: its start-up lines off the
     console. A subcommand checks its arguments first and imports TensorFlow only when it needs
     it; this keeps that order and the console clean."""
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules or any(isinstance(f, _QuietTensorFlow) for f in sys.meta_path):
         yield
         return
     finder = _QuietTensorFlow()

@@ -3,6 +3,7 @@ that ends a sweep: tfrecipe.cli.sweep_report)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +24,67 @@ def shows_config(
     if setting != "auto":
         return bool(setting)
     return terminal and not sweeping and verbose != 0
+
+
+def print_changes(cfg: DictConfig, run_dir: object) -> None:
+    """What a watched run shows before it trains: the group options and keys that differ from
+    the default config, then the run's plan (the whole config: RUN_DIR/config.yaml, `--cfg
+    job`)."""
+    lines = [f"config: what differs from the defaults (all of it: {run_dir}/config.yaml)"]
+    lines += [f"  {change}" for change in config_changes(cfg)] or ["  nothing"]
+    plan = _plan_lines(cfg)
+    lines += ["plan:", *(f"  {line}" for line in plan)] if plan else []
+    print("\n".join(lines), flush=True)
+
+
+def config_changes(cfg: DictConfig) -> list[str]:
+    """`group=option` for each option other than the default's, then `key=value` for each key
+    that differs from the config those options compose (a recipe's own values stay in it)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from tfrecipe.config.changes import flat
+
+    def composed(overrides: list[str]) -> DictConfig:
+        return GlobalHydra.instance().hydra.compose_config(
+            "config", overrides, run_mode=RunMode.RUN, with_log_configuration=False
+        )
+
+    chosen = dict(HydraConfig.get().runtime.choices)
+    default = dict(composed([]).hydra.runtime.choices)
+    options = [
+        f"{g}={o}" for g, o in chosen.items() if not g.startswith("hydra") and o != default.get(g)
+    ]
+    base_cfg = composed(options)
+    base = flat(
+        public_config(OmegaConf.masked_copy(base_cfg, [k for k in base_cfg if k != "hydra"]))
+    )
+    now = flat(public_config(cfg))
+    keys = [f"{k}={_shown(v)}" for k, v in now.items() if k not in base or base[k] != v]
+    keys += [f"~{k}" for k in base if k not in now]
+    return [*options, *keys]
+
+
+def _shown(value: object) -> str:
+    """A value as an override writes it: [32, 64], true, null, 0.001."""
+    if isinstance(value, list | dict | bool) or value is None:
+        return json.dumps(value)
+    return str(value)
+
+
+def _plan_lines(cfg: DictConfig) -> list[str]:
+    """The run's plan (`tfrecipe validate` prints it); none where the config is invalid (the
+    run reports that next)."""
+    from tfrecipe.config.schema import validate
+    from tfrecipe.config.trust import Trust
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.training.plan import RunPlan
+
+    try:
+        return RunPlan.from_config(validate(cfg, trust=Trust.of_this_process())).lines()
+    except ConfigError:
+        return []
 
 
 def print_config(cfg: DictConfig) -> None:

@@ -53,7 +53,7 @@ def task(cfg) -> float:
     # traceback on the console, which still shows each line.
     logging.raiseExceptions = False
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
-    _show_config(cfg, sweeping=sweeping)
+    _show_config(cfg, run_dir, sweeping=sweeping)
     try:
         summary = (_finished_before(cfg, run_dir) if sweeping else None) or _train(cfg, run_dir)
     except ConfigError as error:
@@ -89,8 +89,8 @@ def _finished_before(cfg, run_dir: Path) -> dict | None:
     return summary
 
 
-def _show_config(cfg, *, sweeping: bool) -> None:
-    from tfrecipe.cli.display import print_config, shows_config
+def _show_config(cfg, run_dir: Path, *, sweeping: bool) -> None:
+    from tfrecipe.cli.display import print_changes, shows_config
     from tfrecipe.distribute.cluster import is_chief_process
 
     shown = shows_config(
@@ -100,7 +100,7 @@ def _show_config(cfg, *, sweeping: bool) -> None:
         terminal=sys.stdout.isatty(),
     )
     if shown and is_chief_process():  # the other tasks of a cluster run the same config
-        print_config(cfg)
+        print_changes(cfg, run_dir)  # the whole tree: config.yaml, --cfg job
 
 
 def _train(cfg, run_dir: Path) -> dict:
@@ -115,7 +115,9 @@ def _train(cfg, run_dir: Path) -> dict:
         from tfrecipe.config.trust import Trust
         from tfrecipe.train import train
 
-        return train(cfg, run_dir=run_dir, trust=Trust.of_this_process())
+        return train(
+            cfg, run_dir=run_dir, trust=Trust.of_this_process(), run_dir_key="hydra.run.dir"
+        )
     except Preempted as preempted:
         mark_preempted(run_dir, preempted)  # when it came before train() could
         log.warning("%s\nrun dir: %s", preempted, run_dir)
@@ -151,7 +153,7 @@ def _log_result(summary: dict, run_dir: Path) -> None:
         f" (positive class {positive})" if positive is not None else "",
         metrics_line(summary["test"]),
         perf_words(summary.get("perf")),
-        "; " if summary.get("perf") else "",
+        "; " if perf_words(summary.get("perf")) else "",
         run_dir,
     )
     if summary.get("baselines"):  # where the model stands against them: the last lines

@@ -241,13 +241,17 @@ def main(args: list[str]) -> None:
 
     discover_devices()  # TensorFlow only now, with everything checked
     model = run.load()
-    writer = Writer(request.output)
+    writer, rows, names = Writer(request.output), 0, []
     try:
         with _progress(source.num_rows()) as advance:
             for columns in predict_batches(model, run, source.batches(request.batch_size)):
                 writer.write(columns)
-                advance(len(next(iter(columns.values()))))
+                names, count = list(columns), len(next(iter(columns.values())))
+                rows += count
+                advance(count)
         writer.commit()
     except BaseException:
         writer.discard()
         raise
+    if request.output is not None:  # stdout carries the rows otherwise
+        print(f"predict: wrote {rows} rows to {request.output} (columns: {', '.join(names)})")

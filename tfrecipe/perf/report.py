@@ -11,6 +11,9 @@ INPUT_BOUND = 0.2
 # Steps shorter than this are dominated by what runs around them (the call, its hooks, the
 # iterator), not by the input's reading: a bigger batch is the remedy that counts.
 SHORT_STEP_MS = 2.0
+# A run shorter than this says nothing on the console about its perf (summary.json's `perf`
+# still holds the diagnosis): a remedy could save it seconds at most.
+QUIET_UNDER_S = 30.0
 # Below this share of the steady state's wall time in its training calls, the run says where
 # the rest went (validation, epoch-end callbacks).
 STEPS_SHARE = 0.5
@@ -37,9 +40,11 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
     """What to try against input wait, given what the run already does."""
     tried = []
     if step_ms is not None and step_ms < SHORT_STEP_MS:
+        batch = knobs.per_replica_batch
+        larger = f"={2 * batch}, twice the run's {batch}" if batch else " larger"
         tried.append(
-            f"a larger batch (batching.per_replica_batch_size={knobs.per_replica_batch or '?'}: "
-            f"a {step_ms:.2g} ms step is mostly the work around it)"
+            f"a larger batch (batching.per_replica_batch_size{larger}: a {step_ms:.2g} ms step "
+            "is mostly the work around it)"
         )
     if knobs.cache is None:
         tried.append("pipeline.cache=memory (data that fits in memory)")
@@ -177,9 +182,19 @@ def diagnosis(
     return "; ".join(said) or None
 
 
+def console_diagnosis(perf: Mapping[str, Any], wall_time_s: float) -> str | None:
+    """The diagnosis the console shows: none for a run of seconds (QUIET_UNDER_S)."""
+    return perf.get("diagnosis") if wall_time_s >= QUIET_UNDER_S else None
+
+
 def _wall_words(wall_split: Mapping[str, float], knobs: Knobs) -> str:
     """Where the wall time went besides the training calls, the larger share first."""
-    freq = f"loop.validation_freq={knobs.validation_freq or '?'}: validate less often"
+    every = knobs.validation_freq
+    freq = (
+        f"loop.validation_freq={2 * every} validates half as often as the run's {every}"
+        if every
+        else "a larger loop.validation_freq validates less often"
+    )
     parts = {
         "validation": f"validation {wall_split['validation']:.0%} ({freq})",
         "other": f"epoch-end work {wall_split['other']:.0%} (best-weights saves, backups, "

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,8 +279,9 @@ def _record_perf(
     summary.update(perf=perf)
     if board is not None:
         performance.log_to_tensorboard(board, perf, step=backup.current_step(model))
-    if perf["diagnosis"]:
-        log.warning("perf: %s", perf["diagnosis"])
+    said = report.console_diagnosis(perf, time.perf_counter() - summary.started)
+    if said:
+        log.warning("perf: %s", said)
 
 
 def _finish(
