@@ -10,10 +10,15 @@ without an error, which onnxruntime then refuses or misreads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable, Collection, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +142,39 @@ def run_litert(path: Path) -> Callable[[Features], np.ndarray]:
     interpreter = Interpreter(model_path=str(path))
     runner = interpreter.get_signature_runner()
     names = list(runner.get_input_details())
+    called = []
 
     def serve(x: Features) -> np.ndarray:
-        outputs = runner(**_by_name(names, x))
+        if called:
+            outputs = runner(**_by_name(names, x))
+        else:  # the first call applies the XNNPACK delegate, and says so: an INFO line
+            with _without_lines(_XNNPACK_LINE):
+                outputs = runner(**_by_name(names, x))
+            called.append(True)
         return np.asarray(next(iter(outputs.values())))
 
     return serve
+
+
+_XNNPACK_LINE = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.$")
+
+
+@contextlib.contextmanager
+def _without_lines(hidden: re.Pattern[bytes]) -> Iterator[None]:
+    """What native code writes to file descriptor 2 meanwhile, less the lines `hidden` matches
+    (passed on when the block ends: it is short)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught if not hidden.match(line.rstrip(b"\n"))]
+            os.write(2, b"".join(kept))
 
 
 RUNTIMES = {"saved_model": run_saved_model, "onnx": run_onnx, "litert": run_litert}
@@ -210,7 +242,9 @@ def _write(model, fmt: str, path: Path, **converter: Any) -> None:
     elif fmt == "onnx":
         import onnx
 
-        model.export(str(path), format="onnx", verbose=False)
+        with warnings.catch_warnings():  # keras' tf2onnx_lib probes np.object on import
+            warnings.filterwarnings("ignore", "In the future `np.object`", FutureWarning)
+            model.export(str(path), format="onnx", verbose=False)
         try:
             onnx.checker.check_model(onnx.load(str(path)), full_check=True)
         except onnx.checker.ValidationError as error:
