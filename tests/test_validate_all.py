@@ -5,9 +5,9 @@ group option (each on its line), and several fit steps per call under a mirrored
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
-import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -103,17 +103,19 @@ def test_types_read_from_source_accept_and_refuse_as_python_would():
 
 
 def test_validate_refuses_a_list_key_given_one_value_in_under_a_second():
-    started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = _validate_cli("model=mlp", "model.hidden_units=512")
-    elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "tfrecipe: invalid configuration: model.hidden_units=512: tfrecipe.models.mlp takes "
         "hidden_units: Sequence[int]; a list, e.g. model.hidden_units=[512]"
     )
     assert "Traceback" not in result.stderr
-    # a new interpreter: TensorFlow never loads; generous for a loaded 2-core machine
-    assert elapsed < 5, elapsed
+    # CPU seconds, which a loaded machine does not stretch as it does wall time: ≈0.9 s
+    # measured (a second on a quiet machine); importing TensorFlow alone costs ≈4 s
+    assert cpu < 2.5, cpu
 
 
 def test_validate_reports_every_unknown_key_and_option_each_on_its_line():
