@@ -118,13 +118,16 @@ class Job:
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
-    def wait_for_backup(self, timeout: float = 180) -> None:
-        """Until the chief has saved its first periodic backup (training is under way)."""
-        self.slurm.wait(lambda: (self.run_dir / "backup" / "checkpoint").exists(), timeout)
+    def wait_for_backup(self) -> None:
+        """Until the chief has saved its first periodic backup (training is under way), however
+        long a loaded machine takes; fails when the job ends without one."""
+        self.slurm.wait_while_running(
+            self.id, lambda: (self.run_dir / "backup" / "checkpoint").exists()
+        )
 
-    def finish(self, *states: str, timeout: float = 300) -> dict[str, str]:
-        """Waits for one of the final `states`."""
-        return self.slurm.wait_for(self.id, *states, timeout=timeout)
+    def finish(self, *states: str) -> dict[str, str]:
+        """Waits for one of the final `states` (the job's own end, not a budget)."""
+        return self.slurm.wait_for(self.id, *states)
 
     def scratch_left(self) -> list[str]:
         return sorted(p.name for p in self.tmp.iterdir())
@@ -184,9 +187,9 @@ def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
     job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *slow])
     job.wait_for_backup()
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=2")
-    slurm.wait(lambda: "requeueing job" in job.log, timeout=120)
+    slurm.wait_while_running(job.id, lambda: "requeueing job" in job.log)
     # The requeued job gets the limit back, so that the rest of the run fits.
-    slurm.wait_for(job.id, "PENDING", "RUNNING", timeout=60)
+    slurm.wait_for(job.id, "PENDING", "RUNNING")
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=10")
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
@@ -214,7 +217,7 @@ def test_scancel_leaves_a_consistent_run_that_a_resubmission_completes(slurm, tm
     # The same run dir again; `scancel --full -s TERM` signals srun too (which SIGKILLs the
     # tasks unless they saved first): requeued either way, and resumed from the latest backup.
     again = Job(slurm, tmp_path / "again", run_dir=job.run_dir)
-    slurm.wait(lambda: (_latest_backup(again) or 0) > latest, timeout=180)
+    slurm.wait_while_running(again.id, lambda: (_latest_backup(again) or 0) > latest)
     slurm.run("scancel", "--full", "--signal=TERM", again.id)
     fields = again.finish("COMPLETED", "FAILED", "CANCELLED")
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), again.log[-3000:]
@@ -254,10 +257,12 @@ def test_a_preempted_submitit_sweep_job_is_requeued_and_resumes_at_the_saved_ste
     run_dir = sweep / "0"
     try:
         steps = run_dir / "steps.csv"
-        slurm.wait(lambda: steps.exists() and len(steps.read_text().splitlines()) > 6, 180)
+        trained = lambda: steps.exists() and len(steps.read_text().splitlines()) > 6  # noqa: E731
+        slurm.wait(lambda: trained() or driver.poll() is not None, slurm_cluster.HUNG_S)
+        assert trained(), (tmp_path / "driver.out").read_text()[-3000:]  # the sweep ended
         slurm.run("sbatch", "--partition=high", f"--cpus-per-task={slurm_cluster.CPUS}",
                   f"--output={tmp_path}/high-%j.out", "--wrap=true")  # fmt: skip
-        driver.wait(timeout=240)
+        driver.wait(timeout=slurm_cluster.HUNG_S)  # the sweep's own end
     finally:
         driver.kill()
     logs = "".join(p.read_text(errors="replace") for p in sweep.glob(".submitit/*/*_log.*"))

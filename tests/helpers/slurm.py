@@ -30,6 +30,14 @@ GRACE_S = 30
 KILL_WAIT_S = 30
 CRED_EXPIRE_S = 5
 CPUS = 2  # whatever the machine has (config_overrides): tests fill the node with 2 tasks
+# Waits end on events (a job's state, a file), never on a budget a loaded machine can use up:
+# this bound only keeps a hung cluster from holding a test run for ever.
+HUNG_S = 1800
+# The states a job leaves only by being submitted again.
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+     "DEADLINE"}
+)  # fmt: skip
 
 
 def missing() -> str | None:
@@ -112,7 +120,7 @@ class Cluster:
             fields[key] = value
         return fields
 
-    def wait_for(self, job_id: str, *states: str, timeout: float = 120) -> dict[str, str]:
+    def wait_for(self, job_id: str, *states: str, timeout: float = HUNG_S) -> dict[str, str]:
         """Waits until the job is in one of `states`; returns its fields. (A requeued job starts
         again CRED_EXPIRE_S after its requeue at the earliest: hurrying it with StartTime=now
         gets it killed, "Job credential revoked".)"""
@@ -121,8 +129,22 @@ class Cluster:
             fields = self.job(job_id)
             if fields.get("JobState") in states:
                 return fields
+            if fields.get("JobState") in ENDED:  # it will not get there
+                raise AssertionError(f"job {job_id} ended {fields.get('JobState')}, not {states}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is {fields.get('JobState')}, not {states}")
+            time.sleep(0.2)
+
+    def wait_while_running(self, job_id: str, predicate: Callable[[], bool]) -> None:
+        """Until `predicate` holds, however long a loaded machine takes; fails as soon as the
+        job ended without it (or after HUNG_S)."""
+        deadline = time.monotonic() + HUNG_S
+        while not predicate():
+            state = self.job(job_id).get("JobState")
+            if state in ENDED and not predicate():
+                raise AssertionError(f"job {job_id} ended {state} before {predicate}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{predicate} still false after {HUNG_S} s (job {state})")
             time.sleep(0.2)
 
     @staticmethod
