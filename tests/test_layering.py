@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.run_sections",
         "tfrecipe.config.plan",
         "tfrecipe.config.messages",
+        "tfrecipe.config.step_checks",
         "tfrecipe.config.cross_checks",
         "tfrecipe.config.schema",
     ),

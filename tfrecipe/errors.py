@@ -40,13 +40,6 @@ class Problem:
         where = self.key if self.received is NOT_GIVEN else f"{self.key}={_shown(self.received)}"
         return f"{where}: {self.hint}"
 
-    def renamed(self, key: str, name: str) -> Problem:
-        """This problem with `key` called `name` where it says it (the Python API's `run_dir`
-        for the command line's `hydra.run.dir`)."""
-        return dataclasses.replace(
-            self, key=self.key.replace(key, name), hint=self.hint.replace(key, name)
-        )
-
     @property
     def slot(self) -> str:
         """The config node the problem is about ("model" for "model._target_")."""

@@ -41,6 +41,17 @@ def port_taken(error: BaseException) -> bool:
     return "Could not start gRPC server" in str(error)
 
 
+# How refusals of a run dir name it: `run_dir`, the Python API's argument (`train(run_dir=...)`),
+# unless the command line named Hydra's key (`name_run_dir`, tfrecipe/cli/main.py).
+_run_dir_key = "run_dir"
+
+
+def name_run_dir(key: str) -> None:
+    """Refusals of a run dir name it `key` from now on (the command line: `hydra.run.dir`)."""
+    global _run_dir_key
+    _run_dir_key = key
+
+
 class TrainingError(RuntimeError):
     """Training itself failed (not the configuration): exit code 1, summary status "failed"."""
 
@@ -55,16 +66,16 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
     previous = rundir.read_summary(run_dir)
     if previous and previous.get("status") in FINISHED:
         raise ConfigError(
-            f"hydra.run.dir={run_dir}: already holds a {previous['status']} run (summary.json); "
-            "choose another hydra.run.dir"
+            f"{_run_dir_key}={run_dir}: already holds a {previous['status']} run (summary.json); "
+            f"choose another {_run_dir_key}"
         )
     restarted = int(os.environ.get(ATTEMPT_ENV, "0")) > 0  # by the launcher: same run
     held = previous is not None or (run_dir / BACKUP_DIR).is_dir()
     if resume == "never" and held and not restarted:
         status = (previous or {}).get("status", "a backup")
         raise ConfigError(
-            f"resume=never: hydra.run.dir={run_dir} already holds a run ({status}); choose a new "
-            "hydra.run.dir, or resume=auto to continue that run"
+            f"resume=never: {_run_dir_key}={run_dir} already holds a run ({status}); choose a new "
+            f"{_run_dir_key}, or resume=auto to continue that run"
         )
 
 
@@ -77,7 +88,7 @@ def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -
     if not previous.get("steps_completed") or saved in (None, global_batch):
         return  # nothing trained yet, or the same batch
     raise ConfigError(
-        f"num_replicas={num_replicas}: hydra.run.dir={run_dir} holds a run trained on "
+        f"num_replicas={num_replicas}: {_run_dir_key}={run_dir} holds a run trained on "
         f"{replicas} replicas at a global batch of {saved}, and this start's global batch "
         f"would be {global_batch}; resume it on {replicas} replicas, or keep its batch with "
         f"batching=global batching.global_batch_size={saved}"
@@ -93,16 +104,16 @@ def _check_is_a_run_dir(run_dir: Path) -> None:
     summary = run_dir / rundir.SUMMARY
     if summary.exists() and rundir.read_summary(run_dir) is None:
         raise ConfigError(
-            f"hydra.run.dir={run_dir}: its summary.json cannot be read, so whether the run "
+            f"{_run_dir_key}={run_dir}: its summary.json cannot be read, so whether the run "
             "there completed is unknown (nothing is overwritten); repair or move it, or choose "
-            "another hydra.run.dir"
+            f"another {_run_dir_key}"
         )
     if summary.exists() or (run_dir / files.MANIFEST).is_file() or not run_dir.is_dir():
         return
     theirs = [name for name in RUN_FILES if (run_dir / name).exists()]
     if theirs:
         raise ConfigError(
-            f"hydra.run.dir={run_dir}: holds {', '.join(theirs)} but no summary.json, so it is "
+            f"{_run_dir_key}={run_dir}: holds {', '.join(theirs)} but no summary.json, so it is "
             "not a tfrecipe run dir and a run would overwrite them; choose a new or empty "
-            "hydra.run.dir"
+            f"{_run_dir_key}"
         )

@@ -115,9 +115,7 @@ def _train(cfg, run_dir: Path) -> dict:
         from tfrecipe.config.trust import Trust
         from tfrecipe.train import train
 
-        return train(
-            cfg, run_dir=run_dir, trust=Trust.of_this_process(), run_dir_key="hydra.run.dir"
-        )
+        return train(cfg, run_dir=run_dir, trust=Trust.of_this_process())
     except Preempted as preempted:
         mark_preempted(run_dir, preempted)  # when it came before train() could
         log.warning("%s\nrun dir: %s", preempted, run_dir)

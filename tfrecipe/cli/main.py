@@ -61,6 +61,9 @@ def _main(argv: list[str]) -> None:
     from tfrecipe.cli.hydra_errors import describe, hydra_errors
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.fault.preemption import Preempted
+    from tfrecipe.outcome import name_run_dir
+
+    name_run_dir("hydra.run.dir")  # the command line's name for it (the Python API's: run_dir)
 
     try:
         _dispatch(_spelled_out(list(argv)))

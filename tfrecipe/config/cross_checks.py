@@ -14,6 +14,7 @@ import re
 from tfrecipe.config import export_limits as limits
 from tfrecipe.config.plan import RunPlan
 from tfrecipe.config.run_sections import RunConfig
+from tfrecipe.config.step_checks import fit_steps_problems
 from tfrecipe.config.training_sections import parse_freeze
 from tfrecipe.data import residency
 from tfrecipe.errors import Problem
@@ -26,6 +27,7 @@ def cross_section_problems(run: RunConfig) -> list[Problem]:
         *_parameter_server_problems(run),
         *_cluster_problems(run),
         *_loop_problems(run),
+        *fit_steps_problems(run),
         *_parameter_server_loop_problems(run),
         *_resume_problems(run),
         *_rollback_problems(run),
@@ -388,7 +390,6 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
                 f"must be below loop.lr_find.max_lr={loop.lr_find.max_lr} (the sweep goes up)",
             )
         )
-    problems += _fit_steps_problems(run)
     if plan.loop != "fit" and run.batching.steps_per_execution not in (1, "auto"):
         problems.append(
             Problem(
@@ -398,28 +399,6 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
             )
         )
     return problems
-
-
-# Strategies under which Keras 3.15's multi-step fit fails across replicas (TF 2.21: "You must
-# feed a value for placeholder tensor 'while/body/_1/while/cond/...'"); the custom loop runs
-# several steps per call there.
-FIT_ONE_STEP_STRATEGIES = ("mirrored", "multi_worker_mirrored")
-
-
-def _fit_steps_problems(run: RunConfig) -> list[Problem]:
-    """Several steps per fit call under a strategy where Keras' fit fails with them."""
-    steps, strategy = run.batching.steps_per_execution, run.strategy.name
-    if run.loop.name != "fit" or steps in (1, "auto") or strategy not in FIT_ONE_STEP_STRATEGIES:
-        return []
-    return [
-        Problem(
-            "batching.steps_per_execution",
-            steps,
-            f"Keras' fit fails running several steps per call under strategy={strategy}; use "
-            f"loop=custom loop.steps_per_loop={steps} (it runs {steps} steps per call there), "
-            "or batching.steps_per_execution=auto",
-        )
-    ]
 
 
 def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:

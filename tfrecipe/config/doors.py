@@ -376,7 +376,10 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/callbacks.py": {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
     },
-    "tfrecipe/cli/console.py": {"subprocess.Popen": "nvidia-smi, fixed arguments, no shell"},
+    "tfrecipe/cli/console.py": {
+        "subprocess.Popen": "nvidia-smi, fixed arguments, no shell",
+        "os.environ.*": "TF_CPP_MIN_LOG_LEVEL (a default, before TensorFlow loads)",
+    },
     "tfrecipe/cli/commands.py": {
         "open(x)": "`tfrecipe cp`: a new file only (mode x), never over one",
         "Path(copy.name).unlink": "removes the half copy it made itself",
