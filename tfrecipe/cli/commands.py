@@ -369,6 +369,12 @@ def mlflow_sync(args: list[str]) -> None:
         print(f"{run_dir}: uploaded to {shown(uri)} as run {run_id}")
 
 
+def k8s(args: list[str]) -> None:
+    from tfrecipe.cli.k8s import main as k8s_main  # no TensorFlow
+
+    k8s_main(args)
+
+
 COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "ls": ls,
     "cat": cat,
@@ -382,4 +388,5 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "serve": serve,
     "card": card,
     "mlflow-sync": mlflow_sync,
+    "k8s": k8s,
 }

@@ -1,0 +1,61 @@
+"""`tfrecipe k8s [--name N] [--image I] [--workers N] [--ps N] [...] [key=value ...]`: the
+Kubernetes objects that run these overrides on a cluster of that shape, as YAML on stdout
+(`tfrecipe k8s strategy=multi_worker_mirrored --image REGISTRY/tfrecipe | kubectl apply -f -`):
+the ReadWriteMany volume claim `tfrecipe-runs`, the headless Service and the indexed Job
+(tfrecipe/distribute/k8s_manifests.py). The config is validated first, as the pods will run it
+(`cluster=k8s`); no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from tfrecipe.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit code 2, as every usage mistake
+        raise ConfigError(f"k8s: {message} (tfrecipe k8s --help)")
+
+
+def _parse(args: list[str]) -> argparse.Namespace:
+    from tfrecipe.distribute.k8s_manifests import Shape
+
+    default = Shape()
+    parser = _Parser(prog="tfrecipe k8s", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default=default.name, help="the Job's, Service's, run dir's")
+    parser.add_argument("--image", default=default.image, help="built from the Dockerfile")
+    parser.add_argument("--workers", type=int, default=default.workers)
+    parser.add_argument("--ps", type=int, default=default.ps, help="parameter servers")
+    parser.add_argument("--port", type=int, default=default.port)
+    parser.add_argument("--cpu", default=default.cpu, help="each pod's CPU limit")
+    parser.add_argument("--memory", default=default.memory, help="each pod's memory limit")
+    parser.add_argument("--volume-size", default=default.volume_size)
+    parser.add_argument("--storage-class", default=None, help="a ReadWriteMany class")
+    parser.add_argument("overrides", nargs="*", help="key=value, as for python -m tfrecipe")
+    return parser.parse_args(args)
+
+
+def main(args: list[str]) -> None:
+    import yaml
+
+    from tfrecipe.config.compose import compose
+    from tfrecipe.config.schema import validate
+    from tfrecipe.config.trust import Trust
+    from tfrecipe.distribute.k8s_manifests import Shape, manifests
+
+    options = _parse(args)
+    bad = [o for o in options.overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"k8s: expected key=value overrides, received {' '.join(bad)}")
+    shape = Shape(
+        name=options.name, image=options.image, workers=options.workers, ps=options.ps,
+        port=options.port, cpu=options.cpu, memory=options.memory,
+        volume_size=options.volume_size, storage_class=options.storage_class,
+    )  # fmt: skip
+    pod_args = [*options.overrides, "cluster=k8s"]
+    run = validate(compose(pod_args), trust=Trust.from_command_line(options.overrides))
+    objects = manifests(shape, strategy=run.strategy.name, overrides=options.overrides)
+    print(f"# tfrecipe k8s {shlex.join(args)}\n# kubectl apply -f THIS_FILE")
+    print(yaml.safe_dump_all(objects, sort_keys=False), end="")
