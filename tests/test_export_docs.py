@@ -20,7 +20,7 @@ def test_the_export_runtimes_snippet_runs_and_matches_keras(train_run):
     assert 'run = "outputs/digits"' in snippet
     namespace: dict = {}
     exec(snippet.replace('run = "outputs/digits"', f"run = {str(run_dir)!r}"), namespace)
-    assert namespace["name"] == "input_layer"
+    assert namespace["name"] == namespace["session"].get_inputs()[0].name
     keras_logits = keras.saving.load_model(run_dir / "model.keras").predict(
         namespace["x"], verbose=0
     )

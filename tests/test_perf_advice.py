@@ -31,3 +31,10 @@ def test_a_run_of_seconds_says_nothing_on_the_console_and_a_long_one_does():
     assert report.console_diagnosis(perf, wall_time_s=4.2) is None
     assert report.console_diagnosis(perf, wall_time_s=report.QUIET_UNDER_S) == perf["diagnosis"]
     assert report.console_diagnosis({"diagnosis": None}, wall_time_s=600) is None
+
+
+def test_a_run_that_applies_every_remedy_is_told_none():
+    done = report.Knobs(cache="memory", num_parallel_calls="autotune", steps_per_call=10,
+                        steps_per_epoch=10, per_replica_batch=16, prefetches=True)  # fmt: skip
+    line = report.diagnosis(0.97, done, step_ms=5.0)
+    assert line == "input-bound: the steps waited on input 97% of the training time"

@@ -173,9 +173,10 @@ def diagnosis(
     knobs = knobs or Knobs()
     said = []
     if input_wait is not None and input_wait > INPUT_BOUND:
+        tried = remedies(knobs, step_ms)  # none: the run applies every one already
         said.append(
-            f"input-bound: the steps waited on input {input_wait:.0%} of the training time; "
-            f"try {', '.join(remedies(knobs, step_ms))}"
+            f"input-bound: the steps waited on input {input_wait:.0%} of the training time"
+            + (f"; try {', '.join(tried)}" if tried else "")
         )
     if wall_split and wall_split["steps"] < STEPS_SHARE:
         said.append(_wall_words(wall_split, knobs))
