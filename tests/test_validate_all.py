@@ -17,7 +17,7 @@ from tfrecipe.config import argument_types
 from tfrecipe.config.instantiate import iter_targets
 from tfrecipe.errors import ConfigError
 from tfrecipe.perf import report
-from tfrecipe.training.plan import RunPlan
+from tfrecipe.config.plan import RunPlan
 
 
 def _validate_cli(*args: str) -> subprocess.CompletedProcess:

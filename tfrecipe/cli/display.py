@@ -79,7 +79,7 @@ def _plan_lines(cfg: DictConfig) -> list[str]:
     from tfrecipe.config.schema import validate
     from tfrecipe.config.trust import Trust
     from tfrecipe.errors import ConfigError
-    from tfrecipe.training.plan import RunPlan
+    from tfrecipe.config.plan import RunPlan
 
     try:
         return RunPlan.from_config(validate(cfg, trust=Trust.of_this_process())).lines()
