@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from tests.helpers.configs import validate
 from tfrecipe.config import argument_types
 from tfrecipe.config.instantiate import iter_targets
+from tfrecipe.config.plan import RunPlan
 from tfrecipe.errors import ConfigError
 from tfrecipe.perf import report
-from tfrecipe.config.plan import RunPlan
 
 
 def _validate_cli(*args: str) -> subprocess.CompletedProcess:

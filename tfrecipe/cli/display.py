@@ -76,10 +76,10 @@ def _shown(value: object) -> str:
 def _plan_lines(cfg: DictConfig) -> list[str]:
     """The run's plan (`tfrecipe validate` prints it); none where the config is invalid (the
     run reports that next)."""
+    from tfrecipe.config.plan import RunPlan
     from tfrecipe.config.schema import validate
     from tfrecipe.config.trust import Trust
     from tfrecipe.errors import ConfigError
-    from tfrecipe.config.plan import RunPlan
 
     try:
         return RunPlan.from_config(validate(cfg, trust=Trust.of_this_process())).lines()

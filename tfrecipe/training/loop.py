@@ -206,7 +206,7 @@ def measurer(
         num_parallel_calls=pipeline.num_parallel_calls if pipeline else None,
         steps_per_call=steps_per_call,
         steps_per_epoch=inputs.steps_per_epoch,
-        steps_key=plan.steps_key(replicas=global_batch // per_replica_batch),
+        steps_key=plan.steps_key(replicas=built.strategy.num_replicas_in_sync),
         per_replica_batch=per_replica_batch,
         bounded_by=plan.call_bounds(inputs.steps_per_epoch) if inputs.steps_per_epoch else (),
         validation_freq=validation_freq,
