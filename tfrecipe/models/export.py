@@ -10,15 +10,11 @@ without an error, which onnxruntime then refuses or misreads.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import re
 import shutil
-import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +23,7 @@ import numpy as np
 from tfrecipe import files, rundir
 from tfrecipe.config import export_limits
 from tfrecipe.models import serving_layout
+from tfrecipe.models.native_log import XNNPACK_LINE, without_lines
 
 # The final file (or directory) of each format in the run dir (the table: config.export_limits).
 FILES = {fmt: spec.file for fmt, spec in export_limits.FORMATS.items()}
@@ -148,33 +145,12 @@ def run_litert(path: Path) -> Callable[[Features], np.ndarray]:
         if called:
             outputs = runner(**_by_name(names, x))
         else:  # the first call applies the XNNPACK delegate, and says so: an INFO line
-            with _without_lines(_XNNPACK_LINE):
+            with without_lines(XNNPACK_LINE):
                 outputs = runner(**_by_name(names, x))
             called.append(True)
         return np.asarray(next(iter(outputs.values())))
 
     return serve
-
-
-_XNNPACK_LINE = re.compile(rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.$")
-
-
-@contextlib.contextmanager
-def _without_lines(hidden: re.Pattern[bytes]) -> Iterator[None]:
-    """What native code writes to file descriptor 2 meanwhile, less the lines `hidden` matches
-    (passed on when the block ends: it is short)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            kept = [line for line in caught if not hidden.match(line.rstrip(b"\n"))]
-            os.write(2, b"".join(kept))
 
 
 RUNTIMES = {"saved_model": run_saved_model, "onnx": run_onnx, "litert": run_litert}
