@@ -103,10 +103,17 @@ def _commands(page: Path) -> list[list[str]]:
 
 
 def _first_job(args: list[str]) -> list[str]:
-    """A sweep's first job: `key=a,b` -> `key=a` (commas inside [...] or quotes stay)."""
+    """A sweep's first job: `key=a,b` -> `key=a` (commas inside [...] or quotes stay); a key a
+    sweep function samples (`interval(...)`, `tag(log, ...)`, `choice(...)`, `range(...)`)
+    keeps its config value, as the pre-check composes it."""
     if "-m" not in args and "--multirun" not in args:
         return args
-    return [re.sub(r"^([^=\[\]'\"]+=)([^,\[\]'\"]+),[^\[\]'\"]*$", r"\1\2", a) for a in args]
+    sampled = re.compile(r"^[^=]+=(interval|tag|choice|range)\(")
+    return [
+        re.sub(r"^([^=\[\]'\"]+=)([^,\[\]'\"]+),[^\[\]'\"]*$", r"\1\2", a)
+        for a in args
+        if not sampled.match(a)
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
