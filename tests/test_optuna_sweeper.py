@@ -303,3 +303,25 @@ def test_a_preempted_trial_is_retried_into_its_run_dir_and_resumes(cli, tmp_path
     assert _states(storage) == ["FAIL", "COMPLETE"]
     summary = _summary(sweep / "0")
     assert summary["status"] == "completed" and summary["resumed_from_step"] > 0
+
+
+@pytest.mark.slow
+def test_n_jobs_runs_trials_in_two_workers_of_one_study(tmp_path):
+    sweep = tmp_path / "sw"
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=2",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        f"hydra.sweep.dir={sweep}",
+    ]
+    sweep_process = _start(command, tmp_path)
+    output = sweep_process.communicate(timeout=600)[0]
+    assert sweep_process.returncode == 0, output[-3000:]
+    trials = _trials(f"sqlite:///{sweep / 'study.db'}")
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    workers = {t.user_attrs["tfrecipe_worker"] for t in trials}
+    assert len(workers) == 2  # this process and the one it started, each asking for the next
+    assert output.count("sweep: 3 jobs (3 completed)") == 1  # one report, by the sweep's process
