@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 # Six trials of 3 full digits epochs; one sleeps SLOW_S at each epoch's end
-# (tests/helpers/slow_steps.py), which makes it about five times as long as the others on the
+# (tests/helpers/slow_steps.py), which makes it five or more times as long as the others on the
 # loaded 2-core machine (the others sleep 0-4 ms: a grid needs distinct values).
 SLEEPS = ("0.0", "0.001", "0.002", "0.003", "0.004")
 SLOW_S = "30.0"
@@ -93,6 +93,7 @@ def idle(root: Path) -> list[tuple[str, ...]]:
         "loop.epochs=3",
         "loop.verbose=0",
         "allowed_targets=[tests.helpers]",
+        "callbacks.backup.enabled=true",  # as the optuna sweeper runs its trials
         "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowEpochs",
     ]
     sleeps = ",".join((SLOW_S, *SLEEPS))
