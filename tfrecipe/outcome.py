@@ -7,7 +7,9 @@ Without TensorFlow: the command line checks the run dir and maps errors to exit 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from tfrecipe import files, rundir
@@ -42,14 +44,19 @@ def port_taken(error: BaseException) -> bool:
 
 
 # How refusals of a run dir name it: `run_dir`, the Python API's argument (`train(run_dir=...)`),
-# unless the command line named Hydra's key (`name_run_dir`, tfrecipe/cli/main.py).
+# unless the command line names Hydra's key (`run_dir_named`, tfrecipe/cli/main.py).
 _run_dir_key = "run_dir"
 
 
-def name_run_dir(key: str) -> None:
-    """Refusals of a run dir name it `key` from now on (the command line: `hydra.run.dir`)."""
+@contextlib.contextmanager
+def run_dir_named(key: str) -> Iterator[None]:
+    """Meanwhile, refusals of a run dir name it `key` (the command line: `hydra.run.dir`)."""
     global _run_dir_key
-    _run_dir_key = key
+    before, _run_dir_key = _run_dir_key, key
+    try:
+        yield
+    finally:
+        _run_dir_key = before
 
 
 class TrainingError(RuntimeError):

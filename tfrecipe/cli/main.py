@@ -61,12 +61,11 @@ def _main(argv: list[str]) -> None:
     from tfrecipe.cli.hydra_errors import describe, hydra_errors
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.fault.preemption import Preempted
-    from tfrecipe.outcome import name_run_dir
-
-    name_run_dir("hydra.run.dir")  # the command line's name for it (the Python API's: run_dir)
+    from tfrecipe.outcome import run_dir_named
 
     try:
-        _dispatch(_spelled_out(list(argv)))
+        with run_dir_named("hydra.run.dir"):  # the command line's name (the Python API's: run_dir)
+            _dispatch(_spelled_out(list(argv)))
     except ConfigError as error:
         print(redact_text(error.report()), file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
