@@ -49,7 +49,7 @@ STRATEGIES = {
     "multi_worker_mirrored": ["cluster=local", "cluster.num_workers=2"],
 }
 REPLICAS = {"default": 1, "one_device": 1}  # the others: 2
-# pipeline.resident=auto holds the digits on the device except under these, which stream
+# The digits are held on the device (pipeline.resident=true) except under these, which stream
 # (another data order): they are compared with the default strategy streaming (fit).
 STREAMED = {"central_storage", "multi_worker_mirrored"}
 STREAMED_REFERENCE = ("default", "fit streamed")
@@ -62,7 +62,9 @@ TIMEOUT_S = 600  # ten TensorFlow processes (fourteen with the workers) on a sha
 
 
 def _start(strategy: str, loop: str, run_dir: Path, cwd: Path, zygote):
-    streamed = ["pipeline.resident=false"] if (strategy, loop) == STREAMED_REFERENCE else []
+    streamed = ["pipeline.resident=true"] if strategy not in STREAMED else []  # auto: CPU streams
+    if (strategy, loop) == STREAMED_REFERENCE:
+        streamed = ["pipeline.resident=false"]
     loop = loop.split()[0]
     args = [f"strategy={strategy}", *STRATEGIES[strategy], f"loop={loop}", *SAME_WORK]
     args += [*streamed, f"hydra.run.dir={run_dir}"]

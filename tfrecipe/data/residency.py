@@ -6,10 +6,11 @@ step is short: Keras' fit calls its iterator's `get_next` once per step, even in
 `steps_per_execution` loop, and that Python costs as much as a small model's step
 (docs/performance.md, "Data on the device").
 
-`auto` keeps the split on the device when it fits under the cap (`cap_bytes`): the bytes it
+`auto` keeps the split on an accelerator when it fits under the cap (`cap_bytes`): the bytes it
 holds there (after decoding, and after normalization when that runs once, before holding), on
 every replica that holds a copy, at most `RESIDENT_SHARE` of the device's memory and at most
-`RESIDENT_MAX_BYTES`. Everything else streams through tf.data as before. The run's plan
+`RESIDENT_MAX_BYTES`; on a CPU it streams (CPU_STREAMS says why; `true` holds it there).
+Everything else streams through tf.data as before. The run's plan
 (`tfrecipe validate`) says what the config decides; summary.json's `resident` what the run chose
 and why, with the bytes.
 
@@ -29,6 +30,14 @@ RESIDENT_SHARE = 0.25
 # split through tf.data into host memory first (2x the bytes at the peak), and the per-step
 # gather gains nothing on a step that large data makes long anyway.
 RESIDENT_MAX_BYTES = 4 << 30
+
+# Why auto streams on a CPU, measured (docs/benchmarks.md, "An eighth pass"): there tf.data's
+# prefetch overlaps the input with the step on another core, and the held split made the
+# default CNN's steps slower, not faster (A/B pairs on the 2-core Xeon).
+CPU_STREAMS = (
+    "tf.data overlaps the input with the step there; held, the default CNN ran 0.55-0.8x as "
+    "fast on a 2-core Xeon; pipeline.resident=true holds it"
+)
 
 # Strategies whose workers cannot each hold the split (`true` is refused, `auto` streams).
 _STREAMING_STRATEGIES = {
@@ -81,6 +90,8 @@ def choose(setting: str | bool, *, held_bytes: float, memory: DeviceMemory) -> C
     )
     if setting is True:
         return Choice(True, f"pipeline.resident=true: {where}")
+    if memory.kind == "CPU":
+        return Choice(False, f"pipeline.resident=auto: streamed on a CPU ({CPU_STREAMS})")
     if held_bytes == float("inf"):
         return Choice(False, "pipeline.resident=auto: examples of a shape known only when read")
     if held_bytes > cap:
@@ -107,8 +118,8 @@ def plan_line(setting: str | bool, *, strategy: str, cache: str | None) -> str:
     if setting is True:
         return "training data: resident on the device (pipeline.resident=true)"
     return (
-        "training data: resident on the device where the decoded split fits under "
-        f"{RESIDENT_SHARE:.0%} of the device's memory and {_size(RESIDENT_MAX_BYTES)} "
+        "training data: resident on an accelerator where the decoded split fits under "
+        f"{RESIDENT_SHARE:.0%} of its memory and {_size(RESIDENT_MAX_BYTES)}, streamed on a CPU "
         "(pipeline.resident=auto; streamed tables and text stream); summary.json says which"
     )
 

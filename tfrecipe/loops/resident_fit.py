@@ -48,8 +48,9 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
         outputs = strategy.run(step, args=(batch,))
         return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
 
-    if model.jit_compile and not hasattr(step, "_tfrecipe_clock"):  # as fit compiles its step
-        one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
+    # a function of its own, as fit's: a step inlined into the loop's body ran 1.6-1.9x slower
+    jit = model.jit_compile and not hasattr(step, "_tfrecipe_clock")  # as fit compiles its step
+    one_step = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
 
     @tf.function
     def run_steps():
