@@ -88,7 +88,8 @@ def test_the_readme_tour_runs_as_written(cli, tmp_path):
     # Predict: train on the table, then score its rows with the run's own model.
     _ok(cli(*train_table, *TINY))
     assert predict[0] == "predict"
-    _ok(cli(*predict))
+    _ok(predicted := cli(*predict))
+    assert predicted.stdout.startswith("predict: wrote "), predicted.stdout  # -o says it is done
     with open(tmp_path / "scores.csv") as scores:
         rows = list(csv.DictReader(scores))
     assert rows and {"prediction", "prob_yes"} <= set(rows[0])
