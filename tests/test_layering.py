@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.command_line",
         "tfrecipe.config.trust",
         "tfrecipe.config.secrets",
+        "tfrecipe.printed",
         "tfrecipe.config.targets",
         "tfrecipe.config.grants",
         "tfrecipe.config.export_limits",

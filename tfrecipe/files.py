@@ -28,12 +28,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from tfrecipe import reading
 from tfrecipe.errors import ConfigError
 
 # The run's own files, one path (relative to the run dir) per line, appended as they are made.
 MANIFEST = ".tfrecipe-files"
 # What marks a dir as a tfrecipe run's (an earlier version wrote no manifest).
 RUN_MARKERS = (MANIFEST, "summary.json", "signature.json")
+# A run's manifest names each file it wrote once: a few KB (a long run's checkpoints, an ensemble's
+# members: tens of KB).
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 _held: set[Path] = set()  # run dirs this process writes
 _adopting: set[Path] = set()  # held dirs of an earlier version: their files are the run's
@@ -70,7 +74,11 @@ def owned(run_dir: Path) -> set[str]:
     manifest = Path(run_dir) / MANIFEST
     if manifest.is_symlink() or not manifest.is_file():
         return set(_entries(Path(run_dir))) if _absolute(run_dir) in _adopting else set()
-    return {line for line in manifest.read_text().splitlines() if line}
+    try:  # through the reader, capped: a received run dir's manifest is data (a sparse 4 GB one)
+        text = reading.read_text(manifest, limit=MAX_MANIFEST_BYTES, what="a run's manifest")
+    except reading.UnreadableFile as error:
+        raise NotOurs(f"{error}; tfrecipe will not write into this run dir") from None
+    return {line for line in text.splitlines() if line}
 
 
 def is_owned(path: Path, run_dir: Path) -> bool:

@@ -59,6 +59,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
     """
     trust = trust or Trust.of_this_process()
     run = schema.validate(cfg, trust=trust)
+    lr_find.check_own_run_dir(Path(run_dir), run.loop.lr_find)  # before anything is written
     plan = RunPlan.from_config(run)
     task = join_cluster(run.cluster, plan)
     # What config.yaml and W&B hold: the raw config goes no further than here.
@@ -93,7 +94,9 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
         strategy = setup_strategy(run.strategy, run.cluster, run.precision, ctx)
         batches = inputs.load_data(ctx, strategy, run.dataset, run.batching, run.loop)
         if run.baseline.name == "auto":  # refused before training, not after it
-            baselines.check_applicable(batches.splits, dataset=run.dataset.target)
+            baselines.check_fitting(
+                batches.splits, run.baseline, dataset=run.dataset.target, task=run.task
+            )
         compiled = models.build_compiled(
             ctx, batches, run.model, run.optimizer, run.loop, run.export.formats
         )
@@ -289,7 +292,8 @@ def _find_learning_rate(
         allowed_targets=ctx.allowed_targets,
     )
     sweeping = lr_find.Sweeping(fitting.optimizer, fitting.objective, recompile)
-    summary.update(lr_find=loop.find_learning_rate(spec, ctx, built, sweeping))
+    found = loop.find_learning_rate(spec, ctx, built, sweeping)
+    summary.update(lr_find=found, **lr_find.own_mark(spec))
     summary.write()
     if spec.only:
         summary.finish(

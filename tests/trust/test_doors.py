@@ -367,8 +367,36 @@ def _read_history(run_dir):
     return RunDir.at(run_dir).history()  # a resumed run reads the epochs it trained
 
 
+def _read_manifest(run_dir):
+    from tfrecipe import files
+
+    return files.owned(run_dir)
+
+
+def _read_mlflow_record(run_dir):
+    from tfrecipe.tracking.mlflow_store import read_record
+
+    return read_record(run_dir / "mlflow" / "run.json")
+
+
+def _read_local_store(run_dir):
+    from tfrecipe.tracking.mlflow_store import check_local_store
+
+    return check_local_store(run_dir / "mlflow" / "local.db")
+
+
+def _read_sweep_report(sweep_dir):
+    from tfrecipe.cli.sweep_report import read_report
+
+    return read_report(sweep_dir)
+
+
 # file door -> (the name in the run dir, what reads it the way tfrecipe does)
 FILE_READERS = {
+    "RUN_DIR/.tfrecipe-files": (".tfrecipe-files", _read_manifest),
+    "RUN_DIR/mlflow/run.json": ("mlflow/run.json", _read_mlflow_record),
+    "RUN_DIR/mlflow/local.db": ("mlflow/local.db", _read_local_store),
+    "SWEEP_DIR/sweep.json": ("sweep.json", _read_sweep_report),
     "RUN_DIR/config.yaml": ("config.yaml", _read_config),
     "RUN_DIR/model.keras": ("model.keras", _read_model),
     "RUN_DIR/signature.json": ("signature.json", _read_signature),
@@ -389,7 +417,7 @@ def test_a_file_door_linked_to_dev_zero_is_refused_not_read(door, tmp_path):
     """Each read would never end (or exhaust memory) if it followed the link."""
     name, read = FILE_READERS[door]
     run_dir = tmp_path / "received"
-    run_dir.mkdir()
+    (run_dir / name).parent.mkdir(parents=True)
     (run_dir / name).symlink_to("/dev/zero")
     try:
         read(run_dir)

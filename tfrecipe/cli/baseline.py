@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from tfrecipe import rundir
+from tfrecipe.data.fingerprint import check_run_data
 from tfrecipe.errors import ConfigError
 from tfrecipe.runs import RunDir
 from tfrecipe.training.dataset import load_splits
@@ -33,13 +34,17 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
             f"baseline: {run_dir} holds no {rundir.SUMMARY} (is it a tfrecipe run dir?)"
         )
     home.lock()  # refused while a run trains there: its summary is the run's
+    # fitted beside the model's numbers: on the data the model was trained on, or allowed
+    check_run_data(run_dir, run, command="baseline")
     splits = load_splits(
         run.dataset,
         allowed_targets=run.allowed_targets,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
         task=run.task,
     )
-    baselines.check_applicable(splits, dataset=run.dataset.target)
+    baselines.check_fitting(
+        splits, run.baseline, dataset=run.dataset.target, task=run.task, command="baseline"
+    )
     fitted = baselines.fit_baselines(
         splits,
         task=run.task,

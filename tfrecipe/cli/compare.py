@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tfrecipe import files, reading
+from tfrecipe import files, printed, reading
 from tfrecipe.cli.sweep_report import read_report
 from tfrecipe.errors import ConfigError
 from tfrecipe.files import write_atomic
@@ -134,12 +134,18 @@ class Run:
         return None
 
 
+# Directories that hold copies of runs, not runs: MLflow's artifact stores (a sweep that logged to
+# MLflow keeps its jobs' summary.json and history.csv there too).
+_COPIES = ("mlartifacts", "mlruns")
+
+
 def find_runs(directories: list[Path]) -> list[Run]:
     runs = []
     for directory in directories:
         if not directory.is_dir():
-            raise ConfigError(f"compare: {directory} is not a directory")
-        for summary_path in sorted(directory.rglob(SUMMARY), key=_natural_key):
+            raise ConfigError(f"compare: {printed.printable(directory)} is not a directory")
+        found = (p for p in directory.rglob(SUMMARY) if not _copied(p.relative_to(directory)))
+        for summary_path in sorted(found, key=_natural_key):
             run_dir = summary_path.parent.resolve()  # rows name runs relative to a common parent
             summary = RunDir.at(run_dir).summary()
             if summary is None:
@@ -155,8 +161,13 @@ def find_runs(directories: list[Path]) -> list[Run]:
     return runs
 
 
-def _natural_key(path: Path) -> list[Any]:
-    return [int(p) if p.isdigit() else p for p in path.parts]
+def _copied(relative: Path) -> bool:
+    return any(part in _COPIES for part in relative.parts[:-1])
+
+
+def _natural_key(path: Path) -> list[tuple[int, Any]]:
+    """Job dirs in number order (2 before 10), names after numbers (never an int beside a str)."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
@@ -232,23 +243,45 @@ def table(
 
 
 def _best_dirs(reports: list[dict[str, Any]]) -> frozenset[Path]:
-    return frozenset(
-        Path(report["best"]["run_dir"]).resolve() for report in reports if report.get("best")
-    )
+    """The best jobs' run dirs a sweep.json names (a received file: a name that is no path
+    marks nothing)."""
+    bests = [report.get("best") for report in reports]
+    named = [best.get("run_dir") for best in bests if isinstance(best, dict)]
+    return frozenset(Path(name).resolve() for name in named if isinstance(name, str))
 
 
 def sweep_winner(report: dict[str, Any]) -> str:
-    """`best: ...` and `rerun: ...` from a sweep.json (or why there is no winner)."""
+    """`best: ...` and `rerun: ...` from a sweep.json (or why there is no winner). The file is
+    received data: every value is shown with its control characters escaped, and the rerun line
+    is rebuilt from the best job's words (`rerun_line`), never printed as the file has it."""
     best, metric = report.get("best"), report.get("metric")
     where = report.get("sweep_dir")
-    if not best:
-        return f"sweep {where}: no completed job has {metric}; no best job"
-    value = best.get(metric)
+    if not isinstance(best, dict) or not best:
+        return printed.printable(f"sweep {where}: no completed job has {metric}; no best job")
+    value = best.get(str(metric))
     shown = f"{value:.4g}" if isinstance(value, int | float) else value
-    return (
+    head = printed.printable(
         f"sweep {where}: best job {best.get('job')} ({metric}={shown}, "
-        f"{report.get('direction')}; * in the table)\nrerun: {best.get('command')}"
+        f"{report.get('direction')}; * in the table)"
     )
+    return f"{head}\n{rerun_line(best)}"
+
+
+_TFRECIPE = ["python", "-m", "tfrecipe"]
+
+
+def rerun_line(best: dict[str, Any]) -> str:
+    """`rerun: ...` rebuilt from a sweep.json's best job: its command's words (`argv`), else
+    its overrides, each quoted for a shell and redacted (`printed.command_line`); none where the
+    words are not a tfrecipe command."""
+    words = best.get("argv")
+    if words is None and isinstance(best.get("overrides"), dict):
+        words = [*_TFRECIPE, *(f"{k}={v}" for k, v in best["overrides"].items())]
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        return "rerun: (sweep.json names no command words for the best job)"
+    if words[:3] != _TFRECIPE:
+        return "rerun: (sweep.json's command for the best job is not a tfrecipe command; not shown)"
+    return f"rerun: {printed.command_line(words, [])}"
 
 
 def _common_parent(paths: list[Path]) -> Path | None:
@@ -285,6 +318,7 @@ def curves_figure(runs: list[Run], keys: list[str]):
     handles = {}
     for index, run in enumerate(runs):
         label = " ".join(f"{k}={run.overrides.get(k, '')}" for k in keys) or run.path.name
+        label = printed.printable(label)  # a received file's text, shown as text
         rows = _history(run)
         for ax, metric in zip(axes[0], metrics, strict=True):
             name = metric if rows and metric in rows[0] else metric.removeprefix("val_")
@@ -360,7 +394,7 @@ def main(args: list[str]) -> None:
     options = _parser().parse_args(args)
     runs = find_runs(options.dirs)
     keys = differing_keys(runs)
-    sweeps = [report for report in map(read_report, options.dirs) if report is not None]
+    sweeps = [report for report in map(_read_report, options.dirs) if report is not None]
     options.sort = options.sort or (sweeps[0]["metric"] if sweeps else "val_loss")
     header, rows = table(_sorted(runs, options.sort), keys, best=_best_dirs(sweeps))
     _print_table(f"{len(rows)} runs, sorted by {options.sort}", header, rows, keys)
@@ -372,6 +406,13 @@ def main(args: list[str]) -> None:
             "most (summary.json's provenance); their speeds do not compare"
         )
     _write_outputs(options.out or options.dirs[0], header, rows, runs, keys)
+
+
+def _read_report(directory: Path) -> dict[str, Any] | None:
+    try:
+        return read_report(directory)
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"compare: {error}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -395,7 +436,8 @@ def _print_table(title: str, header: list[str], rows: list[list[str]], keys: lis
     for name in header:
         view.add_column(name, justify="left" if name == "run" or name in keys else "right")
     for row in rows:
-        view.add_row(*map(escape, row))  # `[district,kind]` is a value, not rich markup
+        # `[district,kind]` is a value, not rich markup; a cell from a file shows no control codes
+        view.add_row(*(escape(printed.printable(cell)) for cell in row))
     Console(width=max(120, 14 * len(header))).print(view)
 
 

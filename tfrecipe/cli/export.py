@@ -76,6 +76,7 @@ def main(args: list[str]) -> None:
 
 def _export(options, run, run_files) -> dict:
     from tfrecipe import rundir
+    from tfrecipe.data.fingerprint import check_run_data
     from tfrecipe.models import export
     from tfrecipe.runs import RunDir
     from tfrecipe.training.dataset import load_splits
@@ -96,6 +97,8 @@ def _export(options, run, run_files) -> dict:
         representative_examples=spec.litert.representative_examples,
         name=options.name,
     )
+    # the check examples compare Keras with each format on the data the run was trained on
+    check_run_data(options.run_dir, run, command="export")
     splits = load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
     try:
         report = export.export_run(

@@ -62,18 +62,21 @@ def _main(argv: list[str]) -> None:
     from tfrecipe.config.secrets import redact_text
     from tfrecipe.fault.preemption import Preempted
     from tfrecipe.outcome import run_dir_named
+    from tfrecipe.printed import printable_lines
 
     try:
         with run_dir_named("hydra.run.dir"):  # the command line's name (the Python API's: run_dir)
             _dispatch(_spelled_out(list(argv)))
     except ConfigError as error:
-        print(redact_text(error.report()), file=sys.stderr)
+        # A problem may quote a received file's text: its lines, control characters escaped.
+        print(printable_lines(redact_text(error.report())), file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     except hydra_errors() as error:
         from tfrecipe.config.compose import every_error
 
         each = ConfigError([redact_text(describe(e)) for e in every_error(error)])
-        print(each.report(), file=sys.stderr)  # each unknown option or key on its line
+        # each unknown option or key on its line, control characters escaped
+        print(printable_lines(each.report()), file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     except KeyboardInterrupt:  # a second Ctrl-C
         print("tfrecipe: interrupted (Ctrl-C): stopped without a backup", file=sys.stderr)

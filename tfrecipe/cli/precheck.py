@@ -205,6 +205,7 @@ def _pin_sweep_dir(args, argv: list[str], composed: list, invocation: Invocation
     multirun = args.multirun or OmegaConf.select(sweep_cfg, "hydra.mode") == RunMode.MULTIRUN
     if not multirun or sweep_dir is None:
         return argv  # a single run from a user's config dir, or a dir only a job resolves
+    _refuse_locked_sweep_dir(sweep_dir)
     command = ["python", "-m", "tfrecipe"]
     for flag, value in (
         ("--config-path", args.config_path),
@@ -217,6 +218,18 @@ def _pin_sweep_dir(args, argv: list[str], composed: list, invocation: Invocation
     os.environ[SWEEP_KEYS_ENV] = json.dumps(_swept_keys(args, sweep_cfg, composed[1:]))
     invocation.sweep = plan_from(first_job, sweep_dir, command=command, run_mode=not args.multirun)
     return [*argv, f"hydra.sweep.dir={_quote(str(sweep_dir))}"]
+
+
+def _refuse_locked_sweep_dir(sweep_dir: Path) -> None:
+    """A run training into `sweep_dir` holds its lock: Hydra's multirun.yaml and tfrecipe's
+    sweep.json would land among that run's files. Refused before Hydra writes anything."""
+    from tfrecipe.rundir import in_use_by_another
+
+    if in_use_by_another(sweep_dir):
+        raise ConfigError(
+            f"hydra.sweep.dir={sweep_dir}: a run trains into it (its run dir is locked); a "
+            "sweep writes multirun.yaml and sweep.json there. Choose another hydra.sweep.dir"
+        )
 
 
 def _swept_keys(args, sweep_cfg, jobs: list) -> list[str]:

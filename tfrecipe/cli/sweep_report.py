@@ -18,7 +18,6 @@ import dataclasses
 import io
 import json
 import math
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +46,8 @@ class SweepSetup:
         --config-dir/--config-name when given).
       run_mode: the rerun needs `hydra.mode=RUN` (a config file asked for the multirun).
       mlflow_uri: the MLflow store the jobs log to (`logger=mlflow`), else None.
+      recipes: (stem, path as the user typed it) of each `recipe=PATH.yaml` on the command line:
+        the jobs' overrides name it by its stem (how Hydra finds it); the rerun names the file.
     """
 
     sweep_dir: Path
@@ -56,6 +57,7 @@ class SweepSetup:
     command: tuple[str, ...] = ("python", "-m", "tfrecipe")
     run_mode: bool = False
     mlflow_uri: str | None = None
+    recipes: tuple[tuple[str, str], ...] = ()
 
 
 def plan_from(cfg, sweep_dir: Path, *, command: Sequence[str], run_mode: bool) -> SweepSetup:
@@ -127,11 +129,20 @@ class Job:
         }
 
 
+def recipe_paths(argv: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """(stem, path as typed) of each `recipe=PATH.yaml` among a command line's overrides."""
+    typed = (str(arg).partition("=")[2] for arg in argv if str(arg).startswith("recipe="))
+    return tuple((Path(v).expanduser().stem, v) for v in typed if v.endswith((".yaml", ".yml")))
+
+
 def find_jobs(sweep_dir: Path, metric: str) -> list[Job]:
     """Every job directory of the sweep (a subdirectory with Hydra's overrides or a
-    summary.json), in job order."""
+    summary.json), in job order; a link is no job's (Hydra makes each job's dir), so a job
+    never names a directory outside the sweep dir. A job's overrides are kept with every
+    secret redacted (`printed.redact_words`): sweep.json and the table never hold one."""
     jobs = []
-    for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+    children = (p for p in sweep_dir.iterdir() if not p.is_symlink() and p.is_dir())
+    for run_dir in sorted(children):
         overrides_file = run_dir / ".hydra" / "overrides.yaml"
         if not overrides_file.is_file() and not (run_dir / SUMMARY).is_file():
             continue  # not a job's (sweep.png's neighbours, an MLflow store, ...)
@@ -154,13 +165,16 @@ def find_jobs(sweep_dir: Path, metric: str) -> list[Job]:
 
 
 def _overrides(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        return {}
+    from tfrecipe import printed, reading
+
     try:
-        listed = OmegaConf.load(path)
-    except Exception:  # a job dir's file is data: unreadable means none
+        listed = reading.read_yaml(path, what="Hydra's overrides.yaml")
+    except (OSError, ValueError):  # a job dir's file is data: unreadable means none
         return {}
-    pairs = (str(o).split("=", 1) for o in listed if "=" in str(o))
+    if not isinstance(listed, Sequence) or isinstance(listed, str):
+        return {}
+    words = printed.redact_words([str(o) for o in listed if "=" in str(o)])
+    pairs = (word.split("=", 1) for word in words)
     return {key: value for key, value in pairs}
 
 
@@ -169,10 +183,12 @@ def _job_number(run_dir: Path, position: int) -> int:
     record of it, else the directory's position."""
     if run_dir.name.isdigit():
         return int(run_dir.name)
+    from tfrecipe import reading
+
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     try:
-        return int(OmegaConf.select(OmegaConf.load(hydra_file), "hydra.job.num"))
-    except Exception:
+        return int(OmegaConf.select(reading.read_yaml(hydra_file), "hydra.job.num"))
+    except Exception:  # a job dir's file is data: unreadable means the position
         return position
 
 
@@ -195,14 +211,26 @@ def varied_keys(jobs: Sequence[Job]) -> list[str]:
     return [key for key in keys if len({job.overrides.get(key) for job in jobs}) > 1]
 
 
-def rerun_command(plan: SweepSetup, job: Job) -> str:
-    """The command line that trains this job again, into a new run dir."""
-    from tfrecipe.config.secrets import redact_text
+def rerun_words(plan: SweepSetup, job: Job) -> list[str]:
+    """The words of the command that trains this job again, into a new run dir: the job's
+    overrides (secrets redacted), a recipe file by the path the user typed."""
+    from tfrecipe import printed
 
-    overrides = [f"{key}={value}" for key, value in job.overrides.items()]
+    typed = dict(plan.recipes)
+    overrides = [
+        f"recipe={typed[value]}" if key == "recipe" and value in typed else f"{key}={value}"
+        for key, value in job.overrides.items()
+    ]
     if plan.run_mode:
         overrides.append("hydra.mode=RUN")
-    return redact_text(shlex.join([*plan.command, *overrides]))
+    return printed.redact_words([*plan.command, *overrides])
+
+
+def rerun_command(plan: SweepSetup, job: Job) -> str:
+    """`rerun_words` as one line for a shell (each word quoted: `printed.command_line`)."""
+    from tfrecipe import printed
+
+    return printed.command_line(rerun_words(plan, job), [])
 
 
 def write_report(plan: SweepSetup, *, invocation: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,13 +246,8 @@ def write_report(plan: SweepSetup, *, invocation: Mapping[str, Any]) -> dict[str
         "chosen_by": plan.chosen_by,
         "varied": keys,
         "counts": _counts(jobs),
-        "best": None
-        if best is None
-        else {
-            **best.record(plan),
-            "command": rerun_command(plan, best),
-        },
-        "jobs": [{**job.record(plan), "command": rerun_command(plan, job)} for job in jobs],
+        "best": None if best is None else _with_command(plan, best),
+        "jobs": [_with_command(plan, job) for job in jobs],
         "plot": SWEEP_PLOT if jobs else None,
         "invocations": [*previous.get("invocations", []), dict(invocation)],
     }
@@ -234,18 +257,40 @@ def write_report(plan: SweepSetup, *, invocation: Mapping[str, Any]) -> dict[str
     return report
 
 
+def _with_command(plan: SweepSetup, job: Job) -> dict[str, Any]:
+    """A job's record with the command that reruns it: its words (what `tfrecipe compare`
+    rebuilds the line from) and the line."""
+    from tfrecipe import printed
+
+    words = rerun_words(plan, job)
+    return {**job.record(plan), "argv": words, "command": printed.command_line(words, [])}
+
+
 def _read(path: Path) -> dict[str, Any]:
+    """The sweep.json the sweep dir holds, through the one reader; {} where there is none, or
+    what is there is no report (a link to /dev/zero, a FIFO, damaged JSON: data, replaced)."""
+    from tfrecipe import reading
+
     try:
-        report = json.loads(path.read_text())
+        report = reading.read_json(path, what="a sweep.json")
     except (OSError, ValueError):
         return {}
     return report if isinstance(report, dict) else {}
 
 
 def read_report(sweep_dir: Path) -> dict[str, Any] | None:
-    """sweep.json of a sweep dir, None where there is none (or it is not one)."""
-    report = _read(sweep_dir / SWEEP_FILE)
-    return report if isinstance(report.get("jobs"), list) else None
+    """sweep.json of a sweep dir, None where there is none (or it is not one).
+
+    Raises:
+      reading.UnreadableFile: sweep.json is not a regular file of a report's size, or not JSON.
+    """
+    from tfrecipe import reading
+
+    path = sweep_dir / SWEEP_FILE
+    if not path.is_symlink() and not path.exists():
+        return None
+    report = reading.read_json(path, what="a sweep.json")
+    return report if isinstance(report, dict) and isinstance(report.get("jobs"), list) else None
 
 
 def _counts(jobs: Sequence[Job]) -> dict[str, int]:
@@ -256,10 +301,10 @@ def _counts(jobs: Sequence[Job]) -> dict[str, int]:
 
 
 def invocation(argv: Sequence[str], started: float) -> dict[str, Any]:
-    from tfrecipe.config.secrets import redact_text
+    from tfrecipe import printed
 
     return {
-        "argv": [redact_text(arg) for arg in argv],
+        "argv": printed.redact_words(argv),
         "started": _timestamp(started),
         "ended": _timestamp(time.time()),
     }
@@ -271,7 +316,9 @@ def _timestamp(seconds: float) -> str:
 
 def console_text(report: Mapping[str, Any]) -> str:
     """The table (a row per job: what differs, status, the metric, the first test metric, wall
-    time; the best job marked *), then the best job and how to rerun it."""
+    time; the best job marked *), then the best job and how to rerun it. Every cell read from
+    a job's files is shown with its control characters escaped (`printed.printable`)."""
+    from tfrecipe import printed
     from tfrecipe.cli.display import number
 
     jobs, metric, keys = report["jobs"], report["metric"], report["varied"]
@@ -290,6 +337,10 @@ def console_text(report: Mapping[str, Any]) -> str:
         ]
         for job in jobs
     ]
+    header, rows = (
+        [printed.printable(c) for c in header],
+        [list(map(printed.printable, r)) for r in rows],
+    )
     widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -297,10 +348,10 @@ def console_text(report: Mapping[str, Any]) -> str:
     ]
     counts = ", ".join(f"{n} {status}" for status, n in report["counts"].items())
     lines.insert(0, f"sweep: {len(jobs)} jobs ({counts})")
-    lines.extend(_best_lines(report, number))
+    lines.extend(map(printed.printable, _best_lines(report, number)))
     sweep_dir = Path(report["sweep_dir"])
     plot = f" and {sweep_dir / report['plot']}" if report.get("plot") else ""
-    lines.append(f"wrote {sweep_dir / SWEEP_FILE}{plot}")
+    lines.append(printed.printable(f"wrote {sweep_dir / SWEEP_FILE}{plot}"))
     return "\n".join(lines)
 
 
@@ -323,6 +374,8 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | No
     metric (failed, preempted, unfinished) are counted in the title."""
     from matplotlib.figure import Figure
 
+    from tfrecipe import printed
+
     scored = [j for j in jobs if j.metric is not None and math.isfinite(j.metric)]
     panels = keys or ["job"]
     fig = Figure(figsize=(4.2 * len(panels), 3.8))
@@ -333,7 +386,8 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | No
         if numeric is None:
             categories = list(dict.fromkeys(values))
             position = {v: i for i, v in enumerate(categories)}
-            ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+            shown = [printed.printable(c) for c in categories]  # a job's file: text only
+            ax.set_xticks(range(len(categories)), shown, rotation=30, ha="right")
         by_job = {j.number: v for j, v in zip(jobs, numeric or values, strict=True)}
         for job in scored:
             x = by_job[job.number] if numeric is not None else position[by_job[job.number]]
@@ -347,7 +401,7 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | No
             )
         if numeric is not None and _spans_decades(numeric):
             ax.set_xscale("log")
-        ax.set_xlabel(key)
+        ax.set_xlabel(printed.printable(key))
         ax.set_ylabel(plan.metric)
         ax.grid(alpha=0.3)
     unscored = len(jobs) - len(scored)

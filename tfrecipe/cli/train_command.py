@@ -54,9 +54,11 @@ def run(argv: list[str]) -> None:
 
 
 def _run_hydra_job(argv: list[str], hydra_main, invocation: Invocation) -> None:
+    from tfrecipe import printed
     from tfrecipe.config.compose import recipe_file_overrides
     from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
 
+    printed.redact_log_records(printed.typed_secrets(argv))  # Hydra logs each job's overrides
     sys.argv = [sys.argv[0], *precheck(recipe_file_overrides(argv), invocation)]
     if invocation.cluster is not None and invocation.cluster.name == "local":
         from tfrecipe.distribute.launcher import run_local_cluster
@@ -105,9 +107,12 @@ def _cleaned_up(invocation: Invocation):
 def _report_sweep(plan, argv: list[str], started: float) -> None:
     """sweep.json, sweep.png and the table naming the best job (tfrecipe.cli.sweep_report),
     then the sweep's MLflow parent run closed with the winner, where jobs opened one."""
-    from tfrecipe.cli.sweep_report import console_text, invocation, write_report
+    import dataclasses
+
+    from tfrecipe.cli.sweep_report import console_text, invocation, recipe_paths, write_report
     from tfrecipe.tracking.mlflow_store import PARENT_FILE, RECORD_DIR, close_sweep
 
+    plan = dataclasses.replace(plan, recipes=recipe_paths(argv))  # the rerun names the file
     report = write_report(plan, invocation=invocation(argv, started))
     print(console_text(report))
     if plan.mlflow_uri and (plan.sweep_dir / RECORD_DIR / PARENT_FILE).is_file():

@@ -284,7 +284,12 @@ FILE_DOORS = (
         "cli.optuna_study.storage_url: Optuna's sqlite file, the default name",
     ),
     Door("SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"),
-    Door("RUN_DIR/.tfrecipe-files", WRITE, "files.owned: lists only paths inside the run dir"),
+    Door(
+        "RUN_DIR/.tfrecipe-files",
+        WRITE,
+        "files.owned: reading.read_text (16 MB); lists only paths inside the run dir",
+        ("non_regular",),
+    ),
     Door(
         "RUN_DIR/* (a received run dir)",
         WRITE,
@@ -301,23 +306,34 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/stall-TASK.txt",
         READ,
-        "fault.watchdog.recorded_stalls: known fields, their types only",
+        "fault.watchdog.recorded_stalls: only a file the run's manifest lists; known fields, "
+        "their types only",
         ("non_regular",),
     ),
     Door(
         "RUN_DIR/mlflow/run.json",
         NETWORK,
-        "tracking.mlflow_run.MlflowTracker: a run id; its URI unused",
+        "tracking.mlflow_store.read_record (reading, 1 MB): a run id; its URI unused",
+        ("non_regular",),
+    ),
+    Door(
+        "RUN_DIR/mlflow/local.db",
+        NETWORK,
+        "tracking.mlflow_store.check_local_store (a regular file, 4 GB); its run's artifact "
+        "location confined beside it (confine_artifacts), else mlflow-sync and a resume refuse it",
+        ("non_regular",),
     ),
     Door(
         "SWEEP_DIR/mlflow/parent.json",
         NETWORK,
-        "tracking.mlflow_run.MlflowTracker: a run id only",
+        "tracking.mlflow_store.read_record: a run id only",
     ),
     Door(
         "SWEEP_DIR/sweep.json",
         READ,
-        "cli.sweep_report.read_report: printed, never run",
+        "cli.sweep_report.read_report (reading, 64 MB); compare rebuilds its command "
+        "(printed.command_line) and escapes the rest (printed.printable)",
+        ("non_regular",),
     ),
     Door(
         "RUN_DIR/wandb/run_id",

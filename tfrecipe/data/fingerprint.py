@@ -11,7 +11,8 @@ be vouched for). Past `MAX_HASHED_BYTES` read in all (a huge image folder), file
 fingerprinted by size and modification time only, and the log says so.
 
 The files are the values of the dataset config's `path`, `*_path` and `*_files` keys: a file, a
-directory (every regular file under it) or a glob. Each file is recorded under its key, by its
+directory (every regular file under it, as the readers list it: hidden ones left out, see
+tfrecipe/data/listing.py) or a glob. Each file is recorded under its key, by its
 name relative to that key's file, directory or glob root, so data moved to another machine
 (`dataset.path=...` given again) matches as long as its contents do. TFDS' `data_dir` is not
 fingerprinted (TFDS versions its datasets itself, and one data_dir holds many).
@@ -110,12 +111,11 @@ def _expand(spec: str) -> dict[str, Path]:
 
 
 def _walk(folder: Path) -> list[Path]:
-    """Every file under `folder`, hidden ones and links to folders left out."""
-    out = []
-    for parent, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out += [Path(parent) / n for n in sorted(names) if not n.startswith(".")]
-    return out
+    """Every file under `folder` as the readers list it (`listing.folder_files`: hidden ones and
+    links to folders left out)."""
+    from tfrecipe.data.listing import folder_files
+
+    return folder_files(folder)
 
 
 def _regular(path: Path) -> bool:
@@ -267,9 +267,19 @@ def check_and_record(
     record(run_dir, check_resumed(run_dir, dataset, allowed=allowed, resume=resume))
 
 
-def check_evaluated_data(run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str]):
-    """`tfrecipe evaluate`: the data must be what the run was trained on (where it kept a
-    fingerprint), or allowed to differ."""
+def check_evaluated_data(
+    run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], command: str = "evaluate"
+):
+    """Every command that reads a finished run's data (`tfrecipe evaluate`, `baseline`,
+    `export`'s check examples): the data must be what the run was trained on (where it kept a
+    fingerprint), or allowed to differ (`resume_allow_changes`)."""
     saved = load(run_dir)
     if saved is not None:
-        check_unchanged(saved, take(dataset), allowed=allowed, command="evaluate")
+        check_unchanged(saved, take(dataset), allowed=allowed, command=command)
+
+
+def check_run_data(run_dir: Path, run, *, command: str) -> None:
+    """`check_evaluated_data` for a run's validated config (its `dataset` and
+    `resume_allow_changes`)."""
+    dataset = run.dataset.model_dump(by_alias=True)
+    check_evaluated_data(run_dir, dataset, allowed=run.resume_allow_changes, command=command)

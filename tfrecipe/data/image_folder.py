@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfrecipe import reading
 from tfrecipe.config.targets import config_target
+from tfrecipe.data.listing import folder_files
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -104,9 +105,8 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         )
     files, labels = [], []
     for label, name in enumerate(classes):
-        images = sorted(
-            str(p) for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES
-        )
+        # the class folder's own images, hidden ones left out as the fingerprint leaves them
+        images = [str(p) for p in folder_files(root / name, IMAGE_SUFFIXES, recursive=False)]
         for image in images:
             _check_file(Path(image))
         if not images:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tfrecipe import reading
+from tfrecipe.data.listing import folder_files
 from tfrecipe.data.values import check_finite_array, fault_text
 from tfrecipe.errors import ConfigError
 
@@ -128,9 +129,7 @@ def _list_files(
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.suffix.lower() in suffixes and not p.is_dir()
-            )
+            found = folder_files(path, suffixes)  # hidden ones left out, as training does
             if not found:
                 raise ConfigError(
                     f"predict: INPUT={path}: a folder without {kind} ({', '.join(suffixes)})"

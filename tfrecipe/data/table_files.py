@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from tfrecipe import reading
+from tfrecipe.data.listing import folder_files
 from tfrecipe.data.values import fault_text, number_fault
 
 Format = Literal["csv", "parquet"]
@@ -126,12 +127,10 @@ def _files(path: str, *, format: Format, key: str) -> tuple[list[str], str]:
     expanded = str(Path(path).expanduser())
     suffixes = _CSV_SUFFIXES if format == "csv" else _PARQUET_SUFFIXES
     if os.path.isdir(expanded):
-        files = sorted(
-            os.path.join(folder, name)
-            for folder, _, names in os.walk(expanded)
-            for name in names
-            if name.lower().endswith(suffixes) and not name.startswith((".", "_"))
-        )
+        # the folder's list as the fingerprint takes it (hidden files and folders left out),
+        # less Spark's and Hive's `_SUCCESS`-style markers
+        listed = folder_files(expanded, suffixes)
+        files = [str(f) for f in listed if not f.name.startswith("_")]
         if not files:
             raise ValueError(
                 f"{key}={path!r}: a directory with no {format} file in it (looked for "

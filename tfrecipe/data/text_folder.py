@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfrecipe import reading
 from tfrecipe.config.targets import config_target
+from tfrecipe.data.listing import folder_files
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
 
 TEXT_SUFFIX = ".txt"
@@ -90,9 +91,10 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         )
     files, labels = [], []
     for label, name in enumerate(classes):
-        # every .txt entry but folders: a link to /dev/zero, a FIFO or a device is refused (read
-        # lazily by the pipeline, it would never end), not skipped
-        texts = sorted(str(p) for p in (root / name).rglob(f"*{TEXT_SUFFIX}") if not p.is_dir())
+        # every .txt entry but folders and hidden ones (the list the fingerprint takes too): a
+        # link to /dev/zero, a FIFO or a device is refused (read lazily by the pipeline, it would
+        # never end), not skipped
+        texts = [str(p) for p in folder_files(root / name, (TEXT_SUFFIX,))]
         for text in texts:
             reading.check_file(text, limit=reading.MAX_TEXT_BYTES, what="a text example")
         if not texts:

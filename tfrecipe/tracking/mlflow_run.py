@@ -34,20 +34,24 @@ from typing import Any
 
 import keras
 
-from tfrecipe import files, rundir
+from tfrecipe import files, reading, rundir
 from tfrecipe.config import schema
 from tfrecipe.config.secrets import redact_text
+from tfrecipe.errors import ConfigError
 from tfrecipe.tracking.mlflow_store import (
     DEFAULT_STORE,
     LOCAL_STORE,
     PARENT_FILE,
     RECORD_DIR,
     RUN_FILE,
+    check_local_store,
+    confine_artifacts,
     experiment_of,
     quiet_logs,
     read_record,
     short_timeouts,
     shown,
+    store_file,
 )
 
 log = logging.getLogger("tfrecipe")
@@ -105,7 +109,7 @@ class MlflowTracker:
         self._client = None
         self.run_id: str | None = None
         self.disabled = False  # neither the store nor the local record could be written
-        previous = read_record(run_dir / RECORD_DIR / RUN_FILE) if resume else {}
+        previous = _record(run_dir / RECORD_DIR / RUN_FILE) if resume else {}
         self._call(lambda: self._open(previous))
 
     # --- the run --------------------------------------------------------------------------------
@@ -136,6 +140,7 @@ class MlflowTracker:
         else:
             run_id = client.create_run(experiment_id, run_name=self.run_name, tags=tags).info.run_id
             self._log_params(client, run_id, resumed=False)
+        self._confine(client, run_id)
         client.set_tag(run_id, "status", "running")
         self.run_id, self.experiment_id = run_id, experiment_id
         record = {
@@ -147,6 +152,18 @@ class MlflowTracker:
         }
         files.library_dir(self.run_dir / RECORD_DIR)
         files.write_atomic(self.run_dir / RECORD_DIR / RUN_FILE, json.dumps(record, indent=2))
+
+    def _confine(self, client, run_id: str) -> None:
+        """A store kept in this run's or sweep's dir (received with it: a local record, the
+        default mlflow.db) is data: its run's artifacts must stay beside it
+        (`mlflow_store.confine_artifacts`), else nothing is logged there."""
+        store = store_file(self.uri)
+        homes = [home.resolve() for home in (self.run_dir, self.sweep_dir) if home is not None]
+        if store is None or not any(store.resolve().is_relative_to(h) for h in homes):
+            return
+        _check_store(store)
+        location = client.get_run(run_id).info.artifact_uri
+        confine_artifacts(location, store, what=f"logger.mlflow: the run {run_id} in {store}")
 
     def _log_params(self, client, run_id: str, *, resumed: bool) -> None:
         """The config as params; a resumed run logs the ones it did not have (MLflow refuses to
@@ -171,7 +188,7 @@ class MlflowTracker:
         if self.sweep_dir is None:
             return None
         record_dir = self.sweep_dir / RECORD_DIR
-        parent = read_record(record_dir / PARENT_FILE)
+        parent = _record(record_dir / PARENT_FILE)
         if parent.get("run_id") and parent.get("tracking_uri") == shown(self.uri):
             return parent["run_id"]
         name = "/".join(self.sweep_dir.parts[-2:])
@@ -202,6 +219,8 @@ class MlflowTracker:
             with short_timeouts(self.spec.timeout_s):
                 log_it()
             return
+        except ConfigError:  # a received record refused: no fallback logs beside it
+            raise
         except Exception as error:
             if self.local:
                 log.warning(
@@ -239,6 +258,9 @@ class MlflowTracker:
 
     def _switch_to_local(self) -> None:
         files.library_dir(self.run_dir / RECORD_DIR)
+        local = self.run_dir / RECORD_DIR / LOCAL_STORE
+        if os.path.lexists(local):  # a resumed run's, or one received with the run dir
+            _check_store(local)
         self.intended_uri = self.uri
         self.uri, self.local, self._client = self._local_uri(), True, None
 
@@ -314,6 +336,21 @@ def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
             text = json.dumps(value) if isinstance(value, list | dict | bool | None) else str(value)
             flat[name] = text[:6000]
     return flat
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """`read_record`, a record that cannot be read refused as a config error (one line)."""
+    try:
+        return read_record(path)
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"logger.mlflow: {error}") from None
+
+
+def _check_store(path: Path) -> None:
+    try:
+        check_local_store(path)
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"logger.mlflow: {error}") from None
 
 
 def _same_store(previous: Mapping[str, Any], uri: str) -> bool:

@@ -11,10 +11,11 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from tfrecipe import files
+from tfrecipe import files, reading
 from tfrecipe.config.secrets import redact_text
+from tfrecipe.errors import ConfigError
 
 log = logging.getLogger("tfrecipe")
 
@@ -27,6 +28,9 @@ DEFAULT_STORE = "mlflow.db"  # in the sweep or run dir when no tracking URI is g
 # MLflow's own defaults wait 120 s per request and retry 7 times with backoff (minutes) before
 # a server counts as away; a run that cannot log should go on within seconds.
 _RETRIES = "2"
+# run.json and parent.json hold a few ids; a local record holds one run's params and metrics.
+MAX_RECORD_BYTES = 1 * reading.MiB
+MAX_LOCAL_STORE_BYTES = 4 * reading.GiB
 
 
 def shown(uri: str) -> str:
@@ -46,13 +50,11 @@ def close_sweep(sweep_dir: Path, report: Mapping[str, Any], uri: str) -> None:
       uri: the store the sweep's config names (never one read from the sweep dir's files: they
         are data); a parent record of another store is left alone.
     """
-    parent = read_record(sweep_dir / RECORD_DIR / PARENT_FILE)
-    if parent.get("tracking_uri") != shown(uri):
-        return
-    if not parent.get("run_id"):
-        return
     best = report.get("best") or {}
     try:
+        parent = read_record(sweep_dir / RECORD_DIR / PARENT_FILE)
+        if parent.get("tracking_uri") != shown(uri) or not parent.get("run_id"):
+            return
         quiet_logs()
         from mlflow.entities import RunTag
         from mlflow.tracking import MlflowClient
@@ -97,13 +99,15 @@ def sync_local_record(run_dir: Path, uri: str) -> str:
 
     record = read_record(run_dir / RECORD_DIR / RUN_FILE)
     local_db = run_dir / RECORD_DIR / LOCAL_STORE
-    if not record.get("local") or not local_db.is_file():
+    if not record.get("local") or not os.path.lexists(local_db):
         raise ValueError(
             f"{run_dir}: no local MLflow record to upload ({RECORD_DIR}/{RUN_FILE} "
             "names a run already in its store)"
         )
+    check_local_store(local_db)
     local = MlflowClient(tracking_uri=f"sqlite:///{local_db.resolve()}")
-    run = local.get_run(record["run_id"])
+    run = local.get_run(str(record["run_id"]))
+    confine_artifacts(run.info.artifact_uri, local_db, what=f"{local_db}'s run")
     experiment = local.get_experiment(run.info.experiment_id).name
     with short_timeouts(10):
         target = MlflowClient(tracking_uri=uri)
@@ -168,11 +172,54 @@ def experiment_of(client, name: str, uri: str) -> str:
 
 
 def read_record(path: Path) -> dict[str, Any]:
+    """An MLflow record of a run or sweep dir (run.json, parent.json) through the one reader;
+    {} where there is none.
+
+    Raises:
+      reading.UnreadableFile: not a regular file of a record's size (a link to /dev/zero, a
+        FIFO), or not JSON.
+    """
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = reading.read_json(path, limit=MAX_RECORD_BYTES, what="an MLflow record")
+    except FileNotFoundError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def check_local_store(path: Path) -> None:
+    """A run dir's MLflow database is a regular file of a record's size before sqlite opens it
+    (sqlite would read a FIFO or a device as the database).
+
+    Raises:
+      reading.UnreadableFile: as `reading.check_file`.
+    """
+    reading.check_file(path, limit=MAX_LOCAL_STORE_BYTES, what="an MLflow local record")
+
+
+def store_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///FILE` tracking URI, else None."""
+    return Path(unquote(uri.removeprefix("sqlite:///"))) if uri.startswith("sqlite:///") else None
+
+
+def confine_artifacts(artifact_uri: str, store: Path, *, what: str) -> None:
+    """A store kept in a run or sweep dir (a local record, the default `mlflow.db`) keeps its
+    artifacts beside it: its run's artifact location must be a folder inside the store's own
+    folder. A received record naming another (`~/.ssh`, a project folder, a bucket) would have
+    tfrecipe upload that folder or overwrite files in it.
+
+    Raises:
+      ConfigError: the location is elsewhere, or not a local folder.
+    """
+    home = store.resolve().parent
+    parts = urlsplit(artifact_uri)
+    local = parts.scheme in ("", "file") and not parts.netloc
+    if local and Path(unquote(parts.path)).resolve().is_relative_to(home):
+        return
+    raise ConfigError(
+        f"{what}: MLflow artifact location {artifact_uri!r} is outside {home} (a store kept in "
+        "a run or sweep dir keeps its artifacts beside it); the record was not written by "
+        "tfrecipe here: remove its mlflow/ folder or log to another store"
+    )
 
 
 @contextlib.contextmanager

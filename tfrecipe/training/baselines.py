@@ -63,6 +63,41 @@ def check_applicable(splits: Splits, *, dataset: str) -> None:
     )
 
 
+def check_fitting(
+    splits: Splits, spec, *, dataset: str, task: tasks.TaskConfig, command: str = "baseline=auto"
+) -> None:
+    """Before fitting (for `baseline=auto`, before training): the baselines `spec` asks for
+    apply to the data (`check_applicable`) and fit in memory (`check_memory`).
+
+    Raises:
+      ConfigError: one line saying which and why.
+    """
+    check_applicable(splits, dataset=dataset)
+    check_memory(splits, task=task, max_rows=spec.max_rows, command=command)
+
+
+def check_memory(splits: Splits, *, task: tasks.TaskConfig, max_rows: int, command: str) -> None:
+    """Refuses baselines whose matrix and models would not fit in memory, before fitting them
+    (`baseline_memory`: the encoded width, the rows, the task's outputs).
+
+    Raises:
+      ConfigError: one line naming the sizes and what to lower.
+    """
+    from tfrecipe.data.bundled import available_memory
+    from tfrecipe.training.baseline_memory import BaselineData, check_fits
+
+    info = splits.info
+    held_out = info.num_test if splits.test is not None else info.num_validation
+    data = BaselineData(
+        train_rows=min(max_rows, info.num_train),
+        test_rows=min(max_rows, held_out),
+        width=_encoded_width(splits),
+        outputs=tasks.num_outputs(task, info),
+        targets=tasks.spec_of(task).targets,
+    )
+    check_fits(data, available=available_memory(), command=command)
+
+
 def fit_baselines(
     splits: Splits,
     *,
@@ -152,6 +187,17 @@ def lines(baselines: dict[str, Any], model_metrics: dict[str, float] | None) -> 
 
 
 # --- the data: the model's inputs as a matrix ------------------------------------------------------
+def _encoded_width(splits: Splits) -> int:
+    """The width of the matrix `_encoder` makes (one-hot categories included), from the
+    encoders' output shape: nothing is encoded."""
+    if splits.preprocessing is None:
+        features = splits.train.element_spec[0]
+        shape = list(features.shape)[1:] if splits.batched else list(features.shape)
+        return int(np.prod(shape or [1]))
+    _, encoded = splits.preprocessing(splits.train)
+    return int(encoded.shape[-1])
+
+
 def _encoder(splits: Splits) -> Callable[[Any], np.ndarray]:
     """Features -> the float matrix the model's first trainable layer sees."""
     if splits.preprocessing is None:

@@ -19,6 +19,7 @@ import dataclasses
 import io
 import logging
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,42 @@ from tfrecipe.training.context import RunContext
 
 log = logging.getLogger("tfrecipe")
 
+# summary.json's mark of a run dir that `tfrecipe lr-find` (loop.lr_find.only) made.
+OWN_MARK = "lr_find_only"
 PLOT = "lr_find.png"
 CURVE = "lr_find.csv"
 _SMOOTHING = 0.9  # exponential moving average of the loss (bias-corrected)
 _DIVERGED = 4.0  # stop once the smoothed loss exceeds this many times its minimum
+
+
+def own_mark(spec: schema.LRFind) -> dict[str, bool]:
+    """summary.json's mark of `tfrecipe lr-find`'s own run dir (where `spec.only`)."""
+    return {OWN_MARK: True} if spec.only else {}
+
+
+def check_own_run_dir(run_dir: Path, spec: schema.LRFind) -> None:
+    """`tfrecipe lr-find` (`spec.only`) ends its run `completed`: it starts only in a new run
+    dir or one of its own (summary.json marked `lr_find_only`), never in another run's (a
+    preempted run marked completed could no longer resume).
+
+    Raises:
+      ConfigError: `run_dir` holds another run's summary.json.
+    """
+    from tfrecipe.errors import ConfigError
+    from tfrecipe.rundir import SUMMARY, read_summary
+
+    if not (spec.enabled and spec.only):
+        return
+    summary = read_summary(run_dir)
+    if summary is None and not os.path.lexists(run_dir / SUMMARY):
+        return
+    if summary is not None and summary.get(OWN_MARK):
+        return
+    status = (summary or {}).get("status", "unreadable")
+    raise ConfigError(
+        f"loop.lr_find.only=true: hydra.run.dir={run_dir} holds another run ({SUMMARY} says "
+        f"status={status}); lr-find would end it as completed. Give lr-find a new hydra.run.dir"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
