@@ -160,7 +160,7 @@ def test_a_real_sweep_from_a_recipe_copy_with_a_typed_secret(cli, tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    bundled = (Path(__file__).resolve().parents[1] / "recipes" / "wine_tabular.yaml").read_text()
+    bundled = (Path(__file__).resolve().parents[2] / "recipes" / "wine_tabular.yaml").read_text()
     copy = tmp_path / "copies" / "wine_tabular.yaml"
     copy.parent.mkdir()
     copy.write_text(bundled.replace("hidden_units: [32]", "hidden_units: [8]"))

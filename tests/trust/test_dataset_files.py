@@ -12,7 +12,7 @@ import pytest
 
 from tfrecipe.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CUSTOMERS = REPO / "tests" / "data" / "customers.csv"
 
 
