@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tfrecipe.files import write_atomic
+from tfrecipe.printed import printable
 from tfrecipe.rundir import SUMMARY, summary_value
 from tfrecipe.runs import RunDir
 
@@ -374,20 +375,20 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | No
     metric (failed, preempted, unfinished) are counted in the title."""
     from matplotlib.figure import Figure
 
-    from tfrecipe import printed
-
     scored = [j for j in jobs if j.metric is not None and math.isfinite(j.metric)]
     panels = keys or ["job"]
     fig = Figure(figsize=(4.2 * len(panels), 3.8))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, key in zip(axes, panels, strict=True):
-        values = [str(j.number) if key == "job" else j.overrides.get(key, "") for j in jobs]
+        # a job's file's text, its control codes escaped (a glyph the font lacks otherwise)
+        values = [
+            str(j.number) if key == "job" else printable(j.overrides.get(key, "")) for j in jobs
+        ]
         numeric = _as_numbers(values)
         if numeric is None:
             categories = list(dict.fromkeys(values))
             position = {v: i for i, v in enumerate(categories)}
-            shown = [printed.printable(c) for c in categories]  # a job's file: text only
-            ax.set_xticks(range(len(categories)), shown, rotation=30, ha="right")
+            ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
         by_job = {j.number: v for j, v in zip(jobs, numeric or values, strict=True)}
         for job in scored:
             x = by_job[job.number] if numeric is not None else position[by_job[job.number]]
@@ -401,7 +402,7 @@ def _plot(jobs: Sequence[Job], keys: list[str], plan: SweepSetup, best: Job | No
             )
         if numeric is not None and _spans_decades(numeric):
             ax.set_xscale("log")
-        ax.set_xlabel(printed.printable(key))
+        ax.set_xlabel(printable(key))
         ax.set_ylabel(plan.metric)
         ax.grid(alpha=0.3)
     unscored = len(jobs) - len(scored)

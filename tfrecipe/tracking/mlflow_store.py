@@ -61,11 +61,8 @@ def close_sweep(sweep_dir: Path, report: Mapping[str, Any], uri: str) -> None:
 
         with short_timeouts(10):
             client = MlflowClient(tracking_uri=uri)
-            tags = {
-                "metric": report.get("metric"),
-                "direction": report.get("direction"),
-                "jobs": len(report.get("jobs") or []),
-            }
+            tags = {key: report.get(key) for key in ("metric", "direction")}
+            tags["jobs"] = len(report.get("jobs") or [])
             if best:
                 child = read_record(Path(best["run_dir"]) / RECORD_DIR / RUN_FILE)
                 tags |= {
