@@ -93,10 +93,7 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
         )
         strategy = setup_strategy(run.strategy, run.cluster, run.precision, ctx)
         batches = inputs.load_data(ctx, strategy, run.dataset, run.batching, run.loop)
-        if run.baseline.name == "auto":  # refused before training, not after it
-            baselines.check_fitting(
-                batches.splits, run.baseline, dataset=run.dataset.target, task=run.task
-            )
+        baselines.check_before_training(batches.splits, run)  # `baseline=auto`, not after it
         compiled = models.build_compiled(
             ctx, batches, run.model, run.optimizer, run.loop, run.export.formats
         )

@@ -63,6 +63,13 @@ def check_applicable(splits: Splits, *, dataset: str) -> None:
     )
 
 
+def check_before_training(splits: Splits, run) -> None:
+    """`check_fitting` for a run's validated config (`run.baseline`), where it asks for
+    `baseline=auto`: refused before training, not after it."""
+    if run.baseline.name == "auto":
+        check_fitting(splits, run.baseline, dataset=run.dataset.target, task=run.task)
+
+
 def check_fitting(
     splits: Splits, spec, *, dataset: str, task: tasks.TaskConfig, command: str = "baseline=auto"
 ) -> None:
