@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -258,3 +259,15 @@ def test_ctrl_c_stops_the_server_within_2_s(digits):
     _, server = digits
     assert server.stop(signal.SIGINT) == 0
     assert "stopped (SIGINT)" in server.process.stderr.read()
+
+
+def test_answers_leave_at_once_on_a_keep_alive_connection():
+    """The listening socket is TCP's own (proto 6), so asyncio turns Nagle off on each
+    connection: with proto 0 a keep-alive client waited 40 ms (delayed ACK) for every answer."""
+    from tfrecipe.cli.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()

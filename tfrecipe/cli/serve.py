@@ -85,8 +85,11 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket on `host`:`port`, bound before the model loads (a taken port is one
     line at once, not after TensorFlow's import)."""
     try:
-        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        family, kind, proto, _, address = found[0]
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on such sockets' connections;
+        # without it a keep-alive client waits 40 ms (delayed ACK) for each answer's body
+        sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(128)  # requests wait here from the start-up line on (uvicorn accepts them)
