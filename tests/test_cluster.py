@@ -138,8 +138,8 @@ def test_tasks_run_the_same_overrides_joining_through_tf_config():
     overrides = ["model=mlp", "cluster=local", "cluster.num_workers=3", "+cluster.x=1",
                  "hydra.run.dir='/tmp/r'"]  # fmt: skip
     argv = launcher.task_argv(overrides, chief=True)
-    assert argv[:3] == [sys.executable, "-m", "tfrecipe"]
-    assert argv[3:] == ["model=mlp", "hydra.run.dir='/tmp/r'", "cluster=tf_config"]
+    assert argv[:4] == [sys.executable, "-P", "-m", "tfrecipe"]  # not the current folder's
+    assert argv[4:] == ["model=mlp", "hydra.run.dir='/tmp/r'", "cluster=tf_config"]
     # Non-chief tasks keep Hydra's own files out of the shared run dir.
     assert launcher.task_argv(overrides, chief=False)[-2:] == [
         "hydra.output_subdir=null",

@@ -109,8 +109,17 @@ _SINK_NAMES = {"write_text", "write_bytes", "rmtree", "mkstemp", "mkdtemp", "unl
                "create_file_writer", "CheckpointManager"}  # fmt: skip
 
 
+# os.execv*, os.spawn*, os.posix_spawn*, os.popen, os.system, pty.spawn, os.startfile: each starts
+# a program, as subprocess does.
+_PROGRAM_STARTS = ("exec", "spawn", "posix_spawn", "popen", "system", "startfile", "fork")
+
+
 def _sink_calls(tree: ast.AST):
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("subprocess", "pty"):
+            yield f"from {node.module} import"  # names that would start programs unseen
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            yield from ("from os import" for a in node.names if a.name.startswith(_PROGRAM_STARTS))
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "os.environ":
@@ -142,6 +151,8 @@ def _sink_calls(tree: ast.AST):
             yield f"{base}.{name}"
         elif base == "subprocess":
             yield f"subprocess.{name}"
+        elif base in ("os", "pty") and name.startswith(_PROGRAM_STARTS):
+            yield f"{base}.{name}"
         elif base == "os.environ" and name in {"setdefault", "update", "pop", "clear"}:
             yield "os.environ.*"
 
@@ -168,12 +179,15 @@ def test_the_sink_scan_sees_a_new_door():
         self.path.open("a", newline=""); gzip.open(p, "wb"); os.open(p, os.O_WRONLY)
         keras.callbacks.TensorBoard(log_dir=d); tf.summary.create_file_writer(d)
         open(p); self.path.open(); os.open(d, os.O_RDONLY)
+        os.execvp("git", ["git"]); pty.spawn(["sh"]); os.posix_spawn("/bin/sh", [], {})
+        from subprocess import run as go
         """)
     found = set(_sink_calls(ast.parse(snippet)))
     assert found == {"open(w)", "Path(p).write_text", "os.replace", "importlib.import_module",
                      "subprocess.run", "os.environ[]=", "os.environ.*", "self.path.open(a)",
                      "gzip.open(wb)", "os.open", "keras.callbacks.TensorBoard",
-                     "tf.summary.create_file_writer"}  # fmt: skip
+                     "tf.summary.create_file_writer", "os.execvp", "pty.spawn",
+                     "os.posix_spawn", "from subprocess import"}  # fmt: skip
 
 
 # --- a payload through each door --------------------------------------------------------------

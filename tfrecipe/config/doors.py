@@ -393,7 +393,8 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
     },
     "tfrecipe/cli/console.py": {
-        "subprocess.Popen": "nvidia-smi, fixed arguments, no shell",
+        "subprocess.Popen": "this Python, isolated (-I -S: no current folder, no site, no "
+        "PYTHON* variables), running the fixed filter text _FILTER; no shell",
         "os.environ.*": "TF_CPP_MIN_LOG_LEVEL (a default, before TensorFlow loads)",
     },
     "tfrecipe/cli/commands.py": {
@@ -435,7 +436,8 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     },
     "tfrecipe/distribute/cluster.py": {"os.environ.*": "GRPC_FAIL_FAST for parameter servers"},
     "tfrecipe/distribute/processes.py": {
-        "subprocess.Popen": "the local cluster's tasks: python -m tfrecipe, no shell",
+        "subprocess.Popen": "the local cluster's tasks: this Python with -P (the current folder "
+        "off the import path) -m tfrecipe, argv from launcher.task_argv, no shell",
         "tempfile.mkdtemp": "the tasks' logs",
         "shutil.rmtree": "those logs",
     },
@@ -471,12 +473,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/training/performance.py": {
         "tf.summary.create_file_writer": "files.library_dir(RUN_DIR/tensorboard/perf)",
     },
-    "tfrecipe/perf/provenance.py": {
-        "subprocess.run": "git rev-parse/status in the current directory: fixed argv, no shell, "
-        "hooks and fsmonitor off",
-    },
     "tfrecipe/tracking/mlflow_run.py": {
-        "subprocess.run": "git rev-parse HEAD in the current directory: fixed argv, no shell",
         "open(a)": "a lock file of its own in SWEEP_DIR/mlflow (nothing written to it)",
     },
     "tfrecipe/tracking/mlflow_store.py": {

@@ -40,6 +40,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from tfrecipe.distribute.processes import TaskGroup, log
 from tfrecipe.outcome import (
@@ -152,7 +153,10 @@ def task_argv(
         argv.append(f"cluster.stall_timeout={stall_timeout}")
     if not chief:
         argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-    return [sys.executable, "-m", "tfrecipe", *argv]
+    # -P: `-m` would put the current directory first on the task's import path, and a module
+    # there (a planted `keras.py`, a `tfrecipe/` folder) would run; `_task_env` names the folder
+    # this tfrecipe was imported from instead.
+    return [sys.executable, "-P", "-m", "tfrecipe", *argv]
 
 
 @contextlib.contextmanager
@@ -174,12 +178,19 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(signum, old)
 
 
+# The folder this process imported tfrecipe from: a task imports the same one.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
 def _task_env(spec, task_type: str, index: int, attempt: int) -> dict[str, str]:
     env = {
         **os.environ,
         "TF_CONFIG": tf_config(spec, task_type, index),
         ATTEMPT_ENV: str(attempt),
         "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [_PACKAGE_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        ),
     }
     if "ps" in spec:
         # Parameter-server clusters: fail RPCs to a dead task at once, so the coordinator can

@@ -5,7 +5,6 @@ versions differ (`differences`)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -108,26 +107,16 @@ def _nvidia_driver() -> str | None:
 
 def git(directory: Path) -> dict[str, Any] | None:
     """The commit of the checkout holding `directory` and whether it has uncommitted changes
-    (None outside a checkout or without git). Git runs with the repository's hooks and
-    fsmonitor off: reading a commit runs no program the repository names."""
-    base = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"]
-    base += ["--no-optional-locks", "-C", str(directory)]
-    try:
-        sha = subprocess.run(
-            [*base, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return None
-        status = subprocess.run(
-            [*base, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
+    (None outside a checkout). Read from git's files (`checkout`): no `git` runs, so nothing a
+    repository's configuration names (a clean filter, an fsmonitor hook) runs either."""
+    from tfrecipe.perf import checkout
+
+    found = checkout.find(Path(os.path.abspath(directory)))
+    sha = checkout.commit(found[1]) if found is not None else None
+    if sha is None:
         return None
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"sha": sha.stdout.strip(), "dirty": dirty}
+    work_tree, git_dir = found
+    return {"sha": sha, "dirty": checkout.dirty(git_dir, work_tree)}
 
 
 def collect(

@@ -26,7 +26,6 @@ import fcntl
 import json
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -365,13 +364,11 @@ def _default_name(run_dir: Path, sweep_dir: Path | None) -> str:
 
 def _git_commit() -> dict[str, str]:
     """The git commit of the directory the run started in (a user's project), when it is a
-    checkout: `git_sha` and MLflow's own source tag."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return {}
+    checkout: `git_sha` and MLflow's own source tag. Read from git's files: no `git` runs in a
+    folder tfrecipe did not make (provenance.git)."""
+    from tfrecipe.perf.provenance import git
+
+    sha = (git(Path.cwd()) or {}).get("sha")
     return {"git_sha": sha, "mlflow.source.git.commit": sha} if sha else {}
 
 
