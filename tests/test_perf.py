@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -179,9 +181,38 @@ def test_cache_measures_once_and_writes_atomically(tmp_path, monkeypatch):
     assert len(calls) == 1
     assert json.loads(path.read_text())["peak"]["m:float32"] == 123.0
     assert [p.name for p in tmp_path.iterdir()] == ["perf.json"]  # no temporary left behind
-    path.write_text("{not json")  # a damaged cache is measured again, then replaced
+    path.write_text("{not json")  # a damaged cache is measured again, and left as it is
     assert cache.remembered("peak", "m:float32", measure) == (123.0, False)
-    assert json.loads(path.read_text())["peak"]["m:float32"] == 123.0
+    assert path.read_text() == "{not json"
+
+
+@pytest.mark.parametrize("kind", ["folder", "link", "devnull", "user_file"])
+def test_the_cache_never_replaces_what_it_did_not_write(kind, tmp_path, monkeypatch, caplog):
+    """TFRECIPE_PERF_CACHE naming a folder, a link, /dev/null or someone's file: the value is
+    measured, a warning says the cache was not written, and the target is left whole."""
+    target = {"folder": tmp_path / "keep", "link": tmp_path / "link", "devnull": Path(os.devnull),
+              "user_file": tmp_path / "notes.json"}[kind]  # fmt: skip
+    if kind == "folder":
+        target.mkdir()
+        (target / "precious.txt").write_text("mine")
+    elif kind == "link":
+        (tmp_path / "real.txt").write_text("mine")
+        target.symlink_to(tmp_path / "real.txt")
+    elif kind == "user_file":
+        target.write_text('{"settings": 1}')
+    monkeypatch.setenv(cache.CACHE_ENV, str(target))
+    monkeypatch.setattr(cache, "_WARNED", set())
+    with caplog.at_level("WARNING", logger=cache.__name__):
+        assert cache.remembered("peak", f"{kind}:float32", lambda: 7.0) == (7.0, False)
+    assert "perf cache was not written" in caplog.text
+    if kind == "folder":
+        assert (target / "precious.txt").read_text() == "mine"
+    elif kind == "link":
+        assert target.is_symlink() and (tmp_path / "real.txt").read_text() == "mine"
+    elif kind == "user_file":
+        assert target.read_text() == '{"settings": 1}'
+    else:
+        assert target.is_char_device()
 
 
 def test_provenance_differences():

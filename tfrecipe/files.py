@@ -24,7 +24,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -123,6 +123,31 @@ def replace_with(path: Path) -> Iterator[Path]:
         put(scratch / path.name, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_cache(path: Path, data: str | bytes, *, is_ours: Callable[[bytes], bool]) -> None:
+    """A cache outside any run dir (the perf cache, which an environment variable may aim
+    anywhere): written where nothing is, or over a regular file this cache wrote (`is_ours` of
+    its bytes). A folder, a link, a device or another program's file is never replaced.
+
+    Raises:
+      NotOurs: the target is not this cache's; the caller warns and goes on without it.
+    """
+    from tfrecipe import reading
+
+    path = Path(path)
+    if not os.path.lexists(path):
+        write_atomic(path, data)
+        return
+    if path.is_symlink() or not path.is_file():
+        raise NotOurs(f"{path}: a link, folder or device, not a cache tfrecipe wrote")
+    try:
+        existing = reading.read_bytes(path, limit=reading.MAX_JSON_BYTES, what="a cache")
+    except (OSError, ValueError) as error:
+        raise NotOurs(f"{path}: {reading.first_line(error)}") from None
+    if not is_ours(existing):
+        raise NotOurs(f"{path}: not a cache tfrecipe wrote; it is left as it is")
+    write_atomic(path, data)
 
 
 def put(written: Path, path: Path) -> None:

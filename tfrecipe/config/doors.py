@@ -6,7 +6,10 @@ that runs, a file written elsewhere, a secret sent away or memory exhausted.
 tests/trust/test_doors.py holds this table to the code: it imports each door's guard, tries a
 payload through each door, fails when a config key whose name says it reaches one of these sinks
 has no entry here, and fails when a module writes files, imports by name, starts programs or
-changes the environment outside the places listed in `SINK_SITES`. A new key or file that reaches a sink joins this table in the same commit.
+changes the environment outside the places listed in `SINK_SITES`. tests/trust/test_door_sweep.py
+finds the keys that take free text from the composed configs and fails when one has no entry
+here; docs/security.md's table is its report. A new key or file that reaches a sink joins this
+table in the same commit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ WRITE = "write"  # a path written
 READ = "read"  # a path opened for reading
 NETWORK = "network"  # data sent to another host
 NAME = "name"  # text that becomes a path or a name on disk (a secret must not)
+DATA = "data"  # a value handed to an allow-listed builder or library: never imported or run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +104,8 @@ CONFIG_DOORS = (
     Door(
         "hydra.sweeper.storage",
         NETWORK,
-        "config.hydra_node._storage_problems (sqlite or journal file; a server: command line only)",
+        "config.hydra_node._storage_problems (sqlite or journal file; a server: command line "
+        "only); config.hydra_keys.SWEEP_PATHS: a file outside the sweep dir, command line only",
     ),
     Door(
         "hydra.sweeper.pruner",
@@ -152,9 +157,18 @@ CONFIG_DOORS = (
     ),
     Door(
         "hydra.job.name",
-        NAME,
-        "config.secrets.hydra_value_problems: no secret in a path Hydra writes",
+        SHELL,
+        "config.hydra_keys.hydra_key_problems: command line only (the sbatch job name, log "
+        "names); config.secrets.hydra_value_problems: no secret",
     ),
+    Door(
+        "hydra.launcher.submitit_folder",
+        WRITE,
+        "config.hydra_keys.SWEEP_PATHS: inside the sweep dir, else command line only",
+    ),
+    Door("hydra.launcher.*", SHELL, "config.hydra_keys.INERT: numbers, flags, choices only"),
+    Door("hydra.job.*", NAME, "config.hydra_keys.INERT: numbers, flags, choices only"),
+    Door("hydra.sweeper.*", NAME, "config.hydra_keys.INERT: numbers, flags, choices only"),
     Door("pipeline.cache", WRITE, "config.checks.command_line_only_problems", ("outside",)),
     Door("dataset.path", READ, "reading.open_file: data readers (regular files, size caps)"),
     Door("dataset.validation_path", READ, "reading.open_file: data readers"),
@@ -193,6 +207,19 @@ CONFIG_DOORS = (
         "config.export_limits.server_name_problem: one folder under RUN_DIR/exports/{serving,triton}",
         ("outside",),
     ),
+    Door("resume", READ, "fault.recovery.candidates: a backup or run dir, read through reading"),
+    Door("resume_allow_changes", DATA, "config.changes.changed_keys: key names compared"),
+    Door("callbacks.early_stopping.monitor", DATA, "callbacks.build_callbacks: a metric's name"),
+    Door("task.positive_class", DATA, "config.schema.validate: a label value, compared"),
+    Door("strategy.device", DATA, "distribute.strategy: a TensorFlow device name (tf.device)"),
+    Door("strategy.parameter_device", DATA, "distribute.strategy: a TensorFlow device name"),
+    Door("strategy.tpu", NETWORK, "distribute.strategy: strategy=tpu, Cloud TPU's resolver"),
+    Door("strategy.zone", NETWORK, "distribute.strategy: strategy=tpu, Cloud TPU's resolver"),
+    # The rest of a section that an allow-listed target builds: its arguments, as values.
+    Door("dataset.*", DATA, "config.instantiate.target_problem: the builder's argument, a value"),
+    Door("model.*", DATA, "config.instantiate.target_problem: the builder's argument, a value"),
+    Door("logger.wandb.*", NETWORK, "config.secrets.redact_config: sent to W&B, redacted"),
+    Door("logger.mlflow.*", NETWORK, "config.secrets.redact_config: sent to MLflow, redacted"),
 )
 
 # What tfrecipe reads from the environment that decides where it connects or what it grants.

@@ -15,6 +15,10 @@ these into code that runs, a file written outside the run dir or a secret sent e
 - the optuna sweeper's `storage`: an sqlite or journal file or none (a server: the command
   line's); `custom_search_space`: your function;
 - a launcher's shell settings (`LAUNCHER_SHELL_KEYS`): only from the command line;
+- under `hydra.launcher`, `hydra.job` and `hydra.sweeper`, a config file sets only inert values
+  (numbers, flags, fixed choices); free text and paths there are the command line's, folders
+  and storage files lie inside the sweep dir, and no value anywhere holds a control character
+  (`hydra_keys`);
 - the run and sweep dirs and the job's name: no secret (`secrets.hydra_value_problems`).
 """
 
@@ -30,6 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
+from tfrecipe.config.hydra_keys import hydra_key_problems
 from tfrecipe.config.secrets import hydra_value_problems, looks_secret
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
@@ -133,7 +138,8 @@ def hydra_problems(
     problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
     launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
     problems += _launcher_shell_problems(launcher, trust)
-    return problems
+    named = {p.key for p in problems}
+    return problems + [p for p in hydra_key_problems(node, trust=trust) if p.key not in named]
 
 
 def _callback_problems(callbacks: Mapping[str, Any]) -> list[Problem]:

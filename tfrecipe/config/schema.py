@@ -16,7 +16,7 @@ Here too: `member_config`, an ensemble member's run derived from the run's.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -172,20 +172,37 @@ def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
     except Exception as error:  # an interpolation that cannot be resolved
         key = getattr(error, "full_key", "")
         raise ConfigError(Problem(key, hint=str(error)) if key else str(error)) from None
-    allow_list = config_problems(container, cfg_hydra, trust=trust)
+    run, found = container_problems(container, cfg_hydra, trust=trust, missing=missing)
+    if problems + found:
+        raise ConfigError(problems + found)
+    return run
+
+
+def container_problems(
+    container: Mapping[str, Any],
+    hydra: DictConfig | None,
+    *,
+    trust: Trust,
+    missing: Iterable[str] = (),
+) -> tuple[RunConfig | None, list[Problem]]:
+    """`validate`'s check of a resolved config: the typed config (None where the schema refuses
+    it) and every problem, the allow-lists' (`config_problems`) and the rules across sections'.
+
+    Args:
+      container: the config without Hydra's node, resolved.
+      hydra: Hydra's node, when the config was composed with it.
+      trust: what this invocation's command line grants.
+      missing: keys already reported missing (the schema's problem there is not repeated).
+    """
+    allow_list = config_problems(container, hydra, trust=trust)
     try:
         run = RunConfig.model_validate(container)
     except ValidationError as error:
-        problems += [p for p in messages.describe(error, container) if p.key not in missing]
+        problems = [p for p in messages.describe(error, container) if p.key not in missing]
         reported = {p.slot for p in problems}
-        problems += [p for p in allow_list if p.slot not in reported]
-        raise ConfigError(problems) from None
-    problems += allow_list
+        return None, problems + [p for p in allow_list if p.slot not in reported]
     run = _with_task_monitors(run)
-    problems += cross_section_problems(run)
-    if problems:
-        raise ConfigError(problems)
-    return run
+    return run, allow_list + cross_section_problems(run)
 
 
 def _with_task_monitors(run: RunConfig) -> RunConfig:

@@ -13,8 +13,9 @@ and YAML write it (a password holding `\\` or `'` is printed escaped by an error
 `key='value'`), and percent-encoded (as a URL holds it). A URL's password is redacted wherever a
 URL is written, even one no variable holds.
 
-Hydra writes some values where no redaction reaches: the run and sweep dirs' names, and the
-job's name (`hydra_value_problems` refuses a secret there).
+Hydra writes its own node where no redaction reaches: folder and file names (the run and sweep
+dirs, the output subdir, log files), the job's name, `.hydra/hydra.yaml` (`hydra_value_problems`
+refuses a secret anywhere there).
 """
 
 from __future__ import annotations
@@ -136,45 +137,60 @@ def holds_secret(text: str) -> bool:
     return redact_text(text) != text
 
 
-# Hydra's values that Hydra itself writes where no redaction reaches: the run and sweep dirs
-# are made with their names (which are then in every path printed and logged), and all four
-# go into `.hydra/hydra.yaml` as they are.
-HYDRA_NAMED_VALUES = ("run.dir", "sweep.dir", "sweep.subdir", "job.name")
+# Hydra writes its node where no redaction reaches: the run and sweep dirs, the output subdir
+# and log files are made with their names (then in every path printed and logged), the job's
+# name becomes a SLURM job's and a log file's, and the whole node goes into `.hydra/hydra.yaml`
+# as it is. Not checked: the record of the command line as typed (`overrides`, redacted where it
+# is written) and what Hydra computes for the job (`runtime`).
+_HYDRA_RECORDS = ("overrides", "runtime")
 _ENV_REFERENCE = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]+)")
 
 
 def hydra_value_problems(hydra: Any) -> list[Problem]:
-    """A secret in a value Hydra writes by itself (`HYDRA_NAMED_VALUES`): an `${oc.env:NAME}`
-    of a secret's name as written, or a secret value once resolved (where it resolves before
-    the job runs).
+    """A secret anywhere in Hydra's node: an `${oc.env:NAME}` of a secret's name as written, or a
+    secret value once resolved (where it resolves before the job runs).
 
     Args:
       hydra: the composed config's `hydra` node (a DictConfig).
     """
     from omegaconf import OmegaConf
 
-    problems, values = [], OmegaConf.to_container(hydra, resolve=False)
-    for key in HYDRA_NAMED_VALUES:
-        group, name = key.split(".")
-        written = (values.get(group) or {}).get(name)  # as written, before interpolation
-        if not isinstance(written, str):
-            continue
+    problems, secrets = [], secret_values()
+
+    def holds(text: str) -> bool:  # holds_secret, with this environment's secrets read once
+        return any(secret in text for secret in secrets) or bool(_USERINFO.search(text))
+
+    for key, written in _strings(OmegaConf.to_container(hydra, resolve=False)):
         names = [name for name in _ENV_REFERENCE.findall(written) if looks_secret(name)]
         resolved = ""
-        with contextlib.suppress(Exception):  # values set only in the job (`${hydra.job.num}`)
-            resolved = str(OmegaConf.select(hydra, key, throw_on_missing=True))
-        if names or holds_secret(resolved) or holds_secret(written):
+        if "${" in written:
+            with contextlib.suppress(Exception):  # values set only in the job (`hydra.job.num`)
+                resolved = str(OmegaConf.select(hydra, key, throw_on_missing=True))
+        if names or holds(resolved) or holds(written):
             what = f"${{oc.env:{names[0]}}}" if names else "a secret"
             problems.append(
                 Problem(
                     f"hydra.{key}",
                     redact_text(written),
-                    f"holds {what}, which Hydra would write into directory names and "
-                    ".hydra/hydra.yaml unredacted; keep secrets out of hydra.run.dir, "
-                    "hydra.sweep.dir, hydra.sweep.subdir and hydra.job.name",
+                    f"holds {what}, which Hydra would write into folder and file names and "
+                    ".hydra/hydra.yaml unredacted; keep secrets out of hydra.*",
                 )
             )
     return problems
+
+
+def _strings(node: Any, path: str = "") -> list[tuple[str, str]]:
+    """(dotted key, text) of every string in Hydra's node but its records of the command line."""
+    if isinstance(node, dict):
+        return [
+            found
+            for key, value in node.items()
+            if path or key not in _HYDRA_RECORDS
+            for found in _strings(value, f"{path}.{key}" if path else str(key))
+        ]
+    if isinstance(node, list):
+        return [found for i, value in enumerate(node) for found in _strings(value, f"{path}.{i}")]
+    return [(path, node)] if isinstance(node, str) else []
 
 
 class RedactSecrets(logging.Filter):
