@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tfrecipe.cli.optuna_space import SearchSpace, search_space
+from tfrecipe.distribute.launcher import child_environment, tfrecipe_command
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tracking.optuna_trial import PRUNED_ATTR, TRIAL_ENV, TrialHandle, make_pruner
 
@@ -184,9 +185,11 @@ class OptunaStudy:
         """`n_jobs - 1` more processes of this command line, each a worker of the same study;
         waited for (stopped, if this process is stopped)."""
         count = 0 if self.worker_number else self.budget.n_jobs - 1
-        command = [sys.executable, "-m", "tfrecipe", *sys.argv[1:]]
+        command = tfrecipe_command(sys.argv[1:])  # not a module of the current folder
         workers = [
-            subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(number)})
+            subprocess.Popen(
+                command, env=child_environment({**os.environ, WORKER_ENV: str(number)})
+            )
             for number in range(1, count + 1)
         ]
         try:

@@ -452,7 +452,8 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "os.environ[]=": "the inherited Trust, restored",
     },
     "tfrecipe/cli/optuna_study.py": {
-        "subprocess.Popen": "n_jobs - 1 more workers: this process's own argv again, no shell",
+        "subprocess.Popen": "n_jobs - 1 more workers: launcher.tfrecipe_command (-P: no module "
+        "of the current folder) with this process's own argv, no shell",
         "os.environ.*": "the running trial's handle (tracking.optuna_trial), removed after",
         "sweep_dir.mkdir": "the sweep dir, for the default study file (Hydra makes it anyway)",
     },

@@ -39,7 +39,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tfrecipe.distribute.processes import TaskGroup, log
@@ -153,10 +153,20 @@ def task_argv(
         argv.append(f"cluster.stall_timeout={stall_timeout}")
     if not chief:
         argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-    # -P: `-m` would put the current directory first on the task's import path, and a module
-    # there (a planted `keras.py`, a `tfrecipe/` folder) would run; `_task_env` names the folder
-    # this tfrecipe was imported from instead.
+    return tfrecipe_command(argv)
+
+
+def tfrecipe_command(argv: Sequence[str]) -> list[str]:
+    """`python -m tfrecipe ARGV` for a child process, with -P: `-m` would put the current
+    directory first on its import path, and a module there (a planted `keras.py`, a `tfrecipe/`
+    folder) would run. `child_environment` names the folder this tfrecipe came from instead."""
     return [sys.executable, "-P", "-m", "tfrecipe", *argv]
+
+
+def child_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the folder this tfrecipe was imported from first on PYTHONPATH."""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join([_PACKAGE_ROOT, *paths])}
 
 
 @contextlib.contextmanager
@@ -183,15 +193,14 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _task_env(spec, task_type: str, index: int, attempt: int) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "TF_CONFIG": tf_config(spec, task_type, index),
-        ATTEMPT_ENV: str(attempt),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(
-            [_PACKAGE_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        ),
-    }
+    env = child_environment(
+        {
+            **os.environ,
+            "TF_CONFIG": tf_config(spec, task_type, index),
+            ATTEMPT_ENV: str(attempt),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if "ps" in spec:
         # Parameter-server clusters: fail RPCs to a dead task at once, so the coordinator can
         # reschedule (TensorFlow's guidance for ClusterCoordinator).
