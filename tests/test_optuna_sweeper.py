@@ -60,7 +60,10 @@ def test_the_stock_override_syntax_makes_optunas_distributions():
 
 @pytest.mark.parametrize(
     ("storage", "valid"),
-    [("'journal:///tmp/j.log'", True), ("'postgresql://u:pw@203.0.113.1/db'", False)],
+    [
+        ("'journal:///${hydra.sweep.dir}/j.log'", True),  # elsewhere: command line only
+        ("'postgresql://u@203.0.113.1/db'", False),  # a password: ${oc.env:VAR} (secrets)
+    ],
 )
 def test_a_recipe_may_keep_a_study_in_a_file_not_send_it_to_a_server(tmp_path, storage, valid):
     from tfrecipe.cli.commands import validate

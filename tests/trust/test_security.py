@@ -342,8 +342,8 @@ def test_env_copy_refuses_a_secret(monkeypatch):
     ("storage", "valid"),
     [
         ("null", True),
-        ("'sqlite:///study.db'", True),
-        ("'journal:///study.log'", True),
+        ("'sqlite:///${hydra.sweep.dir}/study.db'", True),
+        ("'journal:///${hydra.sweep.dir}/study.log'", True),
         ("'postgresql://user:pw@203.0.113.1/db'", False),
         ("'redis://203.0.113.1'", False),
     ],
@@ -362,6 +362,22 @@ def test_optuna_storage_from_a_config_is_a_file_or_nothing(tmp_path, storage, va
     else:
         with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*expected sqlite:///FILE"):
             validate([f"recipe={recipe}"])
+
+
+@pytest.mark.parametrize("storage", ["sqlite:///study.db", "journal:////tmp/study.log"])
+def test_a_recipes_storage_file_outside_the_sweep_dir_is_the_command_lines(tmp_path, storage):
+    """A shared recipe must not add Optuna's tables to a database of yours (issue 44)."""
+    from tfrecipe.cli.commands import validate
+    from tfrecipe.errors import ConfigError
+
+    recipe = tmp_path / "shared.yaml"
+    recipe.write_text(
+        "# @package _global_\ndefaults: [{override /hydra/sweeper: optuna}]\n"
+        f"hydra: {{sweeper: {{storage: '{storage}'}}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*outside the sweep dir"):
+        validate([f"recipe={recipe}"])
+    validate(["hydra/sweeper=optuna", f"hydra.sweeper.storage={storage}"])  # yours: allowed
 
 
 def test_a_sweep_refuses_env_set_before_anything_runs(cli, victim):

@@ -143,6 +143,9 @@ def holds_secret(text: str) -> bool:
 # as it is. Not checked: the record of the command line as typed (`overrides`, redacted where it
 # is written) and what Hydra computes for the job (`runtime`).
 _HYDRA_RECORDS = ("overrides", "runtime")
+# Values Hydra saves as written and hands, resolved, to a client only (never a name): an
+# `${oc.env:...}` there keeps the secret out of `.hydra/hydra.yaml`, a literal one does not.
+_CLIENT_VALUES = ("sweeper.storage",)
 _ENV_REFERENCE = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]+)")
 
 
@@ -163,7 +166,9 @@ def hydra_value_problems(hydra: Any) -> list[Problem]:
     for key, written in _strings(OmegaConf.to_container(hydra, resolve=False)):
         names = [name for name in _ENV_REFERENCE.findall(written) if looks_secret(name)]
         resolved = ""
-        if "${" in written:
+        if key in _CLIENT_VALUES:
+            names = []
+        elif "${" in written:
             with contextlib.suppress(Exception):  # values set only in the job (`hydra.job.num`)
                 resolved = str(OmegaConf.select(hydra, key, throw_on_missing=True))
         if names or holds(resolved) or holds(written):
@@ -173,7 +178,8 @@ def hydra_value_problems(hydra: Any) -> list[Problem]:
                     f"hydra.{key}",
                     redact_text(written),
                     f"holds {what}, which Hydra would write into folder and file names and "
-                    ".hydra/hydra.yaml unredacted; keep secrets out of hydra.*",
+                    ".hydra/hydra.yaml unredacted; keep secrets out of hydra.* (a storage "
+                    "URL's password: write ${oc.env:VAR} instead)",
                 )
             )
     return problems
