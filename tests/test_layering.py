@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.instantiate",
         "tfrecipe.config.doors",
         "tfrecipe.config.hydra_node",
+        "tfrecipe.config.hydra_keys",
         "tfrecipe.config.checks",
         "tfrecipe.config.argument_types",
         "tfrecipe.config.changes",

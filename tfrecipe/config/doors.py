@@ -162,9 +162,7 @@ CONFIG_DOORS = (
         "names); config.secrets.hydra_value_problems: no secret",
     ),
     Door(
-        "hydra.launcher.submitit_folder",
-        WRITE,
-        "config.hydra_keys.SWEEP_PATHS: inside the sweep dir, else command line only",
+        "hydra.launcher.submitit_folder", WRITE, "config.hydra_keys.SWEEP_PATHS: in the sweep dir"
     ),
     Door("hydra.launcher.*", SHELL, "config.hydra_keys.INERT: numbers, flags, choices only"),
     Door("hydra.job.*", NAME, "config.hydra_keys.INERT: numbers, flags, choices only"),
