@@ -418,8 +418,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
     },
     "tfrecipe/cli/console.py": {
-        "subprocess.Popen": "this Python, isolated (-I -S: no current folder, no site, no "
-        "PYTHON* variables), running the fixed filter text _FILTER; no shell",
+        "subprocess.Popen": "this Python isolated (-I -S) running the fixed _FILTER; no shell",
         "os.environ.*": "TF_CPP_MIN_LOG_LEVEL (a default, before TensorFlow loads)",
     },
     "tfrecipe/cli/commands.py": {
