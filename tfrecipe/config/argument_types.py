@@ -59,7 +59,9 @@ def _problem(key: str, value: Any, annotation: ast.expr, target: str) -> Problem
 
 
 def _plain(value: Any) -> str:
-    return {None: "null", True: "true", False: "false"}.get(value, str(value))  # type: ignore[call-overload]
+    """`value` as an override writes it; with a control character, escaped (one plain line)."""
+    text = {None: "null", True: "true", False: "false"}.get(value, str(value))  # type: ignore[call-overload]
+    return text if text.isprintable() else repr(text)
 
 
 def _is_sequence(annotation: ast.expr) -> bool:
