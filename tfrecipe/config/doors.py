@@ -107,11 +107,7 @@ CONFIG_DOORS = (
         "config.hydra_node._storage_problems (sqlite or journal file; a server: command line "
         "only); config.hydra_keys.SWEEP_PATHS: a file outside the sweep dir, command line only",
     ),
-    Door(
-        "hydra.sweeper.pruner",
-        NAME,
-        "tracking.optuna_trial.make_pruner: a fixed table of names",
-    ),
+    Door("hydra.sweeper.pruner", NAME, "tracking.optuna_trial.make_pruner: a fixed table of names"),
     Door("hydra.callbacks", IMPORT, "config.hydra_node._callback_problems (refused)", ("code",)),
     Door(
         "hydra.job_logging",
@@ -121,12 +117,7 @@ CONFIG_DOORS = (
     ),
     Door("hydra.hydra_logging", WRITE, "config.hydra_node._logging_problems", ("outside",)),
     Door("hydra.output_subdir", WRITE, "config.hydra_node._output_subdir_problems", ("outside",)),
-    Door(
-        "hydra.job.env_set",
-        ENV,
-        "config.hydra_node._env_set_problems: SAFE_ENV only",
-        ("code",),
-    ),
+    Door("hydra.job.env_set", ENV, "config.hydra_node._env_set_problems: SAFE_ENV only", ("code",)),
     Door("hydra.job.env_copy", NAME, "config.hydra_node._env_copy_problems (no secret's name)"),
     Door(
         "hydra.launcher.setup",
@@ -181,16 +172,8 @@ CONFIG_DOORS = (
         "models.warm_start.init_from (a run dir, .keras or weights file)",
     ),
     Door("model.weights", READ, "models.keras_app.keras_app (imagenet, none or a weights file)"),
-    Door(
-        "logger.wandb.project",
-        NETWORK,
-        "rundir.public_config: chief only, secrets redacted",
-    ),
-    Door(
-        "logger.wandb.entity",
-        NETWORK,
-        "rundir.public_config: chief only, secrets redacted",
-    ),
+    Door("logger.wandb.project", NETWORK, "rundir.public_config: chief only, secrets redacted"),
+    Door("logger.wandb.entity", NETWORK, "rundir.public_config: chief only, secrets redacted"),
     Door("logger.wandb.name", NAME, "config.secrets.redact_text: secrets redacted"),
     Door(
         "logger.mlflow.tracking_uri",
@@ -251,11 +234,7 @@ ENV_DOORS = (
         NETWORK,
         "tracking.optuna_trial.TrialHandle.of_this_process: the sweeper's checked storage and trial (no config sets it)",
     ),
-    Door(
-        "TFRECIPE_SWEEP_WORKER",
-        NAME,
-        "cli.optuna_study.WORKER_ENV: a worker's number only",
-    ),
+    Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study.WORKER_ENV: a worker's number only"),
     Door(
         "TFRECIPE_PERF_CACHE, XDG_CACHE_HOME",
         WRITE,
