@@ -280,7 +280,7 @@ def synthetic_class_bytes(
     shape per cluster, and for multi-hot targets a num_classes-wide code per cluster and per
     example (negligible for a few classes, not for a million). The examples' codes are split
     and made tensors as the features are: their peak is `_SYNTHETIC_PEAK_FACTOR` times their
-    size (measured 2026-11-29 on the 2-core AMD EPYC: 6,000 examples of 3,000 labels peaked at
+    size (measured 2026-11-29 on a 2-core Intel Xeon: 6,000 examples of 3,000 labels peaked at
     266 MB, 3.2x the codes' 72 MB beside the 36 MB square; counted once, they were
     under-estimated 2.1x and 15,000 labels were killed by the kernel)."""
     size = num_classes * math.prod(shape)
