@@ -338,7 +338,7 @@ def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, caplog):
+def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop):
     """A map that sleeps per example: the steps wait most of the time; the run says so in one
     line. Both loops profile steps 2 and 3 of the first epoch (outside the steady state the
     perf block measures), one step per call: xprof sees the steps (their time above 0) and the
@@ -355,8 +355,10 @@ def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop, cap
     # What the run could do names its value (this one caches nothing; the map is parallel).
     assert "pipeline.cache=memory" in perf["diagnosis"]
     assert "num_parallel_calls" not in perf["diagnosis"]
-    assert ("1 of the epoch's 6" in perf["diagnosis"]) == (loop == "fit")
-    assert any("input-bound" in r.getMessage() for r in caplog.records)
+    # fit here runs one step per call for its profile and custom whole epochs: neither is told
+    # to take more steps per call (the plan would not apply it); the console's line: a run of
+    # seconds keeps it in summary.json (tests/test_perf_advice.py).
+    assert "more steps per call" not in perf["diagnosis"]
     profile = perf["profile"]
     assert profile["steps"] == 2 and profile["step_time_ms"] > 0, profile
     assert profile["input_percent"] >= 20, profile

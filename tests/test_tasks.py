@@ -112,7 +112,7 @@ def test_targets_the_task_cannot_learn_are_refused_before_training(
             "allowed_targets=[helpers]",
             "~dataset",
             "+dataset._target_=helpers.task_data.bad_targets",
-            f"+dataset.problem={problem}",
+            f"+dataset.problem='{problem}'",  # quoted: Hydra reads a bare nan as a float
             f"task={task}",
             *(["task.num_labels=4"] if problem == "width" else []),
             "model=mlp",

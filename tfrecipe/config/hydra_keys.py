@@ -169,7 +169,9 @@ def hydra_key_problems(node: DictConfig, *, trust: Trust) -> list[Problem]:
     for section in SECTIONS:
         settings = dict(leaves(written.get(section), f"hydra.{section}"))
         for key, value in settings.items():
-            if _matches(key, GUARDED) or key in SET_BY_HYDRA or value == defaults.get(key):
+            if value is None or _matches(key, GUARDED) or key in SET_BY_HYDRA:
+                continue  # null: no text at all, the plugin's own default
+            if value == defaults.get(key):
                 continue
             kind = next((k for glob, k in INERT.items() if fnmatch.fnmatchcase(key, glob)), None)
             if (kind and kind.accepts(value)) or trust.gave(key, value):

@@ -143,6 +143,8 @@ def holds_secret(text: str) -> bool:
 # as it is. Not checked: the record of the command line as typed (`overrides`, redacted where it
 # is written) and what Hydra computes for the job (`runtime`).
 _HYDRA_RECORDS = ("overrides", "runtime")
+# What Hydra writes into the job's node from the overrides (a path or name using it is checked).
+_SET_BY_HYDRA = ("job.override_dirname",)
 # Values Hydra saves as written and hands, resolved, to a client only (never a name): an
 # `${oc.env:...}` there keeps the secret out of `.hydra/hydra.yaml`, a literal one does not.
 _CLIENT_VALUES = ("sweeper.storage",)
@@ -164,6 +166,8 @@ def hydra_value_problems(hydra: Any) -> list[Problem]:
         return any(secret in text for secret in secrets) or bool(_USERINFO.search(text))
 
     for key, written in _strings(OmegaConf.to_container(hydra, resolve=False)):
+        if key in _SET_BY_HYDRA:  # the command line as typed; a dir or name made of it is checked
+            continue
         names = [name for name in _ENV_REFERENCE.findall(written) if looks_secret(name)]
         resolved = ""
         if key in _CLIENT_VALUES:
