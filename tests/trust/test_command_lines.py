@@ -177,6 +177,9 @@ def test_a_real_sweep_from_a_recipe_copy_with_a_typed_secret(cli, tmp_path):
     assert f"recipe={copy}" in shlex.split(report["best"]["command"])
     for text in ((sweep / "sweep.json").read_text(), result.stdout, result.stderr):
         assert SECRET not in text  # Hydra's own lines naming each job's overrides too
+    # nor any file: multirun.yaml, each job's .hydra/ records, the MLflow database
+    holding = [p for p in sweep.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert holding == []
     rerun = [line for line in result.stdout.splitlines() if line.startswith("rerun: ")]
     assert rerun == [f"rerun: {report['best']['command']}"]
     client = MlflowClient(tracking_uri=f"sqlite:///{sweep / 'mlflow.db'}")
@@ -192,3 +195,27 @@ def test_log_records_never_show_a_typed_secret(caplog):
     with caplog.at_level(logging.INFO):
         logging.getLogger("hydra.probe").info("\t#0 : %s seed=1", f"api_token={SECRET}")
     assert caplog.records[-1].getMessage() == "\t#0 : api_token=*** seed=1"
+
+
+def test_a_typed_secret_travels_by_reference_so_no_record_of_the_command_line_holds_it():
+    """Hydra records each job's overrides as typed (`.hydra/`, multirun.yaml, a launcher's
+    pickles, a local cluster's task lines): a typed secret reaches them as an environment
+    reference, its value in the environment the jobs inherit."""
+    from tfrecipe.config.secrets import typed_by_reference
+
+    environ: dict[str, str] = {}
+    argv = [
+        f"+logger.mlflow.tags.api_token={SECRET}",
+        "model=mlp",
+        f"dataset.path='https://user:{SECRET}@example.org/x.csv'",
+        "logger.mlflow.tags.token=a,b",  # a sweep of several values stays as typed
+        f"hydra.sweeper.storage=postgresql://u:{SECRET}@db/s",  # refused there, with a hint
+    ]
+    moved = typed_by_reference(argv, environ)
+    assert SECRET not in " ".join(moved[:2])
+    assert moved[0] == "+logger.mlflow.tags.api_token=${oc.env:TFRECIPE_TYPED_SECRET_0}"
+    assert moved[1:2] + moved[3:] == argv[1:2] + argv[3:]
+    assert environ == {
+        "TFRECIPE_TYPED_SECRET_0": SECRET,
+        "TFRECIPE_TYPED_SECRET_2": f"https://user:{SECRET}@example.org/x.csv",
+    }

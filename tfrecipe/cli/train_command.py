@@ -56,16 +56,19 @@ def run(argv: list[str]) -> None:
 def _run_hydra_job(argv: list[str], hydra_main, invocation: Invocation) -> None:
     from tfrecipe import printed
     from tfrecipe.config.compose import recipe_file_overrides
+    from tfrecipe.config.secrets import typed_by_reference
     from tfrecipe.tracking.hparams import SWEEP_KEYS_ENV
 
     printed.redact_log_records(printed.typed_secrets(argv))  # Hydra logs each job's overrides
-    sys.argv = [sys.argv[0], *precheck(recipe_file_overrides(argv), invocation)]
+    # What Hydra, the launchers and a local cluster's tasks record holds no typed secret.
+    typed = typed_by_reference(argv, os.environ)
+    sys.argv = [sys.argv[0], *precheck(recipe_file_overrides(typed), invocation)]
     if invocation.cluster is not None and invocation.cluster.name == "local":
         from tfrecipe.distribute.launcher import run_local_cluster
 
         # The tasks get the user's own overrides (each registers a `recipe=PATH.yaml` itself) and
         # the pinned run dir.
-        raise SystemExit(run_local_cluster([*argv, sys.argv[-1]], invocation.cluster))
+        raise SystemExit(run_local_cluster([*typed, sys.argv[-1]], invocation.cluster))
     started = time.time()
     with sweep_jobs.jobs_file() as sweep_jobs_done, _logging_config_errors():
         hydra_main()

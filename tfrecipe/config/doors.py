@@ -236,6 +236,11 @@ ENV_DOORS = (
     ),
     Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study.WORKER_ENV: a worker's number only"),
     Door(
+        "TFRECIPE_TYPED_SECRET_*",
+        DATA,
+        "config.secrets.typed_by_reference: a secret typed on this command line, as a value",
+    ),
+    Door(
         "TFRECIPE_PERF_CACHE, XDG_CACHE_HOME",
         WRITE,
         "files.write_atomic: through files.write_atomic",
@@ -426,6 +431,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "shutil.rmtree": "a run dir this invocation made and a config error discards",
         "os.environ.*": "the inherited Trust set aside; the sweep's keys removed after",
         "os.environ[]=": "the inherited Trust, restored",
+        "typed_by_reference": "the secrets typed on this command line, into TFRECIPE_TYPED_SECRET_*",
     },
     "tfrecipe/cli/optuna_study.py": {
         "subprocess.Popen": "n_jobs - 1 more workers: launcher.tfrecipe_command (-P: no module "

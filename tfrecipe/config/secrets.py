@@ -226,3 +226,50 @@ def redact_logs(logger: logging.Logger | None = None) -> None:
     for handler in logger.handlers:
         if not any(isinstance(f, RedactSecrets) for f in handler.filters):
             handler.addFilter(RedactSecrets())
+
+
+# The environment variables that hold the secrets typed on this invocation's command line.
+TYPED_SECRET_ENV = "TFRECIPE_TYPED_SECRET_{}"
+
+
+def typed_by_reference(overrides: list[str], environ: dict[str, str]) -> list[str]:
+    """`overrides` with each secret typed on the command line moved into `environ`: the value of
+    a secret-looking key (`+logger.mlflow.tags.api_token=...`) or one holding a URL's password
+    becomes `${oc.env:TFRECIPE_TYPED_SECRET_N}`.
+
+    Hydra records a job's overrides as typed, where no redaction reaches: `.hydra/`,
+    `multirun.yaml`, the launchers' pickles and scripts, a local cluster's task command lines.
+    With the value in the environment (which children and SLURM jobs inherit) they record only
+    the reference, and the value reaches the config as `${oc.env:...}` does. `hydra.*` keys
+    (refused where they hold a secret: `hydra_value_problems`) and sweeps of several values
+    stay as typed."""
+    moved = []
+    for position, override in enumerate(overrides):
+        value = _typed_secret(override)
+        if value is None:
+            moved.append(override)
+            continue
+        variable = TYPED_SECRET_ENV.format(position)
+        environ[variable] = value
+        moved.append(f"{override.partition('=')[0]}=${{oc.env:{variable}}}")
+    return moved
+
+
+def _typed_secret(override: str) -> str | None:
+    """The secret typed as the value of `override`, or None: not a secret, not typed (already
+    a reference), under `hydra.`, or a sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    key, _, typed = override.partition("=")
+    name = key.lstrip("+~")
+    if not typed or name.startswith("hydra.") or "${" in typed:
+        return None
+    if not looks_secret(name) and not url_passwords(typed):
+        return None
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except Exception:  # Hydra reports its own syntax errors
+        return None
+    if parsed.is_sweep_override() or parsed.value() is None:
+        return None
+    return str(parsed.value())
