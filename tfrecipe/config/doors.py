@@ -235,11 +235,7 @@ ENV_DOORS = (
         "tracking.optuna_trial.TrialHandle.of_this_process: the sweeper's checked storage and trial (no config sets it)",
     ),
     Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study.WORKER_ENV: a worker's number only"),
-    Door(
-        "TFRECIPE_TYPED_SECRET_*",
-        DATA,
-        "config.secrets.typed_by_reference: a secret typed on this command line, as a value",
-    ),
+    Door("TFRECIPE_TYPED_SECRET_*", DATA, "config.secrets.typed_by_reference: a value"),
     Door(
         "TFRECIPE_PERF_CACHE, XDG_CACHE_HOME",
         WRITE,
