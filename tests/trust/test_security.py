@@ -494,6 +494,31 @@ def test_a_recipe_granting_yaml_runs_nothing(cli, victim):
     assert _snapshot(victim) == before, "nothing loaded, no run dir"
 
 
+@pytest.mark.parametrize("scheme", ["file", "pkg"])
+def test_a_recipes_search_path_adds_no_config_option(cli, victim, scheme):
+    """A recipe naming its own `hydra.searchpath` (a folder or a package of configs) cannot
+    bring in a group option that calls a function: Hydra reads the search path from the primary
+    config and the command line only, so the option stays unknown and nothing runs."""
+    (victim / "extra" / "model").mkdir(parents=True)
+    (victim / "extra" / "model" / "evil.yaml").write_text(
+        f"_target_: builtins.open\nfile: {victim / 'ran'}\nmode: w\n"
+    )
+    where = f"file://{victim / 'extra'}" if scheme == "file" else "pkg://tests"
+    recipe = _shared_recipe(
+        victim,
+        f"""\
+        defaults:
+          - override /model: evil
+        hydra:
+          searchpath: ["{where}"]
+        """,
+    )
+    before = _snapshot(victim)
+    report = _one_line_report(cli(str(recipe), *TINY, f"hydra.run.dir={victim / 'run'}"))
+    assert "model=evil: unknown option for group 'model'" in report, report
+    assert _snapshot(victim) == before, "nothing ran, no run dir"
+
+
 def test_only_the_command_line_grants_a_package(cli, tmp_path):
     recipe = _shared_recipe(
         tmp_path,
