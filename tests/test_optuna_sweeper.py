@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY
 
+from tests.helpers.optuna_recipes import validate_storage_recipe
+
 optuna = pytest.importorskip("optuna")
 
 # Each trial: the MLP, 2 epochs of 3 steps.
@@ -67,18 +69,9 @@ def test_the_stock_override_syntax_makes_optunas_distributions():
 )
 def test_a_recipe_may_keep_a_study_in_a_file_not_send_it_to_a_server(tmp_path, storage, valid):
     from tfrecipe.cli.commands import validate
-    from tfrecipe.errors import ConfigError
 
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        "# @package _global_\ndefaults: [{override /hydra/sweeper: optuna}]\n"
-        f"hydra: {{sweeper: {{storage: {storage}}}}}\n"
-    )
-    if valid:
-        validate([f"recipe={recipe}"])
-    else:
-        with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*command line"):
-            validate([f"recipe={recipe}"])
+    refused = None if valid else r"hydra\.sweeper\.storage=.*command line"
+    validate_storage_recipe(tmp_path, storage, refused=refused)
     # the same URL typed on the command line is the user's own choice
     validate(["hydra/sweeper=optuna", f"hydra.sweeper.storage={storage}"])
 
@@ -187,39 +180,106 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 240) -> No
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_a_killed_sweep_resumes_its_trial_in_the_same_run_dir(cli, tmp_path):
-    signals = tmp_path / "signals"
-    signals.mkdir()
-    sweep = tmp_path / "sw"
-    command = [
-        "-m",
-        "hydra/sweeper=optuna",
-        "hydra.sweeper.n_trials=2",
-        "optimizer.learning_rate=interval(0.001,0.01)",
-        *TRIAL,
+def _held_at_epoch_2(signals: Path) -> list[str]:
+    """3 epochs, each job held after its 2nd until `signals/release` exists (`signals/reached`
+    says it got there)."""
+    return [
         "loop.epochs=3",
         "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
         "+callbacks.extra.hold.epoch=2",
         f"+callbacks.extra.hold.signal_dir={signals}",
         "allowed_targets=[tests.helpers]",
+    ]
+
+
+def _preempt_at_epoch_2(command: list[str], cwd: Path, signals: Path) -> None:
+    """Starts `command`, and SIGTERMs it once its first job trained 2 of its 3 epochs; it saves
+    and exits 75 (preempted)."""
+    first = _start(command, cwd)
+    _wait_for(signals / "reached", first)
+    os.killpg(first.pid, signal.SIGTERM)  # noted now, acted on at the next training step
+    (signals / "release").write_text("")
+    assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_a_killed_sweep_resumes_its_trial_in_the_same_run_dir(cli, tmp_path, storage):
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    sweep = tmp_path / "sw"
+    url = {"sqlite": f"sqlite:///{tmp_path / 's.db'}", "journal": f"journal:///{tmp_path / 'j'}"}
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage={url[storage]}",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        *_held_at_epoch_2(signals),
         f"hydra.sweep.dir={sweep}",
     ]
     first = _start(command, tmp_path)
     _wait_for(signals / "reached", first)  # trial 0 trained 2 of its 3 epochs
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    learning_rate = _trials(f"sqlite:///{sweep / 'study.db'}")[0].params
+    learning_rate = _trials(url[storage])[0].params
     (signals / "release").write_text("")
     result = cli(*command)
     assert result.returncode == 0, result.stderr[-3000:]
-    trials = _trials(f"sqlite:///{sweep / 'study.db'}")
+    trials = _trials(url[storage])
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
     assert trials[1].params == learning_rate  # the retry of trial 0, with its parameters
     resumed = _summary(sweep / "0")
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] > 0
     assert resumed["epochs_completed"] == 3
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "2"]
+
+
+# A worker of another machine: it takes a trial of the journal and its lease, then waits.
+_REMOTE_WORKER = """
+import sys, time, optuna
+from pathlib import Path
+from tfrecipe.cli import optuna_lease
+from tfrecipe.tracking.optuna_trial import open_storage
+url = sys.argv[1]
+study = optuna.load_study(study_name="s", storage=open_storage(url))
+trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+trial.set_user_attr("tfrecipe_worker", "another-machine:1")  # no PID of this one tells
+with optuna_lease.held(optuna_lease.lease_dir(url), trial._trial_id):
+    print("running", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_journal_trial_whose_worker_machine_was_lost_is_failed_and_retried(tmp_path):
+    """The journal storage has no heartbeat: the trial's lease tells that its worker is gone."""
+    from tfrecipe.cli import optuna_lease
+    from tfrecipe.cli.optuna_study import _fail_dead_trials
+    from tfrecipe.tracking.optuna_trial import open_storage
+
+    url = f"journal:///{tmp_path / 'study.log'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _REMOTE_WORKER, url],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout.readline() == "running\n"
+        _fail_dead_trials(study, optuna_lease.lease_dir(url))
+        assert _states(url, "s") == ["RUNNING"]  # its worker holds the lease: alive
+    finally:
+        worker.kill()  # SIGKILL: nothing of it runs on
+        worker.wait()
+    _fail_dead_trials(study, optuna_lease.lease_dir(url))
+    failed, retry = _trials(url, "s")
+    assert (failed.state.name, retry.state.name) == ("FAIL", "WAITING")
+    assert retry.params == failed.params  # the same parameters
+    assert retry.system_attrs["failed_trial"] == failed.number  # into its run dir
+    _fail_dead_trials(study, optuna_lease.lease_dir(url))  # another worker: retried once only
+    assert len(_trials(url, "s")) == 2
 
 
 @pytest.mark.slow
@@ -252,18 +312,10 @@ def test_a_basic_sweep_rerun_resumes_its_preempted_job_and_skips_completed_ones(
         "-m",
         "optimizer.learning_rate=0.001,0.01",
         *TRIAL,
-        "loop.epochs=3",
-        "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
-        "+callbacks.extra.hold.epoch=2",
-        f"+callbacks.extra.hold.signal_dir={signals}",
-        "allowed_targets=[tests.helpers]",
+        *_held_at_epoch_2(signals),
         f"hydra.sweep.dir={sweep}",
     ]
-    first = _start(command, tmp_path)
-    _wait_for(signals / "reached", first)  # job 0 trained 2 of its 3 epochs
-    os.killpg(first.pid, signal.SIGTERM)  # noted now, acted on at the next training step
-    (signals / "release").write_text("")
-    assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
+    _preempt_at_epoch_2(command, tmp_path, signals)
     assert _summary(sweep / "0")["status"] == "preempted"
     resumed = cli(*command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -287,18 +339,10 @@ def test_a_preempted_trial_is_retried_into_its_run_dir_and_resumes(cli, tmp_path
         "hydra.sweeper.n_trials=1",
         "optimizer.learning_rate=interval(0.001,0.01)",
         *TRIAL,
-        "loop.epochs=3",
-        "+callbacks.extra.hold._target_=tests.helpers.hold_epoch.HoldAtEpoch",
-        "+callbacks.extra.hold.epoch=2",
-        f"+callbacks.extra.hold.signal_dir={signals}",
-        "allowed_targets=[tests.helpers]",
+        *_held_at_epoch_2(signals),
         f"hydra.sweep.dir={sweep}",
     ]
-    first = _start(command, tmp_path)
-    _wait_for(signals / "reached", first)
-    os.killpg(first.pid, signal.SIGTERM)  # noted now, acted on at the next training step
-    (signals / "release").write_text("")
-    assert first.wait(timeout=120) == 75, first.stdout.read()[-3000:]
+    _preempt_at_epoch_2(command, tmp_path, signals)
     storage = f"sqlite:///{sweep / 'study.db'}"
     assert _states(storage) == ["FAIL", "WAITING"]  # its retry is queued at once
     result = cli(*command)

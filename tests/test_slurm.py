@@ -275,3 +275,43 @@ def test_a_preempted_submitit_sweep_job_is_requeued_and_resumes_at_the_saved_ste
     assert summary["resumed_from_step"] == saved[0]
     assert summary["steps_completed"] == TOTAL_STEPS
     assert f"resuming from {run_dir}/backup/ckpt-{saved[0]} at step {saved[0]}" in logs
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_runs_in_slurm_array_tasks_that_share_one_study(slurm, tmp_path):
+    """hydra/sweeper=optuna with hydra/launcher=submitit_slurm: n_jobs=2 array tasks, each a
+    worker asking the one study for its next trial, until it has n_trials finished."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    optuna = pytest.importorskip("optuna")
+    import subprocess
+
+    sweep = tmp_path / "sweep"
+    env = {
+        **slurm.env,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+    }
+    sweep_args = [
+        *("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2"),
+        *("hydra/launcher=submitit_slurm", "hydra.launcher.partition=low"),
+        *("hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"),
+        *("optimizer.learning_rate=interval(0.001,0.01)", "model=mlp", "loop.epochs=1"),
+        *("loop.steps_per_epoch=2", "loop.verbose=0", f"hydra.sweep.dir={sweep}"),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "tfrecipe", *sweep_args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=slurm_cluster.HUNG_S,
+    )
+    logs = {p.name: p.read_text(errors="replace") for p in sweep.glob(".submitit/*/*_log.out")}
+    assert done.returncode == 0, done.stderr[-3000:] + "".join(logs.values())[-3000:]
+    array = {name.split("_log")[0] for name in logs}
+    assert len(array) == 2 and all(re.fullmatch(r"\d+_[01]_0", n) for n in array), array
+    assert all("optuna: study 'tfrecipe'" in log for log in logs.values())  # both joined it
+    study = optuna.load_study(study_name="tfrecipe", storage=f"sqlite:///{sweep / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3  # 3 in all, not 3 a task
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    assert "sweep: 3 jobs (3 completed)" in done.stdout  # one report, by the sweep's process

@@ -77,13 +77,10 @@ class MedianPrunerConfig:
 
 
 @dataclass
-class PercentilePrunerConfig:
+class PercentilePrunerConfig(MedianPrunerConfig):
+    # Optuna's PercentilePruner: the median pruner's keys, and the percentile of trials kept.
     name: str = "percentile"
     percentile: float = 25.0
-    n_startup_trials: int = 5
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-    n_min_trials: int = 1
 
 
 @dataclass

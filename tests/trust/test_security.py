@@ -17,6 +17,8 @@ import pytest
 from conftest import REPO, TINY
 from omegaconf import OmegaConf
 
+from tests.helpers.optuna_recipes import validate_storage_recipe
+
 # name -> (overrides, what the one-line report must name); {tmp} is the test's tmp dir.
 PROBES = {
     "write_file_as_callback": (
@@ -349,19 +351,8 @@ def test_env_copy_refuses_a_secret(monkeypatch):
     ],
 )
 def test_optuna_storage_from_a_config_is_a_file_or_nothing(tmp_path, storage, valid):
-    from tfrecipe.cli.commands import validate
-    from tfrecipe.errors import ConfigError
-
-    recipe = tmp_path / "shared.yaml"
-    recipe.write_text(
-        "# @package _global_\ndefaults: [{override /hydra/sweeper: optuna}]\n"
-        f"hydra: {{sweeper: {{storage: {storage}}}}}\n"
-    )
-    if valid:
-        validate([f"recipe={recipe}"])
-    else:
-        with pytest.raises(ConfigError, match=r"hydra\.sweeper\.storage=.*expected sqlite:///FILE"):
-            validate([f"recipe={recipe}"])
+    refused = None if valid else r"hydra\.sweeper\.storage=.*expected sqlite:///FILE"
+    validate_storage_recipe(tmp_path, storage, refused=refused)
 
 
 @pytest.mark.parametrize("storage", ["sqlite:///study.db", "journal:////tmp/study.log"])

@@ -24,18 +24,15 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from tfrecipe.cli import optuna_lease, optuna_workers
 from tfrecipe.cli.optuna_space import SearchSpace, search_space
-from tfrecipe.distribute.launcher import child_environment, tfrecipe_command
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tracking.optuna_trial import PRUNED_ATTR, TRIAL_ENV, TrialHandle, make_pruner
 
@@ -43,9 +40,6 @@ log = logging.getLogger("tfrecipe")
 
 # A database server's URL from your environment (used where hydra.sweeper.storage is null).
 STORAGE_ENV = "TFRECIPE_SWEEP_STORAGE"
-# Set on the workers a sweep starts (its number, 1..n_jobs-1): they run trials and leave the
-# report to the sweep's own process.
-WORKER_ENV = "TFRECIPE_SWEEP_WORKER"
 DEFAULT_STUDY = "tfrecipe"
 STUDY_FILE = "study.db"
 # A trial's user attribute: the worker running it (host:pid), to fail it once that process died.
@@ -98,7 +92,7 @@ def _rdb_storage(url: str):
         engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else None,
         heartbeat_interval=HEARTBEAT_S,
         grace_period=3 * HEARTBEAT_S,
-        heartbeat_stale_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=RETRIES),
+        heartbeat_stale_trial_callback=_retry_callback(),
     )
 
 
@@ -109,6 +103,7 @@ class OptunaStudy:
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         self.launcher, self.config = launcher, config
         self.url = storage_url(settings.get("storage"), sweep_dir)
+        self.leases = optuna_lease.lease_dir(self.url)
         self.name = settings.get("study_name") or DEFAULT_STUDY
         self.sampler = settings["sampler"]
         self.pruner = dict(settings.get("pruner") or {"name": "none"})
@@ -127,9 +122,15 @@ class OptunaStudy:
     def create(cls, settings: Mapping[str, Any], *, hydra_context, task_function, config):
         from hydra.core.plugins import Plugins
 
-        launcher = Plugins.instance().instantiate_launcher(
-            config=config, hydra_context=hydra_context, task_function=task_function
-        )
+        if optuna_workers.runs_trials_itself():  # an array task: its trials run here
+            from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+            launcher = BasicLauncher()
+            launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        else:
+            launcher = Plugins.instance().instantiate_launcher(
+                config=config, hydra_context=hydra_context, task_function=task_function
+            )
         return cls(settings, launcher=launcher, config=config)
 
     def sweep(self, arguments: list[str]) -> None:
@@ -148,8 +149,13 @@ class OptunaStudy:
             _finished(study),
             self.budget.n_trials,
         )
-        with self._workers():
+        if self.worker_number:
             _TrialLoop(study, space, self).run()
+        elif optuna_workers.submitit_launcher(self.launcher):  # the trials run in array tasks
+            optuna_workers.run_array(self.launcher, self.budget.n_jobs)
+        else:
+            with optuna_workers.local_workers(self.budget.n_jobs - 1):
+                _TrialLoop(study, space, self).run()
         if not self.worker_number:
             _write_results(study, Path(str(self.config.hydra.sweep.dir)))
 
@@ -178,32 +184,7 @@ class OptunaStudy:
 
     @property
     def worker_number(self) -> int:
-        return int(os.environ.get(WORKER_ENV) or 0)
-
-    @contextlib.contextmanager
-    def _workers(self) -> Iterator[None]:
-        """`n_jobs - 1` more processes of this command line, each a worker of the same study;
-        waited for (stopped, if this process is stopped)."""
-        count = 0 if self.worker_number else self.budget.n_jobs - 1
-        command = tfrecipe_command(sys.argv[1:])  # not a module of the current folder
-        workers = [
-            subprocess.Popen(
-                command, env=child_environment({**os.environ, WORKER_ENV: str(number)})
-            )
-            for number in range(1, count + 1)
-        ]
-        try:
-            yield
-        except BaseException:
-            for worker in workers:
-                worker.send_signal(signal.SIGTERM)
-            raise
-        finally:
-            for number, worker in enumerate(workers, start=1):
-                if worker.wait() != 0:
-                    log.warning(
-                        "optuna: worker %d ended with exit code %d", number, worker.returncode
-                    )
+        return optuna_workers.worker_number()
 
     def trial_handle(self, trial) -> TrialHandle:
         return TrialHandle(self.url, self.name, trial._trial_id, self.pruner)
@@ -219,7 +200,7 @@ class _TrialLoop:
     def run(self) -> None:
         budget = self.owner.budget
         while True:
-            _fail_dead_trials(self.study)
+            _fail_dead_trials(self.study, self.owner.leases)
             if _finished(self.study) + _running(self.study) >= budget.n_trials:
                 return
             if self.failures > budget.max_failures:
@@ -243,13 +224,14 @@ class _TrialLoop:
             "failed_trial", trial.number
         )
         overrides = self.space.overrides(trial.params)
-        try:
-            with _heartbeat(self.study, trial), _trial_env(self.owner.trial_handle(trial)):
-                [result] = self.owner.launcher.launch([overrides], initial_job_idx=number)
-        except BaseException:  # stopped (SIGTERM, Ctrl-C): failed, to be resumed by a retry
-            _fail_and_retry(self.study, trial._trial_id)
-            raise
-        self._tell(trial, result)
+        with optuna_lease.held(self.owner.leases, trial._trial_id):  # until it is told
+            try:
+                with _heartbeat(self.study, trial), _trial_env(self.owner.trial_handle(trial)):
+                    [result] = self.owner.launcher.launch([overrides], initial_job_idx=number)
+            except BaseException:  # stopped (SIGTERM, Ctrl-C): failed, to be resumed by a retry
+                _fail_and_retry(self.study, trial._trial_id)
+                raise
+            self._tell(trial, result)
 
     def _tell(self, trial, result) -> None:
         import optuna
@@ -308,21 +290,28 @@ def _running(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
-def _fail_dead_trials(study) -> None:
-    """Fails (and retries once) the running trials whose worker died: by Optuna's heartbeat on
-    RDB storage, and at once those of a dead process of this machine (journal storage too)."""
+def _fail_dead_trials(study, leases: Path | None) -> None:
+    """Fails (and retries once) the running trials whose worker died: at once where the study is
+    a file (the trial's lease can be taken: cli.optuna_lease, on any machine that shares the
+    file) or the worker was a process of this machine, else by Optuna's heartbeat (RDB)."""
     import optuna
 
     if isinstance(study._storage, optuna.storages.RDBStorage):
         optuna.storages.fail_stale_trials(study)
-    host = socket.gethostname()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker_host, _, pid = str(trial.user_attrs.get(WORKER_ATTR, "")).rpartition(":")
-        if worker_host == host and pid.isdigit() and not _alive(int(pid)):
-            log.warning(
-                "optuna: trial %d's worker (PID %s) is gone: retrying it", trial.number, pid
-            )
+        worker = str(trial.user_attrs.get(WORKER_ATTR, ""))
+        gone = optuna_lease.worker_gone(leases, trial._trial_id)
+        if gone is None:  # no lease to tell: a database server, a file system without locks
+            gone = _gone_from_this_machine(worker)
+        if gone:
+            log.warning("optuna: trial %d's worker (%s) is gone: retrying it", trial.number, worker)
             _fail_and_retry(study, trial._trial_id)
+
+
+def _gone_from_this_machine(worker: str) -> bool:
+    """Whether `worker` (host:pid) was a process of this machine that no longer runs."""
+    host, _, pid = worker.rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -340,12 +329,21 @@ def _fail_and_retry(study, trial_id: int) -> None:
     import optuna
 
     storage = study._storage
-    with contextlib.suppress(RuntimeError):  # another worker failed it first
+    with contextlib.suppress(RuntimeError), warnings.catch_warnings():  # RuntimeError: another
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # failed it first
         if not storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL):
             return
-        optuna.storages.RetryFailedTrialCallback(max_retry=RETRIES)(
-            study, storage.get_trial(trial_id)
-        )
+        _retry_callback()(study, storage.get_trial(trial_id))
+
+
+def _retry_callback():
+    """Optuna's callback that enqueues a failed trial again (RETRIES times at most), by its
+    name since Optuna 4.9 (RetryFailedTrialCallback before)."""
+    import optuna
+
+    storages = optuna.storages
+    callback = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
+    return (callback or storages.RetryFailedTrialCallback)(max_retry=RETRIES)
 
 
 @contextlib.contextmanager

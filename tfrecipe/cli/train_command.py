@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tfrecipe.cli import optuna_study, sweep_jobs
+from tfrecipe.cli import optuna_workers, sweep_jobs
 from tfrecipe.cli.job import JobConfigError, mark_preempted, task
 from tfrecipe.cli.precheck import Invocation, precheck
 from tfrecipe.errors import ConfigError
@@ -73,8 +73,8 @@ def _run_hydra_job(argv: list[str], hydra_main, invocation: Invocation) -> None:
     with sweep_jobs.jobs_file() as sweep_jobs_done, _logging_config_errors():
         hydra_main()
         jobs = sweep_jobs_done()
-    # An Optuna sweep's extra worker (cli.optuna_study) leaves the report to the sweep's process.
-    worker = os.environ.get(optuna_study.WORKER_ENV)
+    # An Optuna sweep's extra worker (cli.optuna_workers) leaves the report to the sweep's process.
+    worker = os.environ.get(optuna_workers.WORKER_ENV)
     if invocation.sweep is not None and invocation.sweep.sweep_dir.is_dir() and not worker:
         _report_sweep(invocation.sweep, argv, started)
     os.environ.pop(SWEEP_KEYS_ENV, None)  # this sweep's, set by the pre-check

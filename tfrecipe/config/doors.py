@@ -234,7 +234,7 @@ ENV_DOORS = (
         NETWORK,
         "tracking.optuna_trial.TrialHandle.of_this_process: the sweeper's checked storage and trial (no config sets it)",
     ),
-    Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_study.WORKER_ENV: a worker's number only"),
+    Door("TFRECIPE_SWEEP_WORKER", NAME, "cli.optuna_workers.WORKER_ENV: a worker's number only"),
     Door("TFRECIPE_TYPED_SECRET_*", DATA, "config.secrets.typed_by_reference: a value"),
     Door(
         "TFRECIPE_PERF_CACHE, XDG_CACHE_HOME",
@@ -288,6 +288,7 @@ FILE_DOORS = (
         WRITE,
         "cli.optuna_study.storage_url: Optuna's sqlite file, the default name",
     ),
+    Door("STUDY_FILE.trials/ID", WRITE, "cli.optuna_lease.lease_dir: lease files, by trial id"),
     Door("SWEEP_DIR/optimization_results.yaml", WRITE, "files.write_atomic, a name tfrecipe chose"),
     Door(
         "RUN_DIR/.tfrecipe-files",
@@ -430,10 +431,12 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "typed_by_reference": "the secrets typed on this command line, into TFRECIPE_TYPED_SECRET_*",
     },
     "tfrecipe/cli/optuna_study.py": {
-        "subprocess.Popen": "n_jobs - 1 more workers: launcher.tfrecipe_command (-P: no module "
-        "of the current folder) with this process's own argv, no shell",
         "os.environ.*": "the running trial's handle (tracking.optuna_trial), removed after",
-        "sweep_dir.mkdir": "the sweep dir, for the default study file (Hydra makes it anyway)",
+    },
+    "tfrecipe/cli/optuna_workers.py": {"subprocess.*": "workers: tfrecipe_command(own argv)"},
+    "tfrecipe/cli/optuna_lease.py": {
+        "os.open": "a trial's empty lease file beside the study's file (O_NOFOLLOW)",
+        "path.unlink": "that lease, once its trial was told (or its worker is gone)",
     },
     "tfrecipe/cli/predict.py": {
         "open(?)": "the output, inside its scratch folder (files.put moves it)",
