@@ -159,6 +159,44 @@ def test_pruned_trials_stop_cleanly_and_never_win(cli, tmp_path):
     assert "pruned" in result.stdout  # the sweep table shows them as such
 
 
+def test_a_pruned_run_shows_as_pruned_in_mlflow_wandb_and_compare(
+    train_run, cli, tmp_path, monkeypatch
+):
+    """A trial that its pruner stops after epoch 1 of 2 (a finished trial was better at every
+    step): summary.json, Optuna, MLflow, W&B and `tfrecipe compare` all say pruned."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import wandb_records
+    from tfrecipe.tracking.optuna_trial import PRUNED_ATTR, TrialHandle, open_storage
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    best = optuna.trial.create_trial(value=0.0, intermediate_values={1: 0.0, 2: 0.0})
+    study.add_trial(best)
+    pruner = {"name": "median", "n_startup_trials": 1}
+    handle = TrialHandle(url, "s", study.ask()._trial_id, pruner)
+    for name, value in {**handle.environ(), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name))
+    summary, run_dir = train_run(
+        "model=mlp", "logger=[csv,mlflow,wandb]", "logger.wandb.mode=offline"
+    )
+    assert (summary["status"], summary["pruned_at_epoch"]) == ("pruned", 1)
+    assert _trials(url, "s")[1].user_attrs[PRUNED_ATTR] == 1  # the sweeper tells Optuna PRUNED
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert (run.info.status, run.data.tags["status"]) == ("FINISHED", "pruned")
+    assert wandb_records.summary(run_dir)["status"] == "pruned"
+    assert "pruned" in wandb_records.tags(run_dir)
+    assert wandb_records.exit_code(run_dir) == 0  # stopped cleanly, not failed
+    compared = cli("compare", str(run_dir), "--out", str(tmp_path / "cmp"))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    assert "pruned" in compared.stdout
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tfrecipe", *args],
@@ -171,12 +209,18 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for(path: Path, process: subprocess.Popen) -> None:
+    _wait_until(path.exists, process)
+
+
+def _wait_until(predicate, process: subprocess.Popen, timeout: float = 600) -> None:
+    """Until `predicate()` holds; fails as soon as the sweep ended without it (the bound only
+    keeps a hung sweep from holding the test run for ever)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not predicate():
         if process.poll() is not None:
-            pytest.fail(f"the sweep ended before {path.name}:\n{process.stdout.read()[-3000:]}")
-        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+            pytest.fail(f"the sweep ended before {predicate}:\n{process.stdout.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"{predicate} still false after {timeout}s"
         time.sleep(0.1)
 
 
@@ -252,6 +296,7 @@ with optuna_lease.held(optuna_lease.lease_dir(url), trial._trial_id):
 """
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_journal_trial_whose_worker_machine_was_lost_is_failed_and_retried(tmp_path):
     """The journal storage has no heartbeat: the trial's lease tells that its worker is gone."""
     from tfrecipe.cli import optuna_lease
@@ -353,7 +398,11 @@ def test_a_preempted_trial_is_retried_into_its_run_dir_and_resumes(cli, tmp_path
 
 
 @pytest.mark.slow
-def test_n_jobs_runs_trials_in_two_workers_of_one_study(tmp_path):
+def test_n_jobs_workers_never_wait_for_each_others_trials(tmp_path):
+    """n_jobs=2, n_trials=3, the first trial held mid-training: the other worker runs the other
+    two meanwhile (a batch launch of 2 would wait for the held one before its next trial)."""
+    signals = tmp_path / "signals"
+    signals.mkdir()
     sweep = tmp_path / "sw"
     command = [
         "-m",
@@ -362,12 +411,19 @@ def test_n_jobs_runs_trials_in_two_workers_of_one_study(tmp_path):
         "hydra.sweeper.n_jobs=2",
         "optimizer.learning_rate=interval(0.001,0.01)",
         *TRIAL,
+        *_held_at_epoch_2(signals),
+        "+callbacks.extra.hold.first_only=true",
         f"hydra.sweep.dir={sweep}",
     ]
     sweep_process = _start(command, tmp_path)
+    _wait_for(signals / "reached", sweep_process)
+    storage = f"sqlite:///{sweep / 'study.db'}"
+    _wait_until(lambda: _states(storage).count("COMPLETE") == 2, sweep_process)
+    assert sorted(_states(storage)) == ["COMPLETE", "COMPLETE", "RUNNING"]  # one still held
+    (signals / "release").write_text("")
     output = sweep_process.communicate(timeout=600)[0]
     assert sweep_process.returncode == 0, output[-3000:]
-    trials = _trials(f"sqlite:///{sweep / 'study.db'}")
+    trials = _trials(storage)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     workers = {t.user_attrs["tfrecipe_worker"] for t in trials}
     assert len(workers) == 2  # this process and the one it started, each asking for the next

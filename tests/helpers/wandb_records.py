@@ -91,6 +91,12 @@ def history(run_dir: Path) -> list[dict]:
     ]
 
 
+def tags(run_dir: Path) -> list[str]:
+    """The run's tags as last set (at its start, or later by `run.tags = ...`)."""
+    runs = [r.run for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "run"]
+    return list(runs[-1].tags) if runs else []
+
+
 def exit_code(run_dir: Path) -> int | None:
     codes = [
         r.exit.exit_code

@@ -7,12 +7,13 @@ is a shim over `OptunaStudy`).
   (default "tfrecipe"): rerunning the command continues it until it has `n_trials` finished
   (complete or pruned) trials, and another process on the same storage joins it.
 - A worker asks the study for a trial, runs it as a Hydra job in `SWEEP_DIR/<trial number>`
-  and tells the study how it ended, then asks for the next: `n_jobs` workers on this machine
-  (this process and `n_jobs - 1` more started with the same command line) never wait for each
-  other's trials.
-- A trial whose process died (SIGKILL, a lost node: Optuna's heartbeat on RDB storage; on this
-  machine at once, by its worker's PID) or that was stopped (SIGTERM, Ctrl-C) is failed and
-  retried once with the same parameters, into the same run dir, where it resumes from its backup.
+  and tells the study how it ended, then asks for the next: `n_jobs` workers (this process and
+  `n_jobs - 1` more of the same command line; under a submitit launcher, `n_jobs` SLURM array
+  tasks: cli.optuna_workers) never wait for each other's trials.
+- A trial whose process died (SIGKILL, a lost node: its lease beside a file storage is free,
+  cli.optuna_lease; Optuna's heartbeat on a database server) or that was stopped (SIGTERM,
+  Ctrl-C) is failed and retried once with the same parameters, into the same run dir, where it
+  resumes from its backup.
 - The job reports `sweep.objective` after every validation (tfrecipe.tracking.optuna_trial); a
   job the pruner stops marks its trial, which is told PRUNED here.
 """
