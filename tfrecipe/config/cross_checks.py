@@ -40,7 +40,7 @@ def cross_section_problems(run: RunConfig) -> list[Problem]:
         *_ensemble_problems(run),
         *_export_problems(run),
         *_ema_problems(run),
-        *residency.problems(run.pipeline.resident, strategy=run.strategy.name),
+        *residency.problems(run.pipeline.resident, strategy=RunPlan.from_config(run).strategy),
     ]
 
 
@@ -404,8 +404,8 @@ def _loop_problems(run: RunConfig) -> list[Problem]:
 def _parameter_server_loop_problems(run: RunConfig) -> list[Problem]:
     """The ClusterCoordinator loop schedules one batch per step on whichever worker is free, so
     the custom loop's step knobs have nothing to act on; refused here, before a cluster starts."""
-    loop, problems = run.loop, []
-    if not RunPlan.from_config(run).parameter_servers or loop.name != "custom":
+    loop, problems, plan = run.loop, [], RunPlan.from_config(run)
+    if not plan.parameter_servers or plan.requested_loop != "custom":
         return []  # loop=fit is refused on its own (_parameter_server_problems)
     if loop.gradient_accumulation_steps != 1:
         problems.append(
@@ -434,7 +434,7 @@ def _parameter_server_problems(run: RunConfig) -> list[Problem]:
     cluster, problems, plan = run.cluster, [], RunPlan.from_config(run)
     if not plan.parameter_servers:
         return []
-    if run.loop.name == "fit":  # the plan's loop is parameter_server's
+    if plan.requested_loop == "fit":  # the plan's loop is parameter_server's
         problems.append(
             Problem(
                 "loop",
@@ -476,9 +476,9 @@ def _parameter_server_problems(run: RunConfig) -> list[Problem]:
 
 def _cluster_problems(run: RunConfig) -> list[Problem]:
     """A local cluster's tasks must fit the strategy."""
-    strategy, cluster, problems = run.strategy.name, run.cluster, []
-    parameter_server = RunPlan.from_config(run).parameter_servers
-    if cluster.name == "local" and not parameter_server and cluster.num_ps:
+    cluster, problems, plan = run.cluster, [], RunPlan.from_config(run)
+    strategy = plan.strategy
+    if cluster.name == "local" and not plan.parameter_servers and cluster.num_ps:
         problems.append(
             Problem(
                 "cluster.num_ps",
@@ -487,7 +487,7 @@ def _cluster_problems(run: RunConfig) -> list[Problem]:
                 f"strategy={strategy}); set cluster.num_ps=0",
             )
         )
-    if cluster.name == "local" and strategy not in ("multi_worker_mirrored", "parameter_server"):
+    if cluster.name == "local" and not plan.multi_worker:
         problems.append(
             Problem(
                 "cluster",

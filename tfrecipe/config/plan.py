@@ -20,6 +20,8 @@ from tfrecipe.data import residency
 # per call pay that once. Above it one step per call loses nothing and keeps hooks per step.
 SMALL_MODEL_PARAMS = 1_000_000
 MAX_STEPS_PER_CALL = 32
+# The strategies that train on several workers of a cluster.
+MULTI_WORKER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 # `precision=auto` on a CPU: bfloat16 pays for these builders' convolutions (measured on an
 # AVX512_BF16 EPYC: cnn 1.03-1.12x, resnet 1.03-1.41x; resnet 1.63x on an AMX Xeon), not for
 # the small matmuls of an MLP, whose casts cost more (0.76-0.94x): docs/benchmarks.md.
@@ -34,6 +36,9 @@ class RunPlan:
 
     Attributes:
       loop: "fit", "custom", or "parameter_server" (a ClusterCoordinator's custom loop).
+      requested_loop: the loop the config names (`loop`: "fit" or "custom"); under parameter
+        servers `loop` is theirs whatever it names.
+      strategy: the distribution strategy the config names (`strategy`).
       in_cluster: this process is a cluster task (multi-worker, parameter servers).
       precision: the dtype policy set before any layer is built ("auto": resolved on the
         devices, `tfrecipe.precision.resolve_policy`).
@@ -63,6 +68,8 @@ class RunPlan:
     hook_keys: tuple[str, ...] = ()  # the key that set each of `hook_intervals`
     # where the training data live, as far as the config decides (tfrecipe.data.residency)
     training_data: str = ""
+    requested_loop: str = "fit"
+    strategy: str = "auto"
 
     @classmethod
     def from_config(cls, run: RunConfig) -> RunPlan:
@@ -99,11 +106,18 @@ class RunPlan:
             training_data=residency.plan_line(
                 run.pipeline.resident, strategy=run.strategy.name, cache=run.pipeline.cache
             ),
+            requested_loop=run.loop.name,
+            strategy=run.strategy.name,
         )
 
     @property
     def parameter_servers(self) -> bool:
         return self.loop == "parameter_server"
+
+    @property
+    def multi_worker(self) -> bool:
+        """The strategy trains on several workers (a local cluster starts them)."""
+        return self.strategy in MULTI_WORKER_STRATEGIES
 
     def save_at_start(self, *, resumed: bool) -> bool:
         """A fresh run that rolls back keeps its first step's state: a rollback before the first
