@@ -87,14 +87,8 @@ def test_train_refuses_a_run_dir_another_process_holds_and_gives_its_own_back(tm
     from tfrecipe.rundir import lock_run_dir, unlock_run_dir
 
     run_dir = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from tfrecipe.rundir import lock_run_dir; lock_run_dir(Path(sys.argv[1])); "
-         "print('locked', flush=True); time.sleep(60)", str(run_dir)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _hold_lock(run_dir)
     try:
-        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(ConfigError, match=f"run dir in use by PID {holder.pid}"):
             lock_run_dir(run_dir)
     finally:

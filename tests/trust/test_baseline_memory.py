@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.probes import peak_memory_growth
 
 from tfrecipe.errors import ConfigError
 
@@ -39,25 +40,16 @@ def test_the_estimate_grows_with_the_one_hot_width_and_the_classes():
 def test_the_estimate_is_not_below_what_the_linear_baseline_takes():
     """Measured for real in a fresh process: LogisticRegression on 4,000 rows x 1,500 columns
     with 300 classes stays under its part of the estimate."""
-    import subprocess
-    import sys
-
     from tfrecipe.training.baseline_memory import BaselineData, estimated_bytes
 
-    script = (
-        "import resource, numpy as np\n"
+    fitting = peak_memory_growth(
+        setup="import numpy as np\n"
         "from sklearn.linear_model import LogisticRegression\n"
         "x = np.random.default_rng(0).random((4000, 1500), dtype=np.float32)\n"
-        "y = np.arange(4000) % 300\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "import warnings; warnings.simplefilter('ignore')\n"
-        "LogisticRegression(max_iter=5).fit(x, y)\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n"
+        "y = np.arange(4000) % 300",
+        measured="import warnings; warnings.simplefilter('ignore')\n"
+        "LogisticRegression(max_iter=5).fit(x, y)",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
-    )
-    fitting = int(done.stdout.split()[-1])
     matrix = 2 * 4000 * 1500 * 4
     assert fitting <= estimated_bytes(BaselineData(4000, 0, 1500, 300, "class_ids")) - matrix
 

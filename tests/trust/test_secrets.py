@@ -5,10 +5,10 @@ Hydra itself would write it (the run and sweep dirs' names, the job's name)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import pytest
+from helpers.probes import redacted_log
 from omegaconf import OmegaConf
 
 # Holds the characters repr, JSON and YAML escape.
@@ -74,20 +74,9 @@ def test_a_url_password_is_redacted_whatever_the_variables_name(monkeypatch):
 
 
 def test_the_log_and_the_console_never_show_an_escaped_secret(monkeypatch):
-    import io
-
-    from tfrecipe.config.secrets import RedactSecrets
-
     monkeypatch.setenv("SERVICE_PRIVATE_KEY", NASTY)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(RedactSecrets())
-    logger = logging.getLogger("test_secrets")
-    logger.addHandler(handler)
-    try:
+    with redacted_log("test_secrets") as (logger, stream):
         logger.warning("options %r", {"key": NASTY})
-    finally:
-        logger.removeHandler(handler)
     assert "***" in stream.getvalue() and "wo" not in stream.getvalue(), stream.getvalue()
 
 

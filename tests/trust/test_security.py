@@ -8,13 +8,13 @@ is left exactly as it was and no run dir exists.
 
 from __future__ import annotations
 
-import io
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY
+from helpers.probes import redacted_log
 from omegaconf import OmegaConf
 
 from tests.helpers.optuna_recipes import validate_storage_recipe
@@ -730,24 +730,13 @@ def test_a_secret_failing_a_sweep_jobs_check_reaches_no_file(cli, monkeypatch, t
 
 
 def test_a_log_record_is_written_without_secrets(monkeypatch):
-    import logging
-
-    from tfrecipe.config.secrets import RedactSecrets
-
     monkeypatch.setenv("MY_SERVICE_TOKEN", SECRET)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(RedactSecrets())
-    logger = logging.getLogger("test_security.redaction")
-    logger.addHandler(handler)
-    try:
+    with redacted_log("test_security.redaction") as (logger, stream):
         logger.warning("key %s in the message", SECRET)
         try:
             raise ValueError(f"bad value {SECRET}")
         except ValueError:
             logger.exception("failed")
-    finally:
-        logger.removeHandler(handler)
     written = stream.getvalue()
     assert "key *** in the message" in written and "ValueError: bad value ***" in written
     assert SECRET not in written

@@ -409,13 +409,6 @@ def run_local_cluster(argv: Sequence[str], spec) -> int:
       argv: the command line's overrides, `hydra.run.dir` pinned.
       spec: the validated `cluster` config (schema.LocalCluster).
     """
-    options = LaunchOptions(
-        num_workers=spec.num_workers,
-        num_ps=spec.num_ps,
-        max_restarts=spec.max_restarts,
-        grace_period_s=spec.grace_period_s,
-        exit_grace_s=spec.exit_grace_s,
-        evaluator=spec.evaluator,
-        stall_timeout=spec.stall_timeout,
-    )
-    return launch(argv, options)
+    # Each option is the `cluster` key of its name.
+    options = {f.name: getattr(spec, f.name) for f in dataclasses.fields(LaunchOptions)}
+    return launch(argv, LaunchOptions(**options))
