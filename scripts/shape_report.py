@@ -92,6 +92,29 @@ def _field_names(tree: ast.AST) -> set[ast.AST]:
     return found
 
 
+def _path_parts(tree: ast.AST) -> set[ast.AST]:
+    """Strings used as parts of a path: an operand of `/`, an argument of `Path(...)`,
+    `os.path.join(...)` or `.joinpath(...)`."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            found.update((node.left, node.right))
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in ("Path", "join", "joinpath", "PurePath"):
+                found.update(node.args)
+    return found
+
+
+def _names_a_run_dir_file(node: ast.AST, keys: set[ast.AST], parts: set[ast.AST]) -> bool:
+    """A file name with a suffix (`summary.json`) names a run-dir file wherever it is not a
+    mapping's key; a bare word (`exports`, `members`, `backup`: also summary.json's field names
+    and plain words) only where it is part of a path."""
+    if not isinstance(node, ast.Constant) or node.value not in RUN_DIR_NAMES or node in keys:
+        return False
+    return "." in node.value or node in parts
+
+
 def measure(package: Path, original: Path, tests: Path) -> dict:
     markers = {p: p.read_text().count("# fmt: skip") for p in original.rglob("*.py")}
     in_training = sum(
@@ -125,11 +148,11 @@ def measure(package: Path, original: Path, tests: Path) -> dict:
             taker += "config" not in path.parts and any(
                 a.endswith("RunConfig") for a in annotations
             )
-        keys = _field_names(tree)
+        keys, parts = _field_names(tree), _path_parts(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 10:
                 big_calls += 1
-            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES and node not in keys:
+            if _names_a_run_dir_file(node, keys, parts):
                 naming_files.add(str(relative))
         if path.name == "cross_checks.py":
             strategy_tests = len(re.findall(r"\b(?:strategy|loop)\.name\b", text))

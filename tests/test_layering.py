@@ -15,8 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tfrecipe"
 
 # Bottom first. An entry is a module, or a package standing for its modules not listed on their own.
 LAYERS: list[tuple[str, ...]] = [
-    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader,
-    # what each export format can carry
+    # what every floor uses: errors, the private APIs, command-line grants, secrets, the reader
     (
         "tfrecipe.errors",
         "tfrecipe.files",
@@ -28,11 +27,11 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.printed",
         "tfrecipe.config.targets",
         "tfrecipe.config.grants",
-        "tfrecipe.config.export_limits",
         "tfrecipe.config.__init__",
     ),
-    # the run dir: its files, how a run ends, the dtype policy
-    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.precision"),
+    # the run dir: its files, how a run ends, the dtype policy; what each export format (a file
+    # of the run dir) can carry
+    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.precision", "tfrecipe.config.export_limits"),
     # reading a config: Hydra's composition, the allow-listed instantiation, their checks
     (
         "tfrecipe.config.compose",

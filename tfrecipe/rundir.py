@@ -53,6 +53,9 @@ LAYOUT: Mapping[str, tuple[str, str]] = {
     "manifest": (files.MANIFEST, "the files tfrecipe wrote here (files.py: the one writer)"),
     "lock": (".", "an flock on the run dir itself: the process that trains into it"),
 }
+# What Hydra writes into the run dir's `hydra.output_subdir` (.hydra): the job's composed config,
+# Hydra's own, and the command line's overrides.
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 CONFIG, SUMMARY, SIGNATURE, HISTORY, CURVES = (
     LAYOUT[name][0] for name in ("config", "summary", "signature", "history", "curves")
 )

@@ -11,13 +11,15 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from tfrecipe.rundir import LAYOUT
+
 
 @dataclasses.dataclass(frozen=True)
 class Format:
     """One format a run can export its model in.
 
     Attributes:
-      file: its final file (or directory) in the run dir.
+      file: its final file (or directory) in the run dir (`rundir.LAYOUT`'s).
       packages: the Python packages its exporter and runtime need (the `export` extra).
       periodic: whether `callbacks.export.every_n_epochs` also writes it each N epochs (the others
         are written and checked once, when the run ends).
@@ -32,10 +34,10 @@ class Format:
 
 
 FORMATS: Mapping[str, Format] = {
-    "keras": Format("model.keras", periodic=True),
-    "saved_model": Format("saved_model", periodic=True),
+    "keras": Format(LAYOUT["model"][0], periodic=True),
+    "saved_model": Format(LAYOUT["saved_model"][0], periodic=True),
     "onnx": Format(
-        "model.onnx",
+        LAYOUT["onnx"][0],
         packages=("tf2onnx", "onnx", "onnxruntime"),
         cannot_carry={
             "TextVectorization": "ONNX has no string ops for {layer}",
@@ -44,7 +46,7 @@ FORMATS: Mapping[str, Format] = {
         },
     ),
     "litert": Format(
-        "model.tflite",
+        LAYOUT["litert"][0],
         packages=("ai_edge_litert",),
         cannot_carry={
             "TextVectorization": "LiteRT's pip runtime cannot run {layer} (no Flex delegate)",

@@ -38,6 +38,7 @@ from tfrecipe.config.hydra_keys import hydra_key_problems
 from tfrecipe.config.secrets import hydra_value_problems, looks_secret
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import Problem
+from tfrecipe.rundir import HYDRA_FILES
 
 # Hydra's logging config goes to logging.config.dictConfig, which imports `class` and calls `()`.
 _LOG_CLASSES = frozenset(
@@ -280,10 +281,6 @@ def _outside_problem(path: Path, output_dir: Path | None) -> str | None:
     return None
 
 
-# Files Hydra writes into `hydra.output_subdir`.
-_HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-
-
 def _output_subdir_problems(subdir: Any, output_dir: Path | None) -> list[Problem]:
     """`hydra.output_subdir` is where Hydra writes config.yaml, hydra.yaml and overrides.yaml,
     relative to the run dir (an absolute path would take them anywhere)."""
@@ -293,7 +290,7 @@ def _output_subdir_problems(subdir: Any, output_dir: Path | None) -> list[Proble
     if not isinstance(subdir, str) or not subdir or Path(subdir).is_absolute():
         return [Problem("hydra.output_subdir", subdir, hint)]
     base = output_dir or Path("run-dir")  # unresolvable run dir: the relative path still tells
-    for name in ("", *_HYDRA_FILES):
+    for name in ("", *HYDRA_FILES):
         outside = _outside_problem(base / subdir / name, base)
         if outside:
             return [Problem("hydra.output_subdir", subdir, f"{outside}; {hint}")]
