@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecipe import models
+from tfrecipe.data.distribute import Feed
 from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.data.tfrecord import load
@@ -96,9 +97,7 @@ def main() -> None:
             dataset = distribute_dataset(
                 strategy,
                 prepare(splits.train, options, split="train", training=True, seed=0),
-                global_batch_size=args.batch,
-                repeat=True,
-                batch_map=batch_transform(options),
+                Feed(global_batch_size=args.batch, repeat=True, batch_map=batch_transform(options)),
             )
             fed = input_rate(iter(dataset), args.steps, args.batch)
             model = getattr(models, name)(input_shape=shape, num_classes=10)

@@ -13,6 +13,7 @@ import sys
 
 import tensorflow as tf
 
+from tfrecipe.data.distribute import Feed
 from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.data.tabular import csv
@@ -30,9 +31,8 @@ def main(path: str, out: str) -> None:
     )
     options = PipelineOptions(cache=None, shuffle_buffer=64)
     dataset = prepare(splits.train, options, split="train", training=True, seed=7)
-    distributed = distribute_dataset(
-        strategy, dataset, global_batch_size=4, batch_map=batch_transform(options)
-    )
+    feed = Feed(global_batch_size=4, batch_map=batch_transform(options))
+    distributed = distribute_dataset(strategy, dataset, feed)
     ids = []
     for features, _ in distributed:  # one epoch
         for local in strategy.experimental_local_results(features["id"]):

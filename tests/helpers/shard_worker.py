@@ -12,6 +12,7 @@ import sys
 
 import tensorflow as tf
 
+from tfrecipe.data.distribute import Feed
 from tfrecipe.data.distribute import distribute as distribute_dataset
 from tfrecipe.data.pipeline import PipelineOptions, prepare
 from tfrecipe.data.tfrecord import load
@@ -30,9 +31,8 @@ def main(pattern: str, out: str, policies: list[str]) -> None:
     for policy in policies:
         options = PipelineOptions(cache=None, shuffle_buffer=64, auto_shard_policy=policy)
         dataset = prepare(splits.train, options, split="train", training=True, seed=7)
-        distributed = distribute_dataset(
-            strategy, dataset, global_batch_size=4, auto_shard_policy=policy
-        )
+        feed = Feed(global_batch_size=4, auto_shard_policy=policy)
+        distributed = distribute_dataset(strategy, dataset, feed)
         ids = []
         for features, _ in distributed:  # one epoch
             for local in strategy.experimental_local_results(features):

@@ -14,7 +14,7 @@ import sys
 import tensorflow as tf
 
 from tfrecipe.data import tabular
-from tfrecipe.data.distribute import distribute, input_shard
+from tfrecipe.data.distribute import Feed, distribute, input_shard
 from tfrecipe.data.pipeline import PipelineOptions, prepare
 
 
@@ -28,7 +28,7 @@ def main(kind: str, path: str, out: str) -> None:
     splits = splits.for_worker(*input_shard(strategy))
     options = PipelineOptions(shuffle_buffer=64)
     dataset = prepare(splits.train, options, split="train", training=True, seed=7, chunks=True)
-    distributed = distribute(strategy, dataset, global_batch_size=8, chunks=True)
+    distributed = distribute(strategy, dataset, Feed(global_batch_size=8, chunks=True))
     ids = []
     for features, _ in distributed:  # one epoch
         for local in strategy.experimental_local_results(features["id"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -22,21 +23,38 @@ def input_shard(strategy: tf.distribute.Strategy) -> tuple[int, int]:
     return offset + int(resolver.task_id or 0), chiefs + workers
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Feed:
+    """How a dataset is batched and fed to the replicas (`distribute` says what each does).
+
+    Attributes:
+      global_batch_size: the examples of one step over all replicas.
+      drop_remainder: drop a last, smaller batch.
+      repeat: endless data, for loops that count steps per epoch themselves.
+      auto_shard_policy: how several workers share the input ("auto", "file", "data", "off").
+      batch_map: transforms each global batch (normalization, vectorized), or None.
+      skip: global batches dropped from the start of the stream (a restored run).
+      chunks: the elements are chunks of rows a Python reader streams.
+      num_rows: how many rows those chunks hold, when known.
+      cache_batches: keep `batch_map`'s results in memory.
+    """
+
+    global_batch_size: int
+    drop_remainder: bool = False
+    repeat: bool = False
+    auto_shard_policy: str = "auto"
+    batch_map: Callable | None = None
+    skip: int = 0
+    chunks: bool = False
+    num_rows: int | None = None
+    cache_batches: bool = False
+
+
 def distribute(
-    strategy: tf.distribute.Strategy,
-    dataset: tf.data.Dataset,
-    *,
-    global_batch_size: int,
-    drop_remainder: bool = False,
-    repeat: bool = False,
-    auto_shard_policy: str = "auto",
-    batch_map: Callable | None = None,
-    skip: int = 0,
-    chunks: bool = False,
-    num_rows: int | None = None,
-    cache_batches: bool = False,
+    strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, feed: Feed
 ) -> tf.distribute.DistributedDataset:
-    """Batches `dataset` by the global batch and splits each batch over the replicas.
+    """Batches `dataset` by the global batch and splits each batch over the replicas, as `feed`
+    says.
 
     Every loop gets its data from here; shuffling, augmentation and normalization happen before
     (`tfrecipe.data.pipeline.prepare`). The replicas of one step together see one global batch,
@@ -62,21 +80,24 @@ def distribute(
     `num_rows`: how many rows those chunks hold, when known: the batches are counted for Keras
     (else it cannot tell an evaluation split's end from a reader running dry, and warns).
     """
-    if chunks:
-        dataset = _rebatch_chunks(dataset, global_batch_size, drop_remainder, num_rows, repeat)
+    auto_shard_policy = feed.auto_shard_policy
+    if feed.chunks:
+        dataset = _rebatch_chunks(
+            dataset, feed.global_batch_size, feed.drop_remainder, feed.num_rows, feed.repeat
+        )
         auto_shard_policy = "off"
     else:
-        dataset = dataset.batch(global_batch_size, drop_remainder=drop_remainder)
-    dataset = _finished(dataset, batch_map, cache=cache_batches)
-    if repeat:
+        dataset = dataset.batch(feed.global_batch_size, drop_remainder=feed.drop_remainder)
+    dataset = _finished(dataset, feed.batch_map, cache=feed.cache_batches)
+    if feed.repeat:
         dataset = dataset.repeat()
-    if skip:
+    if feed.skip:
         # Global batches, before the strategy splits them: every worker skips the same ones.
-        dataset = dataset.skip(skip)
+        dataset = dataset.skip(feed.skip)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = _AUTO_SHARD[auto_shard_policy]
     dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-    if (chunks or not repeat) and isinstance(
+    if (feed.chunks or not feed.repeat) and isinstance(
         strategy, tf.distribute.experimental.ParameterServerStrategy
     ):
         # the coordinator evaluates inline, and feeds a Python reader's batches itself

@@ -90,6 +90,7 @@ def evaluation_data(splits, split: str, options: PipelineOptions, *, batch_size:
     one replica."""
     import tensorflow as tf
 
+    from tfrecipe.data.distribute import Feed
     from tfrecipe.data.distribute import distribute as distribute_dataset
 
     dataset = getattr(splits, split)
@@ -99,7 +100,7 @@ def evaluation_data(splits, split: str, options: PipelineOptions, *, batch_size:
     return distribute_dataset(
         tf.distribute.get_strategy(),
         prepared,
-        global_batch_size=batch_size,
-        batch_map=batch_transform(options),
-        chunks=splits.batched,
+        Feed(
+            global_batch_size=batch_size, batch_map=batch_transform(options), chunks=splits.batched
+        ),
     )

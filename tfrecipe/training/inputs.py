@@ -13,8 +13,8 @@ import tensorflow as tf
 from tfrecipe import tasks
 from tfrecipe.config import schema
 from tfrecipe.data import resident
+from tfrecipe.data.distribute import Feed, input_shard
 from tfrecipe.data.distribute import distribute as distribute_dataset
-from tfrecipe.data.distribute import input_shard
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.data.splits import DatasetInfo, Splits
 from tfrecipe.errors import ConfigError
@@ -179,9 +179,7 @@ def _distributed(
         seed=ctx.seed,
         chunks=splits.batched,
     )
-    return distribute_dataset(
-        batches.strategy,
-        dataset,
+    feed = Feed(
         global_batch_size=batches.global_batch,
         drop_remainder=batches.batching.drop_remainder and training,
         # Training data is endless; an epoch is `steps_per_epoch` steps of one iterator, so
@@ -195,6 +193,7 @@ def _distributed(
         num_rows=split.num_rows,
         cache_batches=place.cache_batches,
     )
+    return distribute_dataset(batches.strategy, dataset, feed)
 
 
 # A training split mapped before its memory cache grows by the map (uint8 images: 4x as float32);
