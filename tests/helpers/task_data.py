@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from tfrecipe.data.splits import Splits, from_arrays
+from tfrecipe.data.splits import Holdout, Splits, from_arrays
 
 _N = 40
 
@@ -35,9 +35,7 @@ def bad_targets(*, problem: str) -> Splits:
         targets,
         num_classes=num_classes,
         target_kind=kind,
-        validation_fraction=0.0,
-        test_fraction=0.0,
-        split_seed=0,
+        holdout=Holdout(0.0, 0.0, 0),
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tfrecipe.config.targets import config_target
-from tfrecipe.data.splits import Splits, TargetKind, from_arrays
+from tfrecipe.data.splits import Holdout, Splits, TargetKind, from_arrays, standardize_in_model
 
 
 @config_target
@@ -40,9 +40,7 @@ def digits(
         images,
         labels,
         num_classes=10 if classes is None else len(classes),
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        holdout=Holdout(validation_fraction, test_fraction, split_seed),
     )
 
 
@@ -74,20 +72,17 @@ def _tabular(
     num_classes: int,
     target_kind: TargetKind,
     standardize: bool,
-    validation_fraction: float,
-    test_fraction: float,
-    split_seed: int,
+    holdout: Holdout,
     feature_names: tuple[str, ...] = (),
 ) -> Splits:
+    """A bundled table's splits, each feature scaled inside the model with `standardize`."""
     return from_arrays(
         features.astype("float32"),
         targets,
         num_classes=num_classes,
         target_kind=target_kind,
-        standardize=standardize,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        preprocessing=standardize_in_model if standardize else None,
+        holdout=holdout,
         feature_names=feature_names,
     )
 
@@ -107,9 +102,7 @@ def breast_cancer(
         num_classes=2,
         target_kind="binary",
         standardize=standardize,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        holdout=Holdout(validation_fraction, test_fraction, split_seed),
         feature_names=tuple(bunch.feature_names),
     )
 
@@ -129,9 +122,7 @@ def diabetes(
         num_classes=0,
         target_kind="float",
         standardize=standardize,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        holdout=Holdout(validation_fraction, test_fraction, split_seed),
         feature_names=tuple(bunch.feature_names),
     )
 
@@ -150,9 +141,7 @@ def wine(
         num_classes=3,
         target_kind="classes",
         standardize=standardize,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        holdout=Holdout(validation_fraction, test_fraction, split_seed),
         feature_names=tuple(bunch.feature_names),
     )
 
@@ -184,10 +173,7 @@ def synthetic(
         np.random.default_rng(split_seed), num_examples, shape, num_classes
     )
     split = functools.partial(
-        from_arrays,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
+        from_arrays, holdout=Holdout(validation_fraction, test_fraction, split_seed)
     )
     if targets == "classes":  # the draws above stay as they were before other targets
         return split(features, labels, num_classes=num_classes)

@@ -13,6 +13,16 @@ TargetKind = Literal["classes", "binary", "multi_hot", "float"]
 
 
 @dataclasses.dataclass(frozen=True)
+class Holdout:
+    """The validation and test splits carved out of one set of examples: seeded fractions (a
+    dataset's `validation_fraction`, `test_fraction` and `split_seed`)."""
+
+    validation_fraction: float
+    test_fraction: float
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What a dataset holds. Its targets: `target_kind` (integer class ids, 0/1 labels, multi-hot
     vectors or floats) of shape `target_shape` per example; `targets` all of them when they are
@@ -109,11 +119,8 @@ def from_arrays(
     labels: np.ndarray,
     *,
     num_classes: int,
-    validation_fraction: float,
-    test_fraction: float,
-    split_seed: int,
+    holdout: Holdout,
     target_kind: TargetKind = "classes",
-    standardize: bool = False,
     preprocessing: Callable[[tf.data.Dataset], tuple[Any, Any]] | None = None,
     class_names: tuple[str, ...] = (),
     feature_names: tuple[str, ...] = (),
@@ -124,14 +131,14 @@ def from_arrays(
     Args:
       features: one array [N, ...], or named columns of N values each (a table's raw columns,
         which `preprocessing` encodes inside the model).
-      standardize: scale each feature to zero mean and unit variance with the training split's
-        statistics (tabular data whose columns differ in scale by orders of magnitude), inside
-        the model (`standardize_in_model`): the exported model takes unscaled rows.
-      preprocessing: the encoders the model starts with (`Splits.preprocessing`).
+      holdout: the validation and test splits' fractions and seed.
+      preprocessing: the encoders the model starts with (`Splits.preprocessing`);
+        `standardize_in_model` scales each feature to zero mean and unit variance with the
+        training split's statistics, inside the model: the exported model takes unscaled rows.
     """
     stratify = target_kind in ("classes", "binary")
     indices = split_indices(
-        labels, validation_fraction, test_fraction, split_seed, stratify=stratify
+        labels, holdout.validation_fraction, holdout.test_fraction, holdout.seed, stratify=stratify
     )
     info = DatasetInfo(
         **_shapes_and_sizes(features, labels, indices),
@@ -140,7 +147,6 @@ def from_arrays(
         class_names=class_names,
         feature_names=feature_names,
     )
-    preprocessing = standardize_in_model if standardize else preprocessing
     train, validation, test = (_dataset(features, labels, idx) for idx in indices)
     return Splits(train, validation, test, info, preprocessing=preprocessing)
 

@@ -32,7 +32,7 @@ import numpy as np
 from tfrecipe import files, reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data import table_layout, table_stats
-from tfrecipe.data.splits import DatasetInfo, Splits, from_arrays
+from tfrecipe.data.splits import DatasetInfo, Holdout, Splits, from_arrays
 from tfrecipe.data.table_files import Table
 from tfrecipe.data.table_layout import Named
 from tfrecipe.data.table_stats import Columns, Layout, TableStats
@@ -345,9 +345,7 @@ def _in_memory(layout, columns: Columns, stats: TableStats, fractions, split_see
         target_kind=stats.label_kind,
         class_names=stats.class_names,
         preprocessing=functools.partial(encode_columns, columns=columns),
-        validation_fraction=fractions[0],
-        test_fraction=fractions[1],
-        split_seed=split_seed,
+        holdout=Holdout(*fractions, split_seed),
     )
     info = splits.info
     log.info(
