@@ -35,13 +35,29 @@ OLD_SIGNATURE_HINT = (
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """One task: what it reports and how it learns.
+class Reports:
+    """What a task reports.
 
     Attributes:
       metric_names: its own metrics as `fit` logs them (without `loss`; validation adds `val_`).
       main_metric: the metric curves.png plots beside the loss.
       default_monitor: what checkpoints and early stopping watch with `monitor: auto`.
+      baseline_metric: the number `baseline=auto` compares the baselines on (what an analyst
+        reads first).
+    """
+
+    metric_names: Callable[[TaskConfig], tuple[str, ...]]
+    main_metric: str
+    default_monitor: str
+    baseline_metric: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task: what it reports and how it learns.
+
+    Attributes:
+      reports: its metric names, main metric, default monitor and baselines' metric.
       head: the width of the model's head for a dataset.
       loss: its Keras loss, from logits where it has a choice (unless `task.loss` names one).
       metrics: fresh Keras metric objects, in `metric_names`' order.
@@ -49,23 +65,18 @@ class TaskSpec:
       outputs: what the head's outputs mean: their names, threshold, positive class, decoding.
       targets: what it learns from: "class_ids" (one class per example), "multi_hot" (a 0/1
         per label) or "values".
-      baseline_metric: the number `baseline=auto` compares the baselines on (what an analyst
-        reads first).
       learns_names: it learns string labels as class ids (class names).
       num_classes: the class ids its class weights cover (None: it takes none).
       standardizes_targets: `task.standardize_targets` applies.
     """
 
-    metric_names: Callable[[TaskConfig], tuple[str, ...]]
-    main_metric: str
-    default_monitor: str
+    reports: Reports
     head: Callable[[TaskConfig, DatasetInfo], int]
     loss: Callable[[TaskConfig], Any]
     metrics: Callable[[TaskConfig], list[Any]]
     target_problem: Callable[[TaskConfig, DatasetInfo], str | None]
     outputs: outputs.Outputs
     targets: str
-    baseline_metric: str
     learns_names: bool = False
     num_classes: Callable[[DatasetInfo], int] | None = None
     standardizes_targets: bool = False
@@ -81,57 +92,65 @@ def _flattened_targets(task: TaskConfig, info: DatasetInfo) -> int:
 
 SPECS: Mapping[str, TaskSpec] = {
     "classification": TaskSpec(
-        metric_names=_classification_names,
-        main_metric="accuracy",
-        default_monitor="val_loss",
+        reports=Reports(
+            metric_names=_classification_names,
+            main_metric="accuracy",
+            default_monitor="val_loss",
+            baseline_metric="accuracy",
+        ),
         head=lambda task, info: info.num_classes,
         loss=keras_objects.classification_loss,
         metrics=keras_objects.classification_metrics,
         target_problem=checks.classification_problem,
         outputs=outputs.CLASSES,
         targets="class_ids",
-        baseline_metric="accuracy",
         learns_names=True,
         num_classes=lambda info: info.num_classes,
     ),
     "binary": TaskSpec(
-        metric_names=lambda task: ("accuracy", "auc", "precision", "recall"),
-        main_metric="auc",
-        # threshold-free, robust to imbalanced classes
-        default_monitor="val_auc",
+        reports=Reports(
+            metric_names=lambda task: ("accuracy", "auc", "precision", "recall"),
+            main_metric="auc",
+            # threshold-free, robust to imbalanced classes
+            default_monitor="val_auc",
+            baseline_metric="auc",
+        ),
         head=lambda task, info: 1,
         loss=keras_objects.sigmoid_loss,
         metrics=keras_objects.binary_metrics,
         target_problem=checks.binary_problem,
         outputs=outputs.BINARY,
         targets="class_ids",
-        baseline_metric="auc",
         learns_names=True,
         num_classes=lambda info: 2,
     ),
     "multilabel": TaskSpec(
-        metric_names=lambda task: ("binary_accuracy", "auc", "f1_micro", "f1_macro"),
-        main_metric="f1_macro",
-        default_monitor="val_loss",
+        reports=Reports(
+            metric_names=lambda task: ("binary_accuracy", "auc", "f1_micro", "f1_macro"),
+            main_metric="f1_macro",
+            default_monitor="val_loss",
+            baseline_metric="f1_macro",
+        ),
         head=_flattened_targets,
         loss=keras_objects.sigmoid_loss,
         metrics=keras_objects.multilabel_metrics,
         target_problem=checks.multilabel_problem,
         outputs=outputs.LABELS,
         targets="multi_hot",
-        baseline_metric="f1_macro",
     ),
     "regression": TaskSpec(
-        metric_names=lambda task: ("mae", "rmse", "r2"),
-        main_metric="mae",
-        default_monitor="val_loss",
+        reports=Reports(
+            metric_names=lambda task: ("mae", "rmse", "r2"),
+            main_metric="mae",
+            default_monitor="val_loss",
+            baseline_metric="r2",
+        ),
         head=_flattened_targets,
         loss=keras_objects.regression_loss,
         metrics=keras_objects.regression_metrics,
         target_problem=checks.regression_problem,
         outputs=outputs.VALUES,
         targets="values",
-        baseline_metric="r2",
         standardizes_targets=True,
     ),
 }
@@ -155,7 +174,7 @@ def has_positive_class(task: TaskConfig) -> bool:
 def main_metric_named(name: str | None) -> str:
     """The main metric of task `name` (the default task's for a config naming none or one this
     version does not know: a sweep's report still reads)."""
-    return SPECS.get(name or DEFAULT_TASK, SPECS[DEFAULT_TASK]).main_metric
+    return SPECS.get(name or DEFAULT_TASK, SPECS[DEFAULT_TASK]).reports.main_metric
 
 
 # --- names: what a run reports and may monitor --------------------------------------------------
@@ -163,13 +182,13 @@ def metric_names(task: TaskConfig, *, extra: bool = True) -> tuple[str, ...]:
     """The task's metrics as `fit` logs them (without `loss`; validation adds `val_`), then
     its extra `task.metrics` (unless `extra` is False)."""
     extras = tuple(extra_metric_name(node) for node in task.metrics) if extra else ()
-    return (*spec_of(task).metric_names(task), *extras)
+    return (*spec_of(task).reports.metric_names(task), *extras)
 
 
 def default_monitor(task: TaskConfig) -> str:
     """What checkpoints and early stopping watch with `monitor: auto`: the validation loss, but
     for binary tasks the validation AUC (threshold-free, robust to imbalanced classes)."""
-    return spec_of(task).default_monitor
+    return spec_of(task).reports.default_monitor
 
 
 def summary_names(task: TaskConfig) -> tuple[str, ...]:
@@ -181,7 +200,7 @@ def summary_names(task: TaskConfig) -> tuple[str, ...]:
 
 def main_metric(task: TaskConfig) -> str:
     """The metric curves.png plots beside the loss."""
-    return spec_of(task).main_metric
+    return spec_of(task).reports.main_metric
 
 
 def monitors(task: TaskConfig) -> tuple[str, ...]:

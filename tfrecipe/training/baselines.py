@@ -143,7 +143,7 @@ def fit_baselines(
         seconds[name] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
-        "metric": spec.baseline_metric,
+        "metric": spec.reports.baseline_metric,
         "train_rows": len(train_x),
         "test_rows": len(test_x),
         "capped": len(train_x) < info.num_train or len(test_x) < held_out,
