@@ -211,7 +211,7 @@ def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_bat
 
 
 def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
-    from tfrecipe.config.changes import check_resume_unchanged
+    from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.config.compose import compose
     from tfrecipe.errors import ConfigError
     from tfrecipe.rundir import public_config
@@ -221,7 +221,7 @@ def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
 
     def check(*overrides: str, allowed=(), resume="auto") -> None:
         config = public_config(compose([*TINY, *overrides]))
-        check_resume_unchanged(run_dir, config, resume=resume, allowed=allowed)
+        check_resume_unchanged(run_dir, config, Resuming(resume, tuple(allowed)))
 
     check("loop.epochs=5", "loop.verbose=2", "logger=[csv,tensorboard]", "sweep.fail_fast=true")
     check("callbacks.backup.every_n_steps=7", "resume_allow_changes=[seed]")

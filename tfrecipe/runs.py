@@ -23,6 +23,7 @@ from tfrecipe.errors import ConfigError
 
 if TYPE_CHECKING:
     from tfrecipe.config import schema
+    from tfrecipe.config.changes import Resuming
     from tfrecipe.config.trust import Trust
     from tfrecipe.data.tabular import StatsCache
     from tfrecipe.distribute import cluster
@@ -240,7 +241,7 @@ class RunDir:
 
         return StatsCache(self.shared, chief=self.chief, wait_s=0 if self.chief else STATS_WAIT_S)
 
-    def claim(self, config: Mapping[str, Any], *, resume: str, allowed: list[str]) -> None:
+    def claim(self, config: Mapping[str, Any], resuming: Resuming) -> None:
         """Locks the chief's run dir when it exists (another run may train there), then checks
         it holds no run this one must not continue, nor one it would continue differently."""
         from tfrecipe.config.changes import check_resume_unchanged
@@ -248,8 +249,8 @@ class RunDir:
 
         if self.chief and self.path.exists():
             self.lock()
-        ensure_fresh_run_dir(self.path, resume=resume)
-        check_resume_unchanged(self.path, config, resume=resume, allowed=allowed)
+        ensure_fresh_run_dir(self.path, resume=resuming.mode)
+        check_resume_unchanged(self.path, config, resuming)
 
     def check_batch(self, *, global_batch: int, num_replicas: int) -> None:
         """A resumed run continues at the global batch it trained at (`check_resume_batch`)."""
@@ -257,7 +258,7 @@ class RunDir:
 
         check_resume_batch(self.shared, global_batch=global_batch, num_replicas=num_replicas)
 
-    def check_data(self, dataset: schema.Target, *, resume: str, allowed: list[str]):
+    def check_data(self, dataset: schema.Target, resuming: Resuming):
         """What the run trains on (the chief's record), taken first: a resume on other data
         is refused."""
         from tfrecipe.data import fingerprint
@@ -265,7 +266,7 @@ class RunDir:
         if not self.chief:
             return None
         node = dataset.model_dump(by_alias=True)
-        return fingerprint.check_resumed(self.path, node, allowed=allowed, resume=resume)
+        return fingerprint.check_resumed(self.path, node, resuming)
 
     def record_inputs(self, signature_fields: Mapping[str, Any], data_files) -> None:
         """What predictions need (signature.json) and what the run trained on (the chief)."""

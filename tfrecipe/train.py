@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from tfrecipe import rundir
 from tfrecipe.config import schema
+from tfrecipe.config.changes import Resuming
 from tfrecipe.config.plan import RunPlan
 from tfrecipe.config.trust import Trust
 from tfrecipe.outcome import TrainingError, ensure_fresh_run_dir
@@ -84,13 +85,11 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
     home, finishing = ctx.home, loop.finishing(ctx, run.export, run.batching, run.baseline)
     with summaries.recording_unfinished(home.path, chief=home.chief) as attempt:
         started = time.perf_counter()
-        home.claim(ctx.config, resume=run.resume, allowed=run.resume_allow_changes)
+        home.claim(ctx.config, Resuming.of(run))
         if run.ensemble.seeds > 1:
             members = _members(ctx, run, finishing)
             return ensemble.train_ensemble(ctx, attempt, members, started=started).fields
-        data_files = home.check_data(
-            run.dataset, resume=run.resume, allowed=run.resume_allow_changes
-        )
+        data_files = home.check_data(run.dataset, Resuming.of(run))
         strategy = setup_strategy(run.strategy, run.cluster, run.precision, ctx)
         batches = inputs.load_data(ctx, strategy, run.dataset, run.batching, run.loop)
         baselines.check_before_training(batches.splits, run)  # `baseline=auto`, not after it

@@ -238,6 +238,7 @@ def test_the_files_a_dataset_config_names_are_found_by_key(tmp_path):
 
 
 def test_changed_data_is_refused_on_resume_naming_the_file_unless_allowed(tmp_path):
+    from tfrecipe.config.changes import Resuming
     from tfrecipe.data import fingerprint
 
     (tmp_path / "data").mkdir()
@@ -245,27 +246,28 @@ def test_changed_data_is_refused_on_resume_naming_the_file_unless_allowed(tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     dataset = {"_target_": "tfrecipe.data.tabular.csv", "path": str(tmp_path / "data")}
-    fingerprint.check_and_record(run_dir, dataset, allowed=[], resume="auto")
+    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
     saved = json.loads((run_dir / fingerprint.FILE).read_text())
     assert list(saved["files"]["dataset.path"]) == ["train.csv"]
-    fingerprint.check_and_record(run_dir, dataset, allowed=[], resume="auto")  # unchanged: fine
+    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))  # unchanged: fine
 
     _rewrite_keeping_size_and_mtime(data, 8, b"9")  # the probe: rewritten, size and mtime kept
     with pytest.raises(ConfigError) as refused:
-        fingerprint.check_and_record(run_dir, dataset, allowed=[], resume="auto")
+        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
     message = str(refused.value)
     assert message.startswith(f"resume=auto: dataset.path file {data} changed content"), message
     assert "resume_allow_changes=[dataset.path]" in message
     (tmp_path / "data" / "more.csv").write_text("a,b,y\n")
     with pytest.raises(ConfigError, match=r"more.csv is new since the run started;"):
-        fingerprint.check_and_record(run_dir, dataset, allowed=[str(data)], resume="auto")
+        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([str(data)])))
     with pytest.raises(ConfigError, match=r"more.csv is new since .*\(and 1 more files\)"):
-        fingerprint.check_and_record(run_dir, dataset, allowed=[], resume="auto")
-    fingerprint.check_and_record(run_dir, dataset, allowed=["dataset"], resume="auto")
-    fingerprint.check_and_record(run_dir, dataset, allowed=[], resume="auto")  # recorded anew
+        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
+    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple(["dataset"])))
+    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))  # recorded anew
 
 
 def test_data_moved_elsewhere_with_the_same_contents_is_the_same_data(tmp_path):
+    from tfrecipe.config.changes import Resuming
     from tfrecipe.data import fingerprint
 
     first = _labels_csv(tmp_path / "a.csv", ["x", "y"] * 5)
@@ -273,8 +275,9 @@ def test_data_moved_elsewhere_with_the_same_contents_is_the_same_data(tmp_path):
     moved.parent.mkdir()
     moved.write_bytes(first.read_bytes())  # a new modification time, the same bytes
     saved = fingerprint.take({"path": str(first)})
-    fingerprint.check_unchanged(saved, fingerprint.take({"path": str(moved)}), allowed=[],
-                                command="evaluate")  # fmt: skip
+    fingerprint.check_unchanged(
+        saved, fingerprint.take({"path": str(moved)}), Resuming(), command="evaluate"
+    )
 
 
 def test_a_large_file_modified_in_an_unsampled_place_counts_as_changed(tmp_path):

@@ -76,14 +76,14 @@ def _finished_before(cfg, run_dir: Path) -> dict | None:
     """The summary of a sweep job that already finished in `run_dir` (a sweep rerun into its
     own sweep dir): skipped, if it ran this same config (else refused, as a resume is). None: a
     new, preempted or failed job, which trains (and resumes from its backup)."""
-    from tfrecipe.config.changes import check_resume_unchanged
+    from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.outcome import FINISHED
     from tfrecipe.rundir import public_config, read_summary
 
     summary = read_summary(run_dir)
     if not summary or summary.get("status") not in FINISHED:
         return None
-    check_resume_unchanged(run_dir, public_config(cfg), resume="auto")
+    check_resume_unchanged(run_dir, public_config(cfg), Resuming("auto"))
     status = summary["status"]
     log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, status, run_dir)
     return summary

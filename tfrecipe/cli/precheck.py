@@ -126,13 +126,11 @@ def _hold_run_dir(run_dir: Path, cfg, run) -> bool:
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
     if is_chief_process():
-        from tfrecipe.config.changes import check_resume_unchanged
+        from tfrecipe.config.changes import Resuming, check_resume_unchanged
         from tfrecipe.rundir import public_config
 
         job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-        check_resume_unchanged(
-            run_dir, public_config(job), resume=run.resume, allowed=run.resume_allow_changes
-        )
+        check_resume_unchanged(run_dir, public_config(job), Resuming.of(run))
     stop_if_signalled()  # a signal while it started: recorded in the run dir now held
     return _claim_hydra_files(run_dir)  # every check passed: Hydra writes there next
 

@@ -14,7 +14,8 @@ difference (exit 2, naming the keys), except:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,26 @@ RESUMABLE = (
 _SHOWN = 4  # changed keys named in the one line (and how many more)
 
 
+@dataclasses.dataclass(frozen=True)
+class Resuming:
+    """How a run continues the run its dir holds: `resume` ("auto", "never", ...) and the keys
+    it may change (`resume_allow_changes`: each allows itself and every key under it), which
+    always travel together.
+
+    Attributes:
+      mode: the config's `resume`.
+      allow_changes: the config's `resume_allow_changes`.
+    """
+
+    mode: str = "auto"
+    allow_changes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, run) -> Resuming:
+        """The `resume` and `resume_allow_changes` of a validated config (schema.RunConfig)."""
+        return cls(run.resume, tuple(run.resume_allow_changes))
+
+
 def flat(node: Any, prefix: str = "") -> dict[str, Any]:
     """`{"a": {"b": 1}}` as `{"a.b": 1}`; lists stay values (a list changes as a whole)."""
     if not isinstance(node, Mapping) or (prefix and not node):
@@ -59,11 +80,11 @@ def flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return items
 
 
-def changed_keys(saved: Mapping, now: Mapping, *, allowed: Iterable[str] = ()) -> list[str]:
+def changed_keys(saved: Mapping, now: Mapping, resuming: Resuming = Resuming()) -> list[str]:
     """The dotted keys whose values differ (or that only one side has), except those under a
-    RESUMABLE or `allowed` key."""
+    RESUMABLE key or one `resuming` allows to change."""
     before, after = flat(saved), flat(now)
-    accepted = (*RESUMABLE, *allowed)
+    accepted = (*RESUMABLE, *resuming.allow_changes)
     return [
         key
         for key in sorted(before.keys() | after.keys())
@@ -75,9 +96,7 @@ def changed_keys(saved: Mapping, now: Mapping, *, allowed: Iterable[str] = ()) -
 _ABSENT = object()
 
 
-def check_resume_unchanged(
-    run_dir: Path, config: Mapping, *, resume: str, allowed: Iterable[str] = ()
-) -> None:
+def check_resume_unchanged(run_dir: Path, config: Mapping, resuming: Resuming) -> None:
     """Refuses to continue the run in `run_dir` with a config that differs from its
     `config.yaml` (see the module's docstring); `config` is the public config this run would
     save (`rundir.public_config`). Nothing to compare: a new dir, `resume=never`.
@@ -86,13 +105,14 @@ def check_resume_unchanged(
       ConfigError: one line naming the changed keys and how to accept them.
     """
     path = run_dir / rundir.CONFIG
+    resume = resuming.mode
     if resume == "never" or not (run_dir / rundir.SUMMARY).is_file() or not path.is_file():
         return
     try:  # the run dir's file: data, read through the reader (a regular file, YAML)
         saved = OmegaConf.to_container(reading.read_yaml(path, what="a run's config.yaml"))
     except reading.UnreadableFile as error:
         raise ConfigError(f"resume: {error}") from None
-    changed = changed_keys(saved, config, allowed=allowed)
+    changed = changed_keys(saved, config, resuming)
     if not changed:
         return
     before, after = flat(saved), flat(config)

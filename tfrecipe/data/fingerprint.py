@@ -26,11 +26,12 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tfrecipe import rundir
+from tfrecipe.config.changes import Resuming
 from tfrecipe.errors import ConfigError
 from tfrecipe.files import write_atomic
 
@@ -193,15 +194,15 @@ def _allows(entry: str, key: str, path: str) -> bool:
 
 
 def check_unchanged(
-    saved: Mapping[str, Any], now: Mapping[str, Any], *, allowed: Iterable[str], command: str
+    saved: Mapping[str, Any], now: Mapping[str, Any], resuming: Resuming, *, command: str
 ) -> None:
-    """Refuses data that changed since `saved` was taken, except under an `allowed` key
-    (`resume_allow_changes`) or an allowed file.
+    """Refuses data that changed since `saved` was taken, except under a key or a file
+    `resuming` allows to change (`resume_allow_changes`).
 
     Raises:
       ConfigError: one line naming the first changed file, its key and how to accept it.
     """
-    allowed = list(allowed)
+    allowed = resuming.allow_changes
     found = [c for c in changes(saved, now) if not any(_allows(a, c[0], c[1]) for a in allowed)]
     if not found:
         return
@@ -238,9 +239,7 @@ def load(run_dir: Path) -> dict[str, Any] | None:
 
 
 # --- what a run calls -----------------------------------------------------------------------------
-def check_resumed(
-    run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], resume: str
-) -> dict[str, Any]:
+def check_resumed(run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming) -> dict[str, Any]:
     """At the start of a run (the chief, before the data is read): a run dir that holds a
     fingerprint is being resumed, so its data must be the same (`check_unchanged`).
 
@@ -248,9 +247,9 @@ def check_resumed(
       the fingerprint of the data as it is now, for `record` once the run dir is written.
     """
     now = take(dataset)
-    saved = load(run_dir) if resume != "never" else None
+    saved = load(run_dir) if resuming.mode != "never" else None
     if saved is not None:
-        check_unchanged(saved, now, allowed=allowed, command=f"resume={resume}")
+        check_unchanged(saved, now, resuming, command=f"resume={resuming.mode}")
     return now
 
 
@@ -260,26 +259,24 @@ def record(run_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     write_atomic(Path(run_dir) / FILE, json.dumps(fingerprint, indent=1) + "\n")
 
 
-def check_and_record(
-    run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], resume: str
-) -> None:
+def check_and_record(run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming) -> None:
     """`check_resumed`, then `record` (for a run dir that exists)."""
-    record(run_dir, check_resumed(run_dir, dataset, allowed=allowed, resume=resume))
+    record(run_dir, check_resumed(run_dir, dataset, resuming))
 
 
 def check_evaluated_data(
-    run_dir: Path, dataset: Mapping[str, Any], *, allowed: Iterable[str], command: str = "evaluate"
+    run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming, *, command: str = "evaluate"
 ):
     """Every command that reads a finished run's data (`tfrecipe evaluate`, `baseline`,
     `export`'s check examples): the data must be what the run was trained on (where it kept a
     fingerprint), or allowed to differ (`resume_allow_changes`)."""
     saved = load(run_dir)
     if saved is not None:
-        check_unchanged(saved, take(dataset), allowed=allowed, command=command)
+        check_unchanged(saved, take(dataset), resuming, command=command)
 
 
 def check_run_data(run_dir: Path, run, *, command: str) -> None:
     """`check_evaluated_data` for a run's validated config (its `dataset` and
     `resume_allow_changes`)."""
     dataset = run.dataset.model_dump(by_alias=True)
-    check_evaluated_data(run_dir, dataset, allowed=run.resume_allow_changes, command=command)
+    check_evaluated_data(run_dir, dataset, Resuming.of(run), command=command)
