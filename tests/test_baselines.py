@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from tfrecipe.config.grants import Grants
 from tfrecipe.errors import ConfigError
 
 CUSTOMERS = REPO / "tests" / "data" / "customers.csv"
@@ -188,8 +189,8 @@ def test_positive_class_relabels_and_every_output_names_it(train_run):
         {"_target_": "tfrecipe.data.tabular.csv", "path": str(CUSTOMERS), "label": "churned",
          "features": ["age", "income", "visits", "city", "plan"], "categorical": ["city", "plan"]}
     )  # fmt: skip
-    plain = load_splits(spec, allowed_targets=[], task=_task("binary"))
-    flipped = load_splits(spec, allowed_targets=[], task=_task("binary", positive_class="no"))
+    plain = load_splits(spec, grants=Grants(), task=_task("binary"))
+    flipped = load_splits(spec, grants=Grants(), task=_task("binary", positive_class="no"))
     assert plain.info.class_names == ("no", "yes") and flipped.info.class_names == ("yes", "no")
     np.testing.assert_array_equal(flipped.info.targets, 1 - plain.info.targets)
     ys = [np.concatenate([y for _, y in s.test.batch(500).as_numpy_iterator()])
@@ -201,4 +202,4 @@ def test_positive_class_relabels_and_every_output_names_it(train_run):
     signature = json.loads((run_dir / "signature.json").read_text())
     assert signature["outputs"] == ["yes", "no"] and signature["positive_class"] == "no"
     with pytest.raises(ConfigError, match=r"task.positive_class.*maybe.*classes are no, yes"):
-        load_splits(spec, allowed_targets=[], task=_task("binary", positive_class="maybe"))
+        load_splits(spec, grants=Grants(), task=_task("binary", positive_class="maybe"))

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers.configs import validate
 from tfrecipe.cli import commands
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.instantiate import iter_targets
 from tfrecipe.errors import ConfigError, Problem
 
@@ -152,9 +153,9 @@ def test_a_freeze_pattern_that_happens_to_match_every_layer_is_refused_when_buil
     run = validate(
         compose_cfg("model=mlp", "model.freeze=dense|logits", "model.freeze_random=true")
     )
-    splits = load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, grants=Grants())
     with pytest.raises(ConfigError, match=r"freezes all 3 layers that have weights"):
-        build_model(run.model, splits, task=run.task, allowed_targets=[])
+        build_model(run.model, splits, task=run.task, grants=Grants())
 
 
 def test_tfrecipes_builders_are_allowed_by_the_mark_where_they_are_defined(compose_cfg):

@@ -11,6 +11,7 @@ import pytest
 from conftest import TINY
 from test_tasks import SYNTHETIC
 
+from tfrecipe.config.grants import Grants
 from tfrecipe.errors import ConfigError
 
 # Three clusters, binary label "cluster 0": a third of the examples are positive.
@@ -24,7 +25,7 @@ def _training_counts(compose_cfg, *overrides: str) -> np.ndarray:
     from tfrecipe.training.dataset import load_splits
 
     run = validate(compose_cfg(*overrides, tiny=False))
-    splits = load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, grants=Grants())
     return np.bincount(tasks.training_targets(splits.train).reshape(-1))
 
 
@@ -103,7 +104,7 @@ def test_standardized_targets_start_at_the_mean_and_stay_in_original_units(train
     scaled, scaled_dir = train_run(*few_steps, "task.standardize_targets=true")
     plain, plain_dir = train_run(*few_steps)
     run = validate(compose(DIABETES))
-    splits = load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, grants=Grants())
     features, targets = next(iter(splits.test.batch(1000)))
     mean = float(np.mean(targets))  # about 150 (disease progression, 25 to 346)
     predict = {

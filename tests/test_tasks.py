@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tfrecipe.config.grants import Grants
 from tfrecipe.errors import ConfigError
 
 # Synthetic 8-feature vectors, 4 clusters; a tiny MLP; deterministic, so both loops can match.
@@ -76,8 +77,8 @@ def test_the_head_follows_the_task(compose_cfg):
 
     for task, (targets, _) in TASKS.items():
         run = validate(compose_cfg(*SYNTHETIC, f"task={task}", targets))
-        splits = load_splits(run.dataset, allowed_targets=[])
-        model = build_model(run.model, splits, task=run.task, allowed_targets=[])
+        splits = load_splits(run.dataset, grants=Grants())
+        model = build_model(run.model, splits, task=run.task, grants=Grants())
         width = {"classification": 4, "binary": 1, "multilabel": 4, "regression": 1}[task]
         assert model.output_shape == (None, width)
         assert model.layers[-1].dtype_policy.compute_dtype == "float32"

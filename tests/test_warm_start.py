@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import TINY
 
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.trust import Trust
 
 # The first six digits to pretrain on, the other four to fine-tune on: a head of another size.
@@ -145,13 +146,13 @@ def test_digits_classes_picks_and_relabels_digits(compose_cfg):
     from tfrecipe.training.dataset import load_splits
 
     run = schema.validate(compose_cfg("dataset.classes=[7,2]"), trust=Trust.NOTHING)
-    splits = load_splits(run.dataset, allowed_targets=[])
+    splits = load_splits(run.dataset, grants=Grants())
     labels = {int(label) for _, label in splits.train.as_numpy_iterator()}
     assert splits.info.num_classes == 2 and labels == {0, 1}
     assert splits.info.num_train < 400  # about a fifth of the 1,797 digits
     bad = schema.validate(compose_cfg("dataset.classes=[3,3]"), trust=Trust.NOTHING)
     with pytest.raises(ConfigError, match=r"dataset.classes=\[3, 3\]"):
-        load_splits(bad.dataset, allowed_targets=[])
+        load_splits(bad.dataset, grants=Grants())
 
 
 def test_an_unreadable_weights_file_is_a_config_error(tmp_path):

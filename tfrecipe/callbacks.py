@@ -9,13 +9,14 @@ import operator
 import os
 import sys
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import keras
 
 from tfrecipe import files, reading, rundir
 from tfrecipe.config import schema
+from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.distribute.cluster import is_chief_process
 from tfrecipe.fault import disk
@@ -238,7 +239,7 @@ def build_callbacks(
     logger: schema.Logger,
     *,
     run_dir: Path,
-    allowed_targets: Iterable[str] = (),
+    grants: Grants = NO_GRANTS,
     export_formats: Collection[str] = ("keras",),
     earlier_epochs: Sequence[Mapping[str, float]] = (),
 ) -> list[keras.callbacks.Callback]:
@@ -264,7 +265,7 @@ def build_callbacks(
             instantiate(
                 node.model_dump(by_alias=True),
                 key=f"callbacks.extra.{name}",
-                allowed=allowed_targets,
+                grants=grants,
             )
         )
     return callbacks

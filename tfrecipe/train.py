@@ -107,7 +107,7 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
             loop=run.loop,
             cluster=run.cluster,
             optimizer=run.optimizer,
-            objective=models.objective(ctx.task, allowed_targets=ctx.allowed_targets),
+            objective=models.objective(ctx.task, grants=ctx.grants),
         )
         if run.loop.lr_find.enabled and _find_learning_rate(ctx, built, summary, fitting):
             return summary.fields  # `tfrecipe lr-find`: the sweep is the run
@@ -128,7 +128,7 @@ def _members(ctx: RunContext, run: schema.RunConfig, finishing: loop.Finishing) 
             config=config,
             home=home,
             cluster_task=ctx.cluster_task,
-            trust=ctx.trust,
+            trust=ctx.grants.trust,
         )
         return _train(member, member_run)
 
@@ -285,7 +285,7 @@ def _find_learning_rate(
         models.compile_model,
         task=ctx.task,
         jit_compile=built.batches.batching.jit_compile,
-        allowed_targets=ctx.allowed_targets,
+        grants=ctx.grants,
     )
     sweeping = lr_find.Sweeping(fitting.optimizer, fitting.objective, recompile)
     found = loop.find_learning_rate(spec, ctx, built, sweeping)

@@ -35,6 +35,7 @@ from helpers.door_sweep import PAYLOADS, SECRET, SECRET_NAME
 from omegaconf import OmegaConf
 
 from tfrecipe.config import doors
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.hydra_keys import GUARDED, RECORDS, SET_BY_HYDRA, leaves
 from tfrecipe.config.hydra_node import hydra_problems
 from tfrecipe.config.schema import container_problems
@@ -196,7 +197,7 @@ def _hydra_findings(texts: tuple[tuple[str, str], ...]) -> dict[str, set[str]]:
         keys = _hydra_keys(composed.cfg)
         for name, text in texts:
             node = door_sweep.hydra_with(composed.cfg, dict.fromkeys(keys, text))
-            problems = hydra_problems(node, trust=Trust.NOTHING)
+            problems = hydra_problems(node, grants=Grants())
             _check_lines(problems)
             refused = {p.key for p in problems}
             taken = [k for k in keys if not _named(k, refused) and not _is_guarded(k)]

@@ -544,12 +544,15 @@ def test_evaluate_runs_nothing_a_received_run_dir_grants_itself(cli, victim):
 
 
 def test_a_builder_that_returns_another_kind_is_refused_before_use():
+    from tfrecipe.config.grants import Grants
     from tfrecipe.config.instantiate import instantiate
     from tfrecipe.errors import ConfigError
 
     node = {"_target_": "tests.helpers.user_models.tiny_dense"}
     with pytest.raises(ConfigError) as refused:
-        instantiate(node, key="dataset", allowed=["tests.helpers"], input_shape=[4], num_outputs=2)
+        instantiate(
+            node, key="dataset", grants=Grants(("tests.helpers",)), input_shape=[4], num_outputs=2
+        )
     assert str(refused.value) == (
         "dataset._target_=tests.helpers.user_models.tiny_dense: returned a Functional, "
         "expected a dataset builder returning tfrecipe.Splits"

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from tfrecipe import rundir
+from tfrecipe.config.grants import Grants
 from tfrecipe.data.fingerprint import check_run_data
 from tfrecipe.errors import ConfigError
 from tfrecipe.runs import RunDir
@@ -36,9 +37,10 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
     home.lock()  # refused while a run trains there: its summary is the run's
     # fitted beside the model's numbers: on the data the model was trained on, or allowed
     check_run_data(run_dir, run, command="baseline")
+    grants = Grants.of(run.allowed_targets)
     splits = load_splits(
         run.dataset,
-        allowed_targets=run.allowed_targets,
+        grants=grants,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
         task=run.task,
     )
@@ -51,7 +53,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
         pipeline=run.pipeline,
         max_rows=run.baseline.max_rows,
         seed=run.seed,
-        allowed_targets=run.allowed_targets,
+        grants=grants,
     )
     summary["baselines"] = fitted
     rundir.write_summary(run_dir, summary)

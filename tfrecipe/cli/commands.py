@@ -191,20 +191,16 @@ def _group_options() -> dict[str, list[str]]:
 def target_problems(cfg: DictConfig, trust: Trust) -> list[Problem]:
     """Every allowed `_target_` exists and accepts its configured arguments (read from source;
     a target the allow-list refuses is the schema's problem, and its source is not read)."""
-    from tfrecipe.config.grants import allowed_prefix_problem
+    from tfrecipe.config.grants import Grants
     from tfrecipe.config.instantiate import iter_targets, target_problem
     from tfrecipe.config.schema import MODEL_OPTIONS  # the factory applies them, not builders
     from tfrecipe.config.targets import Unresolvable, argument_problems
 
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-    allowed = [
-        entry
-        for entry in cfg.get("allowed_targets") or []
-        if not allowed_prefix_problem(entry, trust=trust)
-    ]
+    grants = Grants.checked(cfg.get("allowed_targets") or [], trust=trust)
     problems = []
     for key, target, node in iter_targets(OmegaConf.to_container(job, resolve=False)):
-        if target_problem(target, key=key, allowed=allowed) is not None:
+        if target_problem(target, key=key, grants=grants) is not None:
             continue
         applied = ("_target_", *(MODEL_OPTIONS if key == "model" else ()))
         given = [*(k for k in node if k not in applied), *_RUNTIME_ARGUMENTS.get(key, ())]

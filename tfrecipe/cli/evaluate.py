@@ -17,6 +17,7 @@ from typing import Any
 
 from tfrecipe import compat, files, reading, rundir
 from tfrecipe.config import schema
+from tfrecipe.config.grants import Grants
 from tfrecipe.errors import ConfigError
 from tfrecipe.models.build import build_model, compile_model, register_custom_objects
 from tfrecipe.runs import RunDir
@@ -29,7 +30,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _load_model(
-    run_dir: Path, which: str, splits, *, model_spec, task: schema.Task, allowed_targets: list[str]
+    run_dir: Path, which: str, splits, *, model_spec, task: schema.Task, grants: Grants
 ):
     import keras
 
@@ -58,7 +59,7 @@ def _load_model(
         reading.check_file(weights, limit=reading.MAX_INFLATED_BYTES, what="a weights file")
     except reading.UnreadableFile as error:
         raise ConfigError(f"evaluate: --model=best: {error}") from None
-    model = build_model(model_spec, splits, task=task, allowed_targets=allowed_targets)
+    model = build_model(model_spec, splits, task=task, grants=grants)
     try:
         model.load_weights(weights)
     except Exception as error:  # a damaged file, or weights of another model
@@ -66,7 +67,7 @@ def _load_model(
             f"evaluate: --model=best: {weights} does not load into the run's model "
             f"({_first_line(error)})"
         ) from None
-    compile_model(model, task=task, allowed_targets=allowed_targets)
+    compile_model(model, task=task, grants=grants)
     return model
 
 
@@ -80,9 +81,10 @@ def evaluate_run(run_dir: Path, *, which: str = rundir.MODEL, overrides=()) -> d
     dataset = run.dataset.model_dump(by_alias=True)  # the data the run was trained on, or allowed
     check_evaluated_data(run_dir, dataset, Resuming.of(run))
 
+    grants = Grants.of(run.allowed_targets)
     splits = load_splits(
         run.dataset,
-        allowed_targets=run.allowed_targets,
+        grants=grants,
         stats_cache=StatsCache(run_dir, chief=False),  # the run's own table statistics
         task=run.task,
     )
@@ -97,7 +99,7 @@ def evaluate_run(run_dir: Path, *, which: str = rundir.MODEL, overrides=()) -> d
         splits,
         model_spec=run.model,
         task=run.task,
-        allowed_targets=run.allowed_targets,
+        grants=grants,
     )
     data = evaluation_data(
         splits, split, run.pipeline, batch_size=run.batching.per_replica_batch_size, seed=run.seed

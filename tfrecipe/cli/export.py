@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tfrecipe import rundir
 from tfrecipe.config.export_limits import server_name_problem
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.schema import EXPORT_FORMATS
 from tfrecipe.errors import ConfigError
 
@@ -99,7 +100,7 @@ def _export(options, run, run_files) -> dict:
     )
     # the check examples compare Keras with each format on the data the run was trained on
     check_run_data(options.run_dir, run, command="export")
-    splits = load_splits(run.dataset, allowed_targets=run.allowed_targets, task=run.task)
+    splits = load_splits(run.dataset, grants=Grants.of(run.allowed_targets), task=run.task)
     try:
         report = export.export_run(
             model,

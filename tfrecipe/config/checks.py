@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tfrecipe.config.argument_types import argument_type_problems
-from tfrecipe.config.grants import allowed_prefix_problem
+from tfrecipe.config.grants import Grants, allowed_prefix_problem
 from tfrecipe.config.hydra_node import hydra_problems
 from tfrecipe.config.instantiate import iter_targets, target_problem, target_problems
 from tfrecipe.config.trust import Trust
@@ -39,18 +39,18 @@ def config_problems(
     allowed = container.get("allowed_targets")
     allowed = allowed if isinstance(allowed, list) else []  # not a list: the schema's problem
     problems = [p for p in (allowed_prefix_problem(e, trust=trust) for e in allowed) if p]
-    usable = [e for e in allowed if not allowed_prefix_problem(e, trust=trust)]
-    refused = [e for e in allowed if e not in usable]
-    problems += target_problems(container, allowed=usable, refused=refused)
+    grants = Grants.checked(allowed, trust=trust)
+    refused = [e for e in allowed if e not in grants.prefixes]
+    problems += target_problems(container, grants=grants, refused=refused)
     # the arguments of the targets it allows, by the types their signatures declare
     problems += argument_type_problems(
         (key, target, node)
         for key, target, node in iter_targets(container)
-        if isinstance(target, str) and target_problem(target, key=key, allowed=usable) is None
+        if isinstance(target, str) and target_problem(target, key=key, grants=grants) is None
     )
     problems += command_line_only_problems(container, trust=trust)
     if hydra is not None:
-        problems += hydra_problems(hydra, allowed=usable, trust=trust, output_dir=output_dir)
+        problems += hydra_problems(hydra, grants=grants, output_dir=output_dir)
     return problems
 
 

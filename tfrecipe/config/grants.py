@@ -9,6 +9,7 @@ reads only the dotted path; nothing is imported. `instantiate` uses what remains
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -192,3 +193,34 @@ def usable_prefixes(allowed: Iterable[str]) -> tuple[list[str], list[str]]:
     allowed = list(allowed)
     refused = [p for p in allowed if _foreign_package(p)]
     return [p for p in allowed if p not in refused], refused
+
+
+@dataclasses.dataclass(frozen=True)
+class Grants:
+    """What a config's `allowed_targets` grants, decided once: the import prefixes of the
+    user's own packages that `instantiate` may import under, and the `Trust` that granted them.
+
+    Attributes:
+      prefixes: the entries that may be used (granted, none naming a foreign package).
+      trust: what this invocation's command line grants.
+    """
+
+    prefixes: tuple[str, ...] = ()
+    trust: Trust = Trust.NOTHING
+
+    @classmethod
+    def of(cls, allowed_targets: Iterable[str], *, trust: Trust = Trust.NOTHING) -> Grants:
+        """The grants of a validated config's `allowed_targets` (each entry was granted when it
+        validated), less any that cannot name a package of the user's own."""
+        usable, _ = usable_prefixes(allowed_targets)
+        return cls(tuple(usable), trust)
+
+    @classmethod
+    def checked(cls, entries: Iterable[object], *, trust: Trust) -> Grants:
+        """The entries of a config's `allowed_targets` that `trust` grants (the others are
+        `allowed_prefix_problem`s)."""
+        usable = (e for e in entries if allowed_prefix_problem(e, trust=trust) is None)
+        return cls(tuple(usable), trust)
+
+
+NO_GRANTS = Grants()  # nothing beyond tfrecipe's allow-list

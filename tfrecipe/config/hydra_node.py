@@ -34,6 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override
 
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.hydra_keys import hydra_key_problems
 from tfrecipe.config.secrets import hydra_value_problems, looks_secret
 from tfrecipe.config.trust import Trust
@@ -105,25 +106,24 @@ LAUNCHER_SHELL_KEYS = ("setup", "srun_args", "additional_parameters")
 def hydra_problems(
     node: DictConfig,
     *,
-    allowed: Iterable[str] = (),
-    trust: Trust,
+    grants: Grants,
     output_dir: Path | None = None,
 ) -> list[Problem]:
     """What Hydra would import, call, write or export from its own node (`hydra.*`).
 
     Args:
       node: the composed config's `hydra` node.
-      allowed: the usable `allowed_targets` entries (granted, none refused).
-      trust: what this invocation's command line grants (launcher shell settings).
+      grants: the usable `allowed_targets` entries (granted, none refused) and what this
+        invocation's command line grants (launcher shell settings).
       output_dir: the job's directory (`hydra.runtime.output_dir`); None: `hydra.run.dir`.
     """
     from tfrecipe.config.instantiate import target_problems
 
-    output_dir = output_dir or _run_dir(node)
+    output_dir, trust = output_dir or _run_dir(node), grants.trust
     hydra = _resolved_leaves(node, output_dir)
     # Hydra callbacks are refused as a whole, whatever they name.
     others = {key: value for key, value in hydra.items() if key != "callbacks"}
-    problems = target_problems({"hydra": others}, allowed=allowed)
+    problems = target_problems({"hydra": others}, grants=grants)
     problems += _callback_problems(hydra.get("callbacks") or {})
     for part in ("hydra_logging", "job_logging"):
         problems += _logging_problems(f"hydra.{part}", hydra.get(part) or {}, output_dir)
@@ -135,7 +135,7 @@ def hydra_problems(
     if sweeper.get("_target_") == OPTUNA_SWEEPER:
         problems += _optuna_value_problems(sweeper)
     problems += _storage_problems(_raw(node, "sweeper.storage"), sweeper.get("storage"), trust)
-    problems += _search_space_problems(sweeper.get("custom_search_space"), allowed)
+    problems += _search_space_problems(sweeper.get("custom_search_space"), grants)
     problems += hydra_value_problems(node)  # secrets in the dirs' and the job's names
     launcher = OmegaConf.to_container(node, resolve=False).get("launcher") or {}
     problems += _launcher_shell_problems(launcher, trust)
@@ -418,17 +418,17 @@ def _raw(node: DictConfig, key: str) -> Any:
     return value
 
 
-def _search_space_problems(search_space: Any, allowed: Iterable[str]) -> list[Problem]:
+def _search_space_problems(search_space: Any, grants: Grants) -> list[Problem]:
     """The optuna sweeper calls `custom_search_space` with the trial: the user's own function."""
     from tfrecipe.config.instantiate import under_prefix
 
-    if search_space is None or under_prefix(str(search_space), allowed):
+    if search_space is None or under_prefix(str(search_space), grants.prefixes):
         return []
     return [
         Problem(
             "hydra.sweeper.custom_search_space",
             search_space,
-            f"expected your own function under allowed_targets={list(allowed)}",
+            f"expected your own function under allowed_targets={list(grants.prefixes)}",
         )
     ]
 

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tfrecipe.config.grants import is_dotted_path, usable_prefixes
+from tfrecipe.config.grants import NO_GRANTS, Grants, is_dotted_path
 from tfrecipe.config.targets import marked_targets
 from tfrecipe.errors import ConfigError, Problem
 
@@ -181,12 +181,12 @@ def _private(target: str, kind: Kind) -> bool:
     )
 
 
-def _allowed_here(kind: Kind, allowed: list[str]) -> str:
+def _allowed_here(kind: Kind, grants: Grants) -> str:
     where = [*kind.builders, *(f"{m}.*" for m in kind.modules)]
     if kind.members is not None:
         where = [f"{m}.{{{','.join(sorted(kind.members))}}}" for m in kind.modules]
     if kind.user_prefixes:
-        where.append(f"your own under allowed_targets={allowed}")
+        where.append(f"your own under allowed_targets={list(grants.prefixes)}")
     return ", ".join(where)
 
 
@@ -207,14 +207,14 @@ def moved_target(target: str) -> str | None:
     return None
 
 
-def target_problem(target: object, *, key: str, allowed: Iterable[str] = ()) -> Problem | None:
+def target_problem(target: object, *, key: str, grants: Grants = NO_GRANTS) -> Problem | None:
     """Why slot `key` may not name `target` (None: it may). Imports nothing.
 
     Args:
       target: the slot's `_target_` value.
       key: the slot (e.g. "model", "callbacks.extra.lr").
-      allowed: the config's `allowed_targets` (refused entries are ignored here; see
-        `grants.allowed_prefix_problem`).
+      grants: what the config's `allowed_targets` grants (`grants.Grants`: refused entries are
+        left out; see `grants.allowed_prefix_problem`).
     """
     kind = slot_kind(key)
     if kind is None:
@@ -225,7 +225,6 @@ def target_problem(target: object, *, key: str, allowed: Iterable[str] = ()) -> 
     moved = moved_target(target)
     if moved:
         return _problem(key, target, f"tfrecipe moved it to {moved!r}; update your config")
-    usable, _ = usable_prefixes(allowed)
     if _private(target, kind):
         return _problem(
             key,
@@ -233,10 +232,10 @@ def target_problem(target: object, *, key: str, allowed: Iterable[str] = ()) -> 
             f"private modules ({', '.join(PRIVATE_MODULES)}, a leading underscore) are never "
             f"allowed; expected {kind.name}",
         )
-    user = kind.user_prefixes and any(_matches(target, p) for p in usable)
+    user = kind.user_prefixes and any(_matches(target, p) for p in grants.prefixes)
     if not (user or _builtin_member(target, kind)):
         return _problem(
-            key, target, f"expected {kind.name}; allowed here: {_allowed_here(kind, usable)}"
+            key, target, f"expected {kind.name}; allowed here: {_allowed_here(kind, grants)}"
         )
     return None
 
@@ -246,9 +245,9 @@ def _problem(key: str, target: object, hint: str) -> Problem:
     return Problem(f"{key}._target_", target, hint)
 
 
-def check_target(target: object, *, key: str, allowed: Iterable[str] = ()) -> None:
+def check_target(target: object, *, key: str, grants: Grants = NO_GRANTS) -> None:
     """Raises `ConfigError` unless `target` is of the kind slot `key` takes (`target_problem`)."""
-    problem = target_problem(target, key=key, allowed=allowed)
+    problem = target_problem(target, key=key, grants=grants)
     if problem is not None:
         raise ConfigError(problem)
 
@@ -263,10 +262,10 @@ def _import(path: str, *, key: str) -> Any:
         ) from None
 
 
-def resolve_target(target: str, *, key: str, allowed: Iterable[str] = ()) -> Any:
+def resolve_target(target: str, *, key: str, grants: Grants = NO_GRANTS) -> Any:
     """The object `target` names, imported only once the path passed `check_target`, and
     checked to be of the slot's kind before anything calls it."""
-    check_target(target, key=key, allowed=allowed)
+    check_target(target, key=key, grants=grants)
     fn = _import(target, key=key)
     kind = slot_kind(key)
     if kind.base is not None:
@@ -290,14 +289,14 @@ def _check_result(result: Any, *, key: str, target: str) -> Any:
 
 
 def instantiate(
-    node: Mapping[str, Any], *, key: str, allowed: Iterable[str] = (), **runtime_kwargs: Any
+    node: Mapping[str, Any], *, key: str, grants: Grants = NO_GRANTS, **runtime_kwargs: Any
 ) -> Any:
     """Calls `node["_target_"]` with the node's other entries plus `runtime_kwargs`.
 
     Args:
       node: a config node with `_target_` and keyword arguments (plain values, no nesting).
       key: the slot the node sits in (e.g. "model"); it says which kind is accepted.
-      allowed: extra import prefixes from the config's `allowed_targets`.
+      grants: extra import prefixes from the config's `allowed_targets` (`grants.Grants`).
       **runtime_kwargs: arguments known only at run time (input shape, number of classes).
 
     Raises:
@@ -307,7 +306,7 @@ def instantiate(
     """
     kwargs = {k: v for k, v in node.items() if k != "_target_"}
     target = node.get("_target_")
-    fn = resolve_target(target, key=key, allowed=allowed)
+    fn = resolve_target(target, key=key, grants=grants)
     try:
         inspect.signature(fn).bind(**kwargs, **runtime_kwargs)
     except TypeError as error:
@@ -338,15 +337,15 @@ def iter_targets(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, A
 
 
 def target_problems(
-    container: Mapping[str, Any], *, allowed: Iterable[Any] = (), refused: Iterable[Any] = ()
+    container: Mapping[str, Any], *, grants: Grants = NO_GRANTS, refused: Iterable[Any] = ()
 ) -> list[Problem]:
     """Every `_target_` anywhere in a resolved config, checked against its slot's kind. A target
     under a `refused` `allowed_targets` entry is left to that entry's own problem."""
-    allowed, refused = list(allowed), [str(r) for r in refused]
+    refused = [str(r) for r in refused]
     problems = []
     for key, target, _ in iter_targets(container):
         if isinstance(target, str) and under_prefix(target, refused):
             continue
-        problem = target_problem(target, key=key, allowed=allowed)
+        problem = target_problem(target, key=key, grants=grants)
         problems += [problem] if problem else []
     return problems

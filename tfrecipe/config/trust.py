@@ -6,7 +6,7 @@ sweep's params and every other file tfrecipe reads are data someone else may hav
 they grant nothing. The one `Trust` of a process is made here, once, from the overrides the user
 typed (`Trust.from_command_line`), and every config check takes it as a required argument
 (`schema.validate`, `checks.config_problems`, `grants.allowed_prefix_problem`,
-`hydra_node.hydra_problems`): a new command that forgets to pass one does not compile into a
+`hydra_node.hydra_problems`, through its `grants.Grants`): a new command that forgets to pass one does not compile into a
 grant, and `Trust.NOTHING` grants nothing.
 
 A sweep's jobs run in the same process (Hydra's basic launcher) or in others (joblib's workers,

@@ -4,15 +4,16 @@ the task's objective: defined once for training, `tfrecipe evaluate` and the sid
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from tfrecipe import tasks
 from tfrecipe.config import schema
+from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.config.instantiate import instantiate, resolve_target
 from tfrecipe.errors import ConfigError
 
 
-def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
+def build_model(spec: schema.Target, splits, *, task: schema.Task, grants: Grants):
     """The `model` group's model for the dataset's inputs and the task's head size (build it in
     the scope of the strategy that will train it).
 
@@ -23,7 +24,7 @@ def build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targe
     With `task.standardize_targets` its outputs are rescaled to the targets' units (mean and
     std of the training split's targets).
     """
-    model = _build_model(spec, splits, task=task, allowed_targets=allowed_targets)
+    model = _build_model(spec, splits, task=task, grants=grants)
     scaling = tasks.target_scaling(task, splits.train, chunks=splits.batched)
     return model if scaling is None else _in_original_units(model, *scaling)
 
@@ -48,12 +49,12 @@ def _in_original_units(model, mean, std):
     return keras.Model(inputs, rescale(outputs), name=model.name)
 
 
-def _build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targets: list[str]):
+def _build_model(spec: schema.Target, splits, *, task: schema.Task, grants: Grants):
     import keras
 
     from tfrecipe.models import freeze
 
-    parameters = _builder_parameters(spec.target, allowed_targets)
+    parameters = _builder_parameters(spec.target, grants)
     node = spec.model_dump(by_alias=True)
     # Every builder's options (schema.MODEL_OPTIONS): applied here to what it built.
     options = {key: node.pop(key, None) for key in schema.MODEL_OPTIONS}
@@ -66,7 +67,7 @@ def _build_model(spec: schema.Target, splits, *, task: schema.Task, allowed_targ
     body = instantiate(
         node,
         key="model",
-        allowed=allowed_targets,
+        grants=grants,
         input_shape=splits.info.input_shape if encoded is None else tuple(encoded.shape[1:]),
         num_outputs=tasks.num_outputs(task, splits.info),
         **extra,
@@ -91,12 +92,12 @@ def _check_takes_text(model, train, target: str) -> None:
         )
 
 
-def _builder_parameters(target: str, allowed_targets: list[str]) -> Mapping[str, object]:
+def _builder_parameters(target: str, grants: Grants) -> Mapping[str, object]:
     """The model builder's parameters (empty when they cannot be read); a builder written for
     the old `num_classes` signature is told what to change."""
     import inspect
 
-    fn = resolve_target(target, key="model", allowed=allowed_targets)
+    fn = resolve_target(target, key="model", grants=grants)
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -106,14 +107,14 @@ def _builder_parameters(target: str, allowed_targets: list[str]) -> Mapping[str,
     return parameters
 
 
-def objective(task: schema.Task, *, allowed_targets: Iterable[str] = ()):
+def objective(task: schema.Task, *, grants: Grants = NO_GRANTS):
     """`make() -> (loss, metrics)`: the task's loss and new metric objects, as `compile_model`
     compiles them; what the custom loops optimize and report (`LoopOptions.objective`)."""
 
     def make():
         return (
-            tasks.loss(task, allowed_targets=allowed_targets),
-            tasks.metrics(task, allowed_targets=allowed_targets),
+            tasks.loss(task, grants=grants),
+            tasks.metrics(task, grants=grants),
         )
 
     return make
@@ -126,12 +127,12 @@ def compile_model(
     optimizer=None,
     steps_per_execution: int = 1,
     jit_compile: bool | str = "auto",
-    allowed_targets: Iterable[str] = (),
+    grants: Grants = NO_GRANTS,
 ) -> None:
     """The model trains on the task's loss and is scored on its metrics, under the names
-    `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...); `allowed_targets`
-    may hold the packages of a `_target_` loss or metric of the user's own."""
-    loss, metrics = objective(task, allowed_targets=allowed_targets)()
+    `tasks.metric_names` lists (`loss`, `accuracy`, `auc`, `mae`, ...); `grants` (the
+    config's `allowed_targets`) may hold the packages of a `_target_` loss or metric of the user's own."""
+    loss, metrics = objective(task, grants=grants)()
     model.compile(
         optimizer=optimizer,
         loss=loss,

@@ -5,10 +5,10 @@ config check (`tfrecipe validate`) reads the task table without TensorFlow."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tfrecipe.config.grants import Grants
     from tfrecipe.tasks.config import Target, TaskConfig
 
 
@@ -28,14 +28,14 @@ def _snake_case(name: str) -> str:
     return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
-def instantiate_target(node: Target, *, key: str, allowed: Iterable[str], **defaults: Any) -> Any:
+def instantiate_target(node: Target, *, key: str, grants: Grants, **defaults: Any) -> Any:
     """A `_target_` loss or metric, through the one allow-listed instantiation; `defaults`
     are arguments the node does not set itself."""
     from tfrecipe.config.instantiate import instantiate
 
     spec = node.model_dump(by_alias=True)
     extra = {name: value for name, value in defaults.items() if name not in spec}
-    return instantiate(spec, key=key, allowed=allowed, **extra)
+    return instantiate(spec, key=key, grants=grants, **extra)
 
 
 # --- per task: the loss (when task.loss names none by `_target_`) and the metrics -------------------

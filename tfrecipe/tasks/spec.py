@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tasks import checks, keras_objects, outputs
 from tfrecipe.tasks.config import Target as Target
@@ -251,21 +252,21 @@ def num_outputs(task: TaskConfig, info: DatasetInfo) -> int:
     return spec_of(task).head(task, info)
 
 
-def loss(task: TaskConfig, *, allowed_targets: Iterable[str] = ()):
+def loss(task: TaskConfig, *, grants: Grants = NO_GRANTS):
     """The task's loss (from logits where it has a choice), mean over each example's outputs;
     `task.loss` when it names a Keras loss class by `_target_` (it then sees the raw outputs:
     logits for the classification tasks)."""
     if task.loss is not None and not isinstance(task.loss, str):
-        return instantiate_target(task.loss, key="task.loss", allowed=allowed_targets)
+        return instantiate_target(task.loss, key="task.loss", grants=grants)
     return spec_of(task).loss(task)
 
 
-def metrics(task: TaskConfig, *, allowed_targets: Iterable[str] = ()) -> list[Any]:
+def metrics(task: TaskConfig, *, grants: Grants = NO_GRANTS) -> list[Any]:
     """Fresh metric objects under the names `metric_names` lists, in that order: the task's
     own, then `task.metrics` (which see the model's raw outputs, logits for classification)."""
     extras = [
         instantiate_target(
-            node, key=f"task.metrics.{index}", allowed=allowed_targets, name=extra_metric_name(node)
+            node, key=f"task.metrics.{index}", grants=grants, name=extra_metric_name(node)
         )
         for index, node in enumerate(task.metrics)
     ]

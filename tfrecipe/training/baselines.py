@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tfrecipe import tasks
+from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform
 from tfrecipe.data.splits import Splits, batch
 from tfrecipe.errors import ConfigError
@@ -112,7 +113,7 @@ def fit_baselines(
     pipeline: PipelineOptions,
     max_rows: int,
     seed: int,
-    allowed_targets: list[str] | tuple[str, ...] = (),
+    grants: Grants = NO_GRANTS,
 ) -> dict[str, Any]:
     """Fits the task's baselines on the training split and scores them on the test split (the
     validation split when there is no test split).
@@ -139,7 +140,7 @@ def fit_baselines(
         # that a majority class's certainty, a boosted model's 1.0, keeps losses finite)
         predicted = np.asarray(predict(test_x), dtype=np.float64)
         outputs = spec.outputs.from_probabilities(predicted, info.num_classes)
-        models[name] = _score(task, outputs, test_y, allowed_targets)
+        models[name] = _score(task, outputs, test_y, grants)
         seconds[name] = round(time.perf_counter() - started, 3)
     return {
         "split": split,
@@ -167,7 +168,7 @@ def fitter(spec, ctx: RunContext) -> Callable[[Splits], dict[str, Any]] | None:
             pipeline=ctx.pipeline,
             max_rows=spec.max_rows,
             seed=ctx.seed,
-            allowed_targets=ctx.allowed_targets,
+            grants=ctx.grants,
         )
         log.info("baselines fitted in %.1fs", time.perf_counter() - started)
         return fitted
@@ -329,11 +330,11 @@ def _label_rate(x, y):
 
 
 # --- scores: the task's own metrics ----------------------------------------------------------------
-def _score(task, outputs: np.ndarray, targets: np.ndarray, allowed_targets) -> dict[str, float]:
+def _score(task, outputs: np.ndarray, targets: np.ndarray, grants: Grants) -> dict[str, float]:
     outputs = outputs.astype(np.float32)
-    loss = tasks.loss(task, allowed_targets=allowed_targets)
+    loss = tasks.loss(task, grants=grants)
     scores = {"loss": float(loss(targets, outputs))}
-    for metric in tasks.metrics(task, allowed_targets=allowed_targets):
+    for metric in tasks.metrics(task, grants=grants):
         metric.update_state(targets, outputs)
         scores[metric.name] = float(metric.result())
     return scores

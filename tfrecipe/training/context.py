@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfrecipe.config import schema
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.plan import RunPlan
 from tfrecipe.config.trust import Trust
 from tfrecipe.data.pipeline import PipelineOptions
@@ -25,8 +26,8 @@ class RunContext:
     Attributes:
       plan: what the run decided once (the loop, backups, steps per call, precision).
       home: the run dir (a worker's scratch dir beside the chief's).
-      trust: what this invocation's command line granted; `allowed_targets`: the import
-        prefixes the validated config may instantiate under it.
+      grants: what this invocation's command line granted (`Trust`) and the import prefixes
+        the validated config's `allowed_targets` may instantiate under it.
       task: the task spec (`task` section): loss, metrics, head, main metric.
       pipeline: the input pipeline's options; `seed`, `deterministic`: the run's seeding.
       cluster_task: who this process is in the cluster.
@@ -36,8 +37,7 @@ class RunContext:
 
     plan: RunPlan
     home: RunDir
-    trust: Trust
-    allowed_targets: list[str]
+    grants: Grants
     task: schema.Task
     pipeline: PipelineOptions
     seed: int
@@ -69,8 +69,7 @@ class RunContext:
         return cls(
             plan=plan,
             home=home,
-            trust=trust,
-            allowed_targets=run.allowed_targets,
+            grants=Grants.of(run.allowed_targets, trust=trust),
             task=run.task,
             pipeline=run.pipeline,
             seed=run.seed,

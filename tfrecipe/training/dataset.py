@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from tfrecipe import tasks
 from tfrecipe.config import schema
+from tfrecipe.config.grants import Grants
 from tfrecipe.config.instantiate import instantiate, resolve_target
 from tfrecipe.data.pipeline import PipelineOptions, batch_transform, prepare
 from tfrecipe.errors import ConfigError
@@ -16,7 +17,7 @@ from tfrecipe.errors import ConfigError
 def load_splits(
     spec: schema.Target,
     *,
-    allowed_targets: list[str],
+    grants: Grants,
     stats_cache=None,
     task: schema.Task | None = None,
 ):
@@ -28,23 +29,17 @@ def load_splits(
     every reader of a run's data passes it, so that all see the same class ids.
     """
     extra = {}
-    if stats_cache is not None and "stats_cache" in _parameters(
-        spec.target, "dataset", allowed_targets
-    ):
+    if stats_cache is not None and "stats_cache" in _parameters(spec.target, "dataset", grants):
         extra["stats_cache"] = stats_cache
-    splits = instantiate(
-        spec.model_dump(by_alias=True), key="dataset", allowed=allowed_targets, **extra
-    )
+    splits = instantiate(spec.model_dump(by_alias=True), key="dataset", grants=grants, **extra)
     return splits if task is None else tasks.orient(task, splits, dataset=spec.target)
 
 
-def _parameters(target: str, key: str, allowed_targets: list[str]) -> Mapping[str, object]:
+def _parameters(target: str, key: str, grants: Grants) -> Mapping[str, object]:
     import inspect
 
     try:
-        return inspect.signature(
-            resolve_target(target, key=key, allowed=allowed_targets)
-        ).parameters
+        return inspect.signature(resolve_target(target, key=key, grants=grants)).parameters
     except (TypeError, ValueError):
         return {}
 

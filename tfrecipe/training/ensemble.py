@@ -14,6 +14,7 @@ import keras
 
 from tfrecipe import rundir, signature
 from tfrecipe.config import schema
+from tfrecipe.config.grants import Grants
 from tfrecipe.data.tabular import StatsCache
 from tfrecipe.models import ensemble as ensemble_model
 from tfrecipe.models.build import compile_model, register_custom_objects
@@ -64,9 +65,7 @@ def as_single_run(members: list[Mapping[str, Any]]) -> dict[str, Any]:
     return fields
 
 
-def load(
-    run_dir: Path, *, seeds: int, task: schema.Task, allowed_targets: list[str]
-) -> keras.Model:
+def load(run_dir: Path, *, seeds: int, task: schema.Task, grants: Grants) -> keras.Model:
     """The members' exported models (model.keras) as one model averaging them, compiled."""
     register_custom_objects()
     members = [
@@ -76,7 +75,7 @@ def load(
     model = ensemble_model.averaged(members, task=task.name)
     # An optimizer it never steps: a model.keras compiled without one does not load again
     # (Keras' compile_from_config builds the optimizer), and `tfrecipe evaluate` loads it.
-    compile_model(model, task=task, optimizer="sgd", allowed_targets=allowed_targets)
+    compile_model(model, task=task, optimizer="sgd", grants=grants)
     return model
 
 
@@ -134,14 +133,14 @@ def train_ensemble(
     first = home.member(0)
     splits = load_splits(
         spec.dataset,
-        allowed_targets=ctx.allowed_targets,
+        grants=ctx.grants,
         stats_cache=StatsCache(first.path, chief=False),
         task=ctx.task,
     )
     summary.update(as_single_run(members))
     if home.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
         signature.write(home.path, first.signature())
-    model = load(home.path, seeds=spec.seeds, task=ctx.task, allowed_targets=ctx.allowed_targets)
+    model = load(home.path, seeds=spec.seeds, task=ctx.task, grants=ctx.grants)
     scored = scores(model, splits, pipeline=ctx.pipeline, seed=ctx.seed, batch_size=spec.batch_size)
     summary.update(test=scored["test"])  # and val_ metrics, in _finish
     summary.update(exports=spec.export(model, home.path, splits))

@@ -67,7 +67,7 @@ def load_data(
     ctx.home.check_batch(global_batch=global_batch, num_replicas=replicas)
     splits = load_splits(
         spec,
-        allowed_targets=ctx.allowed_targets,
+        grants=ctx.grants,
         stats_cache=ctx.home.stats_cache(),
         task=ctx.task,
     )

@@ -72,9 +72,7 @@ def _compiled_model(
     _check_xla(batching.jit_compile, strategy)
     compat.cache_saving_skipsets()  # its best-weights saves and exports, 2x faster on an MLP
     with model_scope(strategy):
-        model = build_model(
-            spec, batches.splits, task=ctx.task, allowed_targets=ctx.allowed_targets
-        )
+        model = build_model(spec, batches.splits, task=ctx.task, grants=ctx.grants)
         if batching.fused_batch_norm:
             batch_norm.fuse(model)
         compile_model(
@@ -82,7 +80,7 @@ def _compiled_model(
             task=ctx.task,
             optimizer=new_optimizer(),
             jit_compile=batching.jit_compile,
-            allowed_targets=ctx.allowed_targets,
+            grants=ctx.grants,
         )
     return model
 

@@ -102,7 +102,7 @@ def build_monitors(
             spec,
             logger,
             run_dir=run_dir,
-            allowed_targets=ctx.allowed_targets,
+            grants=ctx.grants,
             export_formats=knobs.export_formats,
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
         ),

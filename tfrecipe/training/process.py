@@ -74,15 +74,15 @@ def evaluate_checkpoints(
     each checkpoint in the run dir on the validation split (the test split when there is none),
     prepared like training's evaluation data, all on the default strategy (it joins no
     collective)."""
-    started, run_dir, allowed = time.perf_counter(), ctx.home.shared, ctx.allowed_targets
+    started, run_dir, grants = time.perf_counter(), ctx.home.shared, ctx.grants
     splits = load_splits(
         dataset,
-        allowed_targets=allowed,
+        grants=grants,
         stats_cache=StatsCache(run_dir, chief=False, wait_s=STATS_WAIT_S),  # the chief's
         task=ctx.task,
     )
-    model = build_model(model_spec, splits, task=ctx.task, allowed_targets=allowed)
-    compile_model(model, task=ctx.task, allowed_targets=allowed)
+    model = build_model(model_spec, splits, task=ctx.task, grants=grants)
+    compile_model(model, task=ctx.task, grants=grants)
     split = "validation" if splits.validation is not None else "test"
     batch_size = batching.per_replica_batch_size
     data = evaluation_data(splits, split, ctx.pipeline, batch_size=batch_size, seed=ctx.seed)
