@@ -31,9 +31,14 @@ def test_auto_holds_what_fits_under_a_share_of_the_devices_memory():
     assert residency.cap_bytes(HOST_TWO_REPLICAS) == GIB
     # whatever the device holds, no split above RESIDENT_MAX_BYTES is held by auto
     assert residency.cap_bytes(H200) == residency.RESIDENT_MAX_BYTES
-    # on a CPU auto streams (tf.data's prefetch overlaps the input there; measured slower held)
+    # on a CPU auto streams a convolutional model's split (measured slower held there) and
+    # holds a dense one's (its short steps paid for fit's get_next)
     on_cpu = residency.choose("auto", held_bytes=1, memory=HOST_TWO_REPLICAS)
     assert not on_cpu.resident and "streamed on a CPU" in on_cpu.reason
+    dense = residency.choose("auto", held_bytes=1, memory=HOST_TWO_REPLICAS, cpu_holds=True)
+    assert dense.resident and "fits" in dense.reason
+    over = residency.choose("auto", held_bytes=2 * GIB, memory=HOST_TWO_REPLICAS, cpu_holds=True)
+    assert not over.resident and "over the cap" in over.reason
     unknown = residency.choose("auto", held_bytes=float("inf"), memory=H200)
     assert not unknown.resident and "known only when read" in unknown.reason
 
@@ -54,6 +59,8 @@ def test_validate_says_where_the_training_data_live_and_refuses_what_cannot_hold
         return "\n".join(RunPlan.from_config(run).lines())
 
     assert "training data: resident on an accelerator where the decoded split fits" in plan_lines()
+    dense = "training data: resident on the device where the decoded split fits"
+    assert dense in plan_lines("model=mlp") and dense in plan_lines("recipe=diabetes_regression")
     assert "resident on the device (pipeline.resident=true)" in plan_lines("pipeline.resident=true")
     assert "training data: streamed (pipeline.resident=false)" in plan_lines(
         "pipeline.resident=false"

@@ -44,6 +44,8 @@ class RunPlan:
         devices, `tfrecipe.precision.resolve_policy`).
       cpu_bfloat16_pays: with precision=auto, a CPU with native bfloat16 trains this model
         faster in mixed_bfloat16 (CPU_BFLOAT16_PAYS); a GPU or TPU decides by itself.
+      cpu_resident_pays: with pipeline.resident=auto, a CPU holds this model's training split
+        (tfrecipe.data.residency.CPU_HOLDS); an accelerator holds what fits.
       periodic_backups: back up every `backup_every_n_steps` optimizer steps.
       max_rollbacks: NaN/Inf rollbacks allowed (0: none; they need backups).
       hook_intervals: the step intervals per-step hooks were asked for (backups, step logs):
@@ -58,6 +60,7 @@ class RunPlan:
     in_cluster: bool
     precision: str
     cpu_bfloat16_pays: bool = False
+    cpu_resident_pays: bool = False
     periodic_backups: bool
     backup_every_n_steps: int
     max_rollbacks: int
@@ -93,6 +96,7 @@ class RunPlan:
             if run.precision.policy == "auto" and in_cluster
             else run.precision.policy,
             cpu_bfloat16_pays=run.model.target in CPU_BFLOAT16_PAYS,
+            cpu_resident_pays=run.model.target in residency.CPU_HOLDS,
             periodic_backups=periodic,
             backup_every_n_steps=backup.every_n_steps,
             max_rollbacks=rollbacks,
@@ -104,7 +108,10 @@ class RunPlan:
             one_step_per_call=_one_step_per_call(loop, run.logger),
             gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
             training_data=residency.plan_line(
-                run.pipeline.resident, strategy=run.strategy.name, cache=run.pipeline.cache
+                run.pipeline.resident,
+                strategy=run.strategy.name,
+                cache=run.pipeline.cache,
+                cpu_holds=run.model.target in residency.CPU_HOLDS,
             ),
             requested_loop=run.loop.name,
             strategy=run.strategy.name,

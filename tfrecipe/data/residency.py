@@ -9,8 +9,9 @@ step is short: Keras' fit calls its iterator's `get_next` once per step, even in
 `auto` keeps the split on an accelerator when it fits under the cap (`cap_bytes`): the bytes it
 holds there (after decoding, and after normalization when that runs once, before holding), on
 every replica that holds a copy, at most `RESIDENT_SHARE` of the device's memory and at most
-`RESIDENT_MAX_BYTES`; on a CPU it streams (CPU_STREAMS says why; `true` holds it there).
-Everything else streams through tf.data as before. The run's plan
+`RESIDENT_MAX_BYTES`. On a CPU it holds only for the dense models of CPU_HOLDS, whose steps are
+short, and streams for the others (CPU_STREAMS says why; `true` holds it there). Everything else
+streams through tf.data as before. The run's plan
 (`tfrecipe validate`) says what the config decides; summary.json's `resident` what the run chose
 and why, with the bytes.
 
@@ -31,12 +32,20 @@ RESIDENT_SHARE = 0.25
 # gather gains nothing on a step that large data makes long anyway.
 RESIDENT_MAX_BYTES = 4 << 30
 
-# Why auto streams on a CPU, measured (docs/benchmarks.md, "An eighth pass"): there tf.data's
-# prefetch overlaps the input with the step on another core, and the held split made the
-# default CNN's steps slower, not faster (A/B pairs on the 2-core Xeon).
+# On a CPU, `auto` holds the split for these models' steps: dense networks, whose steps take
+# about a millisecond, so that fit's `get_next` and tf.data's per-batch work are a large share of
+# each. Measured in one process, calls alternating (docs/benchmarks.md, "A ninth pass"): the MLP
+# on the digits held ran 1.2-1.25x the streamed steps' speed at 0.8x their CPU time per step.
+CPU_HOLDS = frozenset({"tfrecipe.models.mlp", "tfrecipe.models.linear"})
+
+# Why auto streams on a CPU for the other models, measured the same way (docs/benchmarks.md, "A
+# ninth pass"): held, the default CNN's step does no more work (the same CPU time per step, the
+# same median time per kernel) but ran 0.7-0.9x as fast on a loaded 2-core Xeon: its graph loop
+# never waits for input, so its threads spend longer in the run queue behind other processes
+# (schedstat), where tf.data's prefetch overlaps the input on the other core.
 CPU_STREAMS = (
-    "tf.data overlaps the input with the step there; held, the default CNN ran 0.55-0.8x as "
-    "fast on a 2-core Xeon; pipeline.resident=true holds it"
+    "held, a convolutional step ran 0.7-0.9x as fast on a loaded 2-core Xeon at the same CPU "
+    "time per step; pipeline.resident=true holds it"
 )
 
 # Strategies whose workers cannot each hold the split (`true` is refused, `auto` streams).
@@ -76,10 +85,13 @@ def cap_bytes(memory: DeviceMemory) -> int:
     return min(shared, RESIDENT_MAX_BYTES)
 
 
-def choose(setting: str | bool, *, held_bytes: float, memory: DeviceMemory) -> Choice:
+def choose(
+    setting: str | bool, *, held_bytes: float, memory: DeviceMemory, cpu_holds: bool = False
+) -> Choice:
     """The choice for a split whose held copy takes `held_bytes` (infinite: not known before
     reading), under `pipeline.resident=setting` on `memory`. `true` holds whatever it takes
-    (an out-of-memory error says so); `auto` holds what fits under `cap_bytes`."""
+    (an out-of-memory error says so); `auto` holds what fits under `cap_bytes`, on a CPU only
+    where `cpu_holds` (the model is one of CPU_HOLDS)."""
     size = _size(held_bytes)
     if setting is False:
         return Choice(False, "pipeline.resident=false")
@@ -90,7 +102,7 @@ def choose(setting: str | bool, *, held_bytes: float, memory: DeviceMemory) -> C
     )
     if setting is True:
         return Choice(True, f"pipeline.resident=true: {where}")
-    if memory.kind == "CPU":
+    if memory.kind == "CPU" and not cpu_holds:
         return Choice(False, f"pipeline.resident=auto: streamed on a CPU ({CPU_STREAMS})")
     if held_bytes == float("inf"):
         return Choice(False, "pipeline.resident=auto: examples of a shape known only when read")
@@ -110,16 +122,21 @@ def streams_because(setting: str | bool, *, strategy: str, cache: str | None) ->
     return None
 
 
-def plan_line(setting: str | bool, *, strategy: str, cache: str | None) -> str:
-    """The plan's line (`tfrecipe validate`): what the config decides of the training data."""
+def plan_line(
+    setting: str | bool, *, strategy: str, cache: str | None, cpu_holds: bool = False
+) -> str:
+    """The plan's line (`tfrecipe validate`): what the config decides of the training data
+    (`cpu_holds`: the model is one of CPU_HOLDS)."""
     reason = streams_because(setting, strategy=strategy, cache=cache)
     if reason is not None:
         return f"training data: streamed ({reason})"
     if setting is True:
         return "training data: resident on the device (pipeline.resident=true)"
+    where = "on the device" if cpu_holds else "on an accelerator"
+    cpu = "a dense model's steps are short" if cpu_holds else "streamed on a CPU"
     return (
-        "training data: resident on an accelerator where the decoded split fits under "
-        f"{RESIDENT_SHARE:.0%} of its memory and {_size(RESIDENT_MAX_BYTES)}, streamed on a CPU "
+        f"training data: resident {where} where the decoded split fits under "
+        f"{RESIDENT_SHARE:.0%} of its memory and {_size(RESIDENT_MAX_BYTES)}, {cpu} "
         "(pipeline.resident=auto; streamed tables and text stream); summary.json says which"
     )
 

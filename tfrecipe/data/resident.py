@@ -232,30 +232,47 @@ def _devices(strategy: tf.distribute.Strategy) -> tuple[str | None, ...]:
         return (None,)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingRows:
+    """The training split as read: `num_rows` examples of `dataset`; `chunks`: a streamed table
+    (`Splits.batched`), whose rows stay out of memory."""
+
+    dataset: tf.data.Dataset
+    num_rows: int
+    chunks: bool = False
+
+
 def hold_training(
-    dataset: tf.data.Dataset,
-    num_rows: int,
+    rows: TrainingRows,
     *,
     strategy: tf.distribute.Strategy,
     layout: Layout,
     options: PipelineOptions,
     finish: Callable,
-    chunks: bool = False,
+    cpu_holds: bool = False,
 ) -> tuple[residency.Choice, HeldSplit | None]:
     """The training split held as `options.resident` and the cap decide (None: it streams),
-    and why. `chunks`: a streamed table (`Splits.batched`), which stays out of memory."""
+    and why. `cpu_holds`: the model is one a CPU holds for (residency.CPU_HOLDS)."""
     reason = residency.streams_because(
         options.resident, strategy=_strategy_name(strategy), cache=options.cache
     )
-    if reason is None and chunks:
+    if reason is None and rows.chunks:
         reason = "a streamed table (dataset.stream): its rows stay out of memory"
     if reason is not None:
         return residency.Choice(False, reason), None
-    size = held_bytes(dataset.element_spec, num_rows, normalized=not options.augments)
-    choice = residency.choose(options.resident, held_bytes=size, memory=device_memory(strategy))
+    size = held_bytes(rows.dataset.element_spec, rows.num_rows, normalized=not options.augments)
+    memory = device_memory(strategy)
+    choice = residency.choose(options.resident, held_bytes=size, memory=memory, cpu_holds=cpu_holds)
     if not choice.resident:
         return choice, None
-    held = hold(dataset, num_rows, strategy=strategy, layout=layout, options=options, finish=finish)
+    held = hold(
+        rows.dataset,
+        rows.num_rows,
+        strategy=strategy,
+        layout=layout,
+        options=options,
+        finish=finish,
+    )
     return choice, held
 
 

@@ -145,13 +145,12 @@ def _held_training(batches: Batches, ctx: RunContext, splits: Splits, class_weig
     drop_remainder = batches.batching.drop_remainder
     per_pass = _steps_in(splits.info.num_train, batches.global_batch, drop_remainder)
     return resident.hold_training(
-        splits.train,
-        splits.info.num_train,
+        resident.TrainingRows(splits.train, splits.info.num_train, chunks=splits.batched),
         strategy=batches.strategy,
         layout=resident.Layout(batches.global_batch, per_pass, ctx.seed),
         options=ctx.pipeline,
         finish=_batch_map(ctx.pipeline, class_weight),
-        chunks=splits.batched,
+        cpu_holds=ctx.plan.cpu_resident_pays,  # on a CPU: dense models (residency.CPU_HOLDS)
     )
 
 
