@@ -61,13 +61,22 @@ def train_in(compose_cfg):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("loop", "strategy"), [("fit", "default"), ("custom", "mirrored"), ("fit", "mirrored")]
+    ("loop", "strategy", "resident"),
+    [
+        ("fit", "default", False),
+        ("custom", "mirrored", False),
+        ("fit", "mirrored", False),
+        # the training split held on the device: the stream restarts at the backup's step
+        ("fit", "default", True),
+        ("custom", "mirrored", True),
+    ],
 )
 def test_a_run_resumed_mid_epoch_ends_exactly_as_an_uninterrupted_one(
-    train_in, tmp_path, loop, strategy
+    train_in, tmp_path, loop, strategy, resident
 ):
     """Restored model, optimizer, step and input position: bit-for-bit the same final weights."""
     overrides = [*BACKUP, f"loop={loop}", f"strategy={strategy}", "deterministic=true"]
+    overrides.append(f"pipeline.resident={str(resident).lower()}")
     if strategy == "mirrored":
         overrides.append("strategy.logical_cpus=2")
     whole = train_in(tmp_path / "whole", *overrides)
@@ -80,6 +89,7 @@ def test_a_run_resumed_mid_epoch_ends_exactly_as_an_uninterrupted_one(
     resumed = train_in(tmp_path / "whole", *overrides)
 
     assert resumed["status"] == "completed"
+    assert resumed["resident"]["resident"] is resident
     assert resumed["resumed_from_step"] == 3
     assert resumed["steps_completed"] == whole["steps_completed"] == 10
     assert resumed["epochs_completed"] == 2  # epoch 1's history row is the resumed run's
