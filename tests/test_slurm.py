@@ -315,3 +315,67 @@ def test_an_optuna_sweep_runs_in_slurm_array_tasks_that_share_one_study(slurm, t
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3  # 3 in all, not 3 a task
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert "sweep: 3 jobs (3 completed)" in done.stdout  # one report, by the sweep's process
+
+
+@pytest.mark.slow
+def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm, tmp_path):
+    """The array task's worker ignores submitit's SIGUSR2 and saves on the SIGTERM of SLURM's
+    requeue; its trial is failed and retried, and the requeued task resumes it at that step."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    optuna = pytest.importorskip("optuna")
+    import subprocess
+
+    sweep = tmp_path / "sweep"
+    slow = [
+        "+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
+        "+callbacks.extra.slow.seconds=0.2",
+        "allowed_targets=[helpers]",
+    ]
+    env = {
+        **slurm.env,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+    }
+    sweep_args = [
+        *("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1"),
+        *("hydra/launcher=submitit_slurm", "hydra.launcher.partition=low"),
+        *(f"hydra.launcher.cpus_per_task={slurm_cluster.CPUS}", "hydra.launcher.timeout_min=10"),
+        "hydra.launcher.max_num_timeout=1",  # submitit may take a preemption for a time-out
+        *("optimizer.learning_rate=interval(0.001,0.01)", f"hydra.sweep.dir={sweep}"),
+        *RUN,
+        *("logger.csv.every_n_steps=1", *slow),
+    ]
+    with open(tmp_path / "driver.out", "w") as out:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "tfrecipe", *sweep_args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    run_dir = sweep / "0"
+    try:
+        steps = run_dir / "steps.csv"
+        trained = lambda: steps.exists() and len(steps.read_text().splitlines()) > 6  # noqa: E731
+        slurm.wait(lambda: trained() or driver.poll() is not None, slurm_cluster.HUNG_S)
+        assert trained(), (tmp_path / "driver.out").read_text()[-3000:]  # the sweep ended
+        slurm.run(
+            "sbatch",
+            "--partition=high",
+            f"--cpus-per-task={slurm_cluster.CPUS}",
+            f"--output={tmp_path}/high-%j.out",
+            "--wrap=true",
+        )
+        driver.wait(timeout=slurm_cluster.HUNG_S)  # the sweep's own end
+    finally:
+        driver.kill()
+    logs = "".join(p.read_text(errors="replace") for p in sweep.glob(".submitit/*/*_log.*"))
+    assert driver.returncode == 0, (tmp_path / "driver.out").read_text()[-3000:] + logs[-3000:]
+    saved = _saved_steps(logs)
+    assert len(saved) == 1 and 0 < saved[0] < TOTAL_STEPS, logs[-3000:]
+    study = optuna.load_study(study_name="tfrecipe", storage=f"sqlite:///{sweep / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"], logs[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["resumed_from_step"] == saved[0]
+    assert summary["steps_completed"] == TOTAL_STEPS

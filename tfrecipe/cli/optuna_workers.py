@@ -76,7 +76,7 @@ def run_array(launcher: Any, count: int) -> None:
     launcher's executor, and waits for them all (cancels them if this process is stopped)."""
     executor = _executor(launcher)
     numbers = list(range(1, count + 1))
-    jobs = executor.map_array(array_task, [tfrecipe_command(sys.argv[1:])] * count, numbers)
+    jobs = executor.map_array(ArrayTask(), [tfrecipe_command(sys.argv[1:])] * count, numbers)
     log.info("optuna: %d array task(s) run the trials (job %s)", count, jobs[0].job_id)
     try:
         for number, job in zip(numbers, jobs, strict=True):
@@ -91,12 +91,45 @@ def run_array(launcher: Any, count: int) -> None:
         raise
 
 
-def array_task(command: list[str], number: int) -> None:
-    """One array task (in the SLURM job): the sweep's command line as worker `number`."""
-    env = child_environment({**os.environ, WORKER_ENV: str(number)})
-    returncode = subprocess.run(command, env=env, check=False).returncode
-    if returncode != 0:
-        raise RuntimeError(f"worker {number} exited with code {returncode}")
+class ArrayTask:
+    """One array task (in the SLURM job): the sweep's command line as worker `number`.
+
+    Preempted or at its time limit, the task gets submitit's signal (SIGUSR2), whose default
+    kills: the worker ignores it (an ignored signal stays ignored through exec), and submitit's
+    handler here calls `checkpoint`, which stops the worker as SLURM would (SIGTERM: it saves
+    its trial's backup, fails the trial and enqueues its retry) before submitit requeues the
+    task; the requeued task goes on with the study, the retry first."""
+
+    def __init__(self) -> None:
+        self.worker: subprocess.Popen | None = None
+
+    def __call__(self, command: list[str], number: int) -> None:
+        env = child_environment({**os.environ, WORKER_ENV: str(number)})
+        signum = _submitit_signal()
+        handler = signal.signal(signum, signal.SIG_IGN)  # for the worker to inherit
+        try:
+            self.worker = subprocess.Popen(command, env=env)
+        finally:
+            signal.signal(signum, handler)  # submitit's own, for this process
+        if self.worker.wait() != 0:
+            raise RuntimeError(f"worker {number} exited with code {self.worker.returncode}")
+
+    def checkpoint(self, command: list[str], number: int):
+        """What submitit requeues: a fresh task, once this one's worker has saved and ended."""
+        import submitit
+
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            self.worker.wait()
+        return submitit.helpers.DelayedSubmission(ArrayTask(), command, number)
+
+    def __getstate__(self) -> dict:
+        return {"worker": None}  # a process is no part of what submitit pickles
+
+
+def _submitit_signal() -> signal.Signals:
+    """The signal submitit sends a job before its time limit or a preemption."""
+    return getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}")
 
 
 def _executor(launcher: Any):
