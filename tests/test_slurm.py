@@ -373,6 +373,7 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
     assert driver.returncode == 0, (tmp_path / "driver.out").read_text()[-3000:] + logs[-3000:]
     saved = _saved_steps(logs)
     assert len(saved) == 1 and 0 < saved[0] < TOTAL_STEPS, logs[-3000:]
+    assert "Requeued job" in logs, logs[-3000:]  # by submitit, once the worker had saved
     study = optuna.load_study(study_name="tfrecipe", storage=f"sqlite:///{sweep / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"], logs[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

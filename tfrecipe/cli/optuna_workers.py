@@ -118,9 +118,10 @@ class ArrayTask:
         """What submitit requeues: a fresh task, once this one's worker has saved and ended."""
         import submitit
 
-        if self.worker is not None and self.worker.poll() is None:
+        if self.worker is not None and self.worker.returncode is None:
             self.worker.send_signal(signal.SIGTERM)
-            self.worker.wait()
+            with contextlib.suppress(ChildProcessError):  # not Popen.wait: __call__, which
+                os.waitpid(self.worker.pid, 0)  # this signal interrupted, holds its lock
         return submitit.helpers.DelayedSubmission(ArrayTask(), command, number)
 
     def __getstate__(self) -> dict:
