@@ -84,19 +84,19 @@ def test_a_second_process_on_a_busy_run_dir_is_refused_and_a_killed_one_frees_it
 
 def test_train_refuses_a_run_dir_another_process_holds_and_gives_its_own_back(tmp_path):
     from tfrecipe.errors import ConfigError
-    from tfrecipe.rundir import lock_run_dir, unlock_run_dir
+    from tfrecipe.rundir import RunFiles
 
     run_dir = tmp_path / "run"
     holder = _hold_lock(run_dir)
     try:
         with pytest.raises(ConfigError, match=f"run dir in use by PID {holder.pid}"):
-            lock_run_dir(run_dir)
+            RunFiles(run_dir).lock()
     finally:
         holder.kill()
         holder.wait()
-    lock_run_dir(run_dir)  # the killed holder's lock went with it
+    RunFiles(run_dir).lock()  # the killed holder's lock went with it
     assert _is_locked(run_dir)
-    unlock_run_dir(run_dir)
+    RunFiles(run_dir).unlock()
     assert not _is_locked(run_dir)
 
 
@@ -104,7 +104,7 @@ def _hold_lock(run_dir: Path) -> subprocess.Popen:
     """A process holding `run_dir`'s lock, as a training run does, until killed."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from tfrecipe.rundir import lock_run_dir; lock_run_dir(Path(sys.argv[1])); "
+         "from tfrecipe.rundir import RunFiles; RunFiles(Path(sys.argv[1])).lock(); "
          "print('locked', flush=True); time.sleep(120)", str(run_dir)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -163,11 +163,11 @@ def test_a_sweep_job_refused_by_the_lock_writes_nothing_into_that_dir(cli, tmp_p
 def _interrupted_run(run_dir: Path, *overrides: str) -> str:
     """A run dir as a preempted run of `overrides` leaves it; returns its config.yaml."""
     from tfrecipe.config.compose import compose
-    from tfrecipe.rundir import write_config
+    from tfrecipe.rundir import RunFiles
 
     run_dir.mkdir()
     (run_dir / "summary.json").write_text(json.dumps({"status": "preempted"}))
-    write_config(run_dir, compose([*TINY, *overrides]))
+    RunFiles(run_dir).write_config(compose([*TINY, *overrides]))
     return (run_dir / "config.yaml").read_text()
 
 

@@ -27,7 +27,7 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, verbose=0)  # 1 step done
-    rundir.write_summary(tmp_path, {"status": "running", "stalls": []})
+    rundir.RunFiles(tmp_path).write_summary({"status": "running", "stalls": []})
     exited = threading.Event()
     codes = []
     dog = watchdog.StallWatchdog(
@@ -41,7 +41,7 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     text = (tmp_path / "stall-worker-1.txt").read_text()
     assert "test_a_stalled_step_leaves_every_threads_stack_and_exits_76" in text  # main thread
     assert "Thread stall-watchdog" in text
-    summary = rundir.read_summary(tmp_path)
+    summary = rundir.RunFiles(tmp_path).summary()
     assert summary["status"] == "failed" and "worker-1 made no training step" in summary["error"]
     [stall] = summary["stalls"]
     assert stall["worker"] == "worker-1" and stall["step"] == 1

@@ -24,7 +24,7 @@ from tfrecipe.fault.backup import StepCounter, crossed, current_step
 from tfrecipe.models.export import export_model
 from tfrecipe.optim import averaged_weights, current_learning_rate
 from tfrecipe.perf.profiler import StepProfiler
-from tfrecipe.rundir import write_history
+from tfrecipe.rundir import RunFiles
 from tfrecipe.tasks import best_row
 
 
@@ -95,7 +95,7 @@ class EpochHistory(keras.callbacks.Callback):
 
     def _write(self) -> None:
         if self.run_dir is not None:
-            write_history(self.run_dir, self.rows)
+            RunFiles(self.run_dir).write_history(self.rows)
 
 
 class PeriodicExport(keras.callbacks.Callback):

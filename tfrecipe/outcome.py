@@ -70,7 +70,7 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
     refuses it too (except when the local launcher restarts this same run after a crash).
     """
     _check_is_a_run_dir(run_dir)
-    previous = rundir.read_summary(run_dir)
+    previous = rundir.RunFiles(run_dir).summary()
     if previous and previous.get("status") in FINISHED:
         raise ConfigError(
             f"{_run_dir_key}={run_dir}: already holds a {previous['status']} run (summary.json); "
@@ -90,7 +90,7 @@ def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -
     """Refuses to continue a run at another global batch than it trained at: another number
     of workers or GPUs with `batching=per_replica` (the config itself unchanged) would read the
     input from another position than the backup's step says, at another learning rate."""
-    previous = rundir.read_summary(run_dir) or {}
+    previous = rundir.RunFiles(run_dir).summary() or {}
     saved, replicas = previous.get("global_batch_size"), previous.get("num_replicas")
     if not previous.get("steps_completed") or saved in (None, global_batch):
         return  # nothing trained yet, or the same batch
@@ -109,7 +109,7 @@ def _check_is_a_run_dir(run_dir: Path) -> None:
     """Refuses a dir whose summary.json cannot be read (a completed run's, maybe: never retrain
     over it), and one holding files a run would overwrite but no summary (the user's own)."""
     summary = run_dir / rundir.SUMMARY
-    if summary.exists() and rundir.read_summary(run_dir) is None:
+    if summary.exists() and rundir.RunFiles(run_dir).summary() is None:
         raise ConfigError(
             f"{_run_dir_key}={run_dir}: its summary.json cannot be read, so whether the run "
             "there completed is unknown (nothing is overwritten); repair or move it, or choose "

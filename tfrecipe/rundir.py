@@ -1,7 +1,7 @@
-"""What a run directory holds (`LAYOUT`, the one table of its names) and the readers and writers
-of its own files: resolved config, summary, history, curves, the lock (the model:
-models/export.py). `tfrecipe.runs.RunDir` is the object train() and the commands open a run dir
-through.
+"""What a run directory holds (`LAYOUT`, the one table of its names) and `RunFiles`, the readers
+and writers of its own files: resolved config, summary, history, curves, the lock (the model:
+models/export.py). `tfrecipe.runs.RunDir`, a `RunFiles`, is the object train() and the commands
+open a run dir through.
 
 Files are read through tfrecipe/reading.py and written through tfrecipe/files.py: to a temporary
 name renamed into place, so a crash never leaves a half-written summary, history or model behind.
@@ -10,6 +10,7 @@ name renamed into place, so a crash never leaves a half-written summary, history
 from __future__ import annotations
 
 import csv
+import dataclasses
 import fcntl
 import io
 import json
@@ -82,51 +83,188 @@ def public_config(cfg: DictConfig) -> dict[str, Any]:
     return redact_config(resolved)
 
 
-def write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
-    """The run's `public_config` (resolved: what actually ran), beside Hydra's `.hydra/` originals."""
-    files.write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(dict(config)))
-
-
 # "PID:RUN_DIR" of the process holding RUN_DIR's lock, for the processes it starts (the local
 # launcher's workers train into the run dir their launcher holds).
 LOCK_HOLDER_ENV = "TFRECIPE_RUN_DIR_LOCK"
 _held: dict[Path, int] = {}  # run dir -> the descriptor whose flock this process holds
 
 
-def lock_run_dir(run_dir: Path) -> None:
-    """Makes this process the one that trains into `run_dir` until it exits, creating the dir.
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """A run dir's own files (`LAYOUT`) and its lock: read through tfrecipe/reading.py, written
+    through tfrecipe/files.py. `tfrecipe.runs.RunDir` adds what the commands and a training
+    process need.
 
-    An exclusive `flock` on the directory itself: no file is added, and the kernel releases it
-    when the process ends in any way (even SIGKILL), so a preempted or crashed run's dir can be
-    resumed at once. Nothing happens when this process, or its parent that started it to train
-    there (the local launcher), already holds it.
-
-    Raises:
-      ConfigError: another process holds it ("run dir in use by PID ...").
+    Attributes:
+      path: the run dir.
     """
-    run_dir = run_dir.resolve()
-    if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
+
+    path: Path
+
+    def file(self, name: str) -> Path:
+        """The path of `name` (a key of `LAYOUT`: "summary", "config", ...) in this dir."""
+        return self.path / LAYOUT[name][0]
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """The run's `public_config` (resolved: what actually ran), beside Hydra's `.hydra/`
+        originals."""
+        files.write_atomic(self.path / CONFIG, OmegaConf.to_yaml(dict(config)))
+
+    # --- the lock: the one process that trains here ------------------------------------------
+    def lock(self) -> None:
+        """Makes this process the one that trains into this dir until it exits, creating it.
+
+        An exclusive `flock` on the directory itself: no file is added, and the kernel releases
+        it when the process ends in any way (even SIGKILL), so a preempted or crashed run's dir
+        can be resumed at once. Nothing happens when this process, or its parent that started it
+        to train there (the local launcher), already holds it.
+
+        Raises:
+          ConfigError: another process holds it ("run dir in use by PID ...").
+        """
+        run_dir = self.path.resolve()
+        if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
+            _own(run_dir)
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(run_dir, os.O_RDONLY)  # close-on-exec: not inherited by programs
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise ConfigError(
+                f"hydra.run.dir={run_dir}: run dir in use by PID {_lock_holder(run_dir)} "
+                "(another run trains into it); wait for it to end, or choose another "
+                "hydra.run.dir"
+            ) from None
+        except OSError as error:  # a file system without locks (some network mounts)
+            os.close(descriptor)
+            log.warning(
+                "cannot lock the run dir %s (%s): nothing stops a second run there", run_dir, error
+            )
+            return
+        _held[run_dir] = descriptor
+        os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{run_dir}"
         _own(run_dir)
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(run_dir, os.O_RDONLY)  # close-on-exec: not inherited by programs run
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        raise ConfigError(
-            f"hydra.run.dir={run_dir}: run dir in use by PID {_lock_holder(run_dir)} (another "
-            "run trains into it); wait for it to end, or choose another hydra.run.dir"
-        ) from None
-    except OSError as error:  # a file system without locks (some network mounts)
-        os.close(descriptor)
-        log.warning(
-            "cannot lock the run dir %s (%s): nothing stops a second run there", run_dir, error
-        )
-        return
-    _held[run_dir] = descriptor
-    os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{run_dir}"
-    _own(run_dir)
+
+    def in_use_by_another(self) -> bool:
+        """Whether another process holds this dir's lock (not this one, nor the launcher that
+        started this one to train there). Takes and gives back the lock to find out."""
+        run_dir = self.path.resolve()
+        if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
+            return False
+        try:
+            descriptor = os.open(run_dir, os.O_RDONLY)
+        except OSError:  # not there (yet): nobody trains in it
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a file system without locks: nothing to tell
+            return False
+        finally:
+            os.close(descriptor)  # closing gives back a lock taken here
+        return False
+
+    def held(self) -> bool:
+        """Whether this process holds this dir's lock (`lock`)."""
+        return self.path.resolve() in _held
+
+    def unlock(self) -> None:
+        """Gives back this dir's lock, for `train()` in a process that goes on (a sweep's
+        jobs, a notebook); a no-op when this process does not hold it."""
+        run_dir = self.path.resolve()
+        descriptor = _held.pop(run_dir, None)
+        if descriptor is None:
+            return
+        os.close(descriptor)  # its only descriptor: closing it releases the flock
+        files.release_dir(run_dir)
+        if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
+            del os.environ[LOCK_HOLDER_ENV]
+
+    # --- summary.json: how the run went and ended ----------------------------------------------
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        """summary.json, secret values redacted (an error message may quote one)."""
+        text = json.dumps(redact(summary), indent=2, sort_keys=False) + "\n"
+        files.write_atomic(self.path / SUMMARY, text)
+
+    def record_status(
+        self, status: str, error: str, *, fields: Mapping[str, Any] | None = None, **more: Any
+    ) -> None:
+        """How a run ended, in summary.json, where nothing else can say it (a failure before
+        or outside training, a stall, a killed chief): `fields` (None: the summary the dir
+        holds, or none) with its `status`, `error` and `more`. A run that trains says it
+        through `training.summary.RunSummary.finish`."""
+        summary = dict((self.summary() or {}) if fields is None else fields)
+        summary.update(status=status, error=error, **more)
+        self.write_summary(summary)
+
+    def summary(self) -> dict[str, Any] | None:
+        """summary.json's fields; None where there is none or it cannot be read as one."""
+        try:
+            summary = reading.read_json(self.path / SUMMARY)
+        except (OSError, UnicodeDecodeError, ValueError):  # reading.UnreadableFile: a ValueError
+            return None
+        return summary if isinstance(summary, dict) else None
+
+    # --- history.csv and curves.png: the epochs ------------------------------------------------
+    def write_history(self, rows: Sequence[Mapping[str, float]]) -> None:
+        """history.csv: one row per epoch with Keras' metric names as columns (blank where an
+        epoch had no validation)."""
+        names = list(dict.fromkeys(k for row in rows for k in row))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=names)
+        writer.writeheader()
+        writer.writerows(rows)
+        files.write_atomic(self.path / HISTORY, out.getvalue())
+
+    def history(self) -> list[dict[str, float]]:
+        """history.csv's rows (what `write_history` wrote; blanks left out), [] when there is
+        none. Read through tfrecipe/reading.py (a regular file of a history's size): a resumed
+        run's dir may have been received from someone else.
+
+        Raises:
+          reading.UnreadableFile: it is not a regular file, or too large for one.
+        """
+        path = self.path / HISTORY
+        if not os.path.lexists(path):
+            return []
+        text = reading.read_text(path, limit=reading.MAX_JSON_BYTES, what=f"a run's {HISTORY}")
+        rows = []
+        for row in csv.DictReader(io.StringIO(text)):
+            parsed = {k: float(v) for k, v in row.items() if v not in ("", None)}
+            if "epoch" in parsed:
+                parsed["epoch"] = int(parsed["epoch"])
+            rows.append(parsed)
+        return rows
+
+    def plot_curves(self, rows: Sequence[Mapping[str, float]], metric: str = "accuracy") -> None:
+        """curves.png: loss and the task's main `metric` per epoch, training and validation.
+
+        Draws on a bare `Figure` (no pyplot: its global state is not thread-safe, and it costs
+        an import), so it can run beside the test evaluation (`plot_curves_in_background`)."""
+        files.write_atomic(self.path / CURVES, _curves_png(rows, metric))
+
+    def plot_curves_in_background(
+        self, rows: Sequence[Mapping[str, float]], metric: str = "accuracy"
+    ):
+        """Starts `plot_curves` on a copy of `rows` in a thread (TensorFlow's evaluation and
+        export leave the interpreter free); returns the thread to join before the run reports
+        done."""
+        import threading
+
+        rows = [dict(row) for row in rows]
+
+        def plot() -> None:
+            try:
+                self.plot_curves(rows, metric)
+            except OSError as error:  # a full disk: the run reports it where it writes next
+                log.warning("curves.png not written: %s", error)
+
+        thread = threading.Thread(target=plot, name="plot_curves")
+        thread.start()
+        return thread
 
 
 def _own(run_dir: Path) -> None:
@@ -135,62 +273,6 @@ def _own(run_dir: Path) -> None:
     leads out of it is refused first (a received run dir: files.check_tree)."""
     files.check_tree(run_dir)
     files.own_dir(run_dir, adopt=(run_dir / SUMMARY).exists())
-
-
-def in_use_by_another(run_dir: Path) -> bool:
-    """Whether another process holds `run_dir`'s lock (not this one, nor the launcher that
-    started this one to train there). Takes and gives back the lock to find out."""
-    run_dir = run_dir.resolve()
-    if run_dir in _held or os.environ.get(LOCK_HOLDER_ENV) == f"{os.getppid()}:{run_dir}":
-        return False
-    try:
-        descriptor = os.open(run_dir, os.O_RDONLY)
-    except OSError:  # not there (yet): nobody trains in it
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # a file system without locks: nothing to tell
-        return False
-    finally:
-        os.close(descriptor)  # closing gives back a lock taken here
-    return False
-
-
-def _job_files_subdir() -> str | None:
-    """`hydra.output_subdir` (conf/config.yaml): where Hydra saves a job's config files, `.hydra`,
-    or None (Hydra saves none) when another process trains in the job's dir. Hydra saves them
-    before the job runs, so a sweep job that its lock then refuses would overwrite that run's."""
-    from hydra.core.hydra_config import HydraConfig
-
-    # unset outside a job (--cfg hydra --resolve)
-    hydra = HydraConfig.get() if HydraConfig.initialized() else None
-    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None) if hydra else None
-    return None if output_dir and in_use_by_another(Path(output_dir)) else ".hydra"
-
-
-# Registered wherever a config is composed or a job runs (every process imports this module
-# before Hydra resolves `hydra.output_subdir`: the command line, joblib and submitit workers).
-OmegaConf.register_new_resolver("tfrecipe_job_files", _job_files_subdir, replace=True)
-
-
-def holds_run_dir(run_dir: Path) -> bool:
-    """Whether this process holds `run_dir`'s lock (`lock_run_dir`)."""
-    return run_dir.resolve() in _held
-
-
-def unlock_run_dir(run_dir: Path) -> None:
-    """Gives back the lock of `run_dir`, for `train()` in a process that goes on (a sweep's
-    jobs, a notebook); a no-op when this process does not hold it."""
-    run_dir = run_dir.resolve()
-    descriptor = _held.pop(run_dir, None)
-    if descriptor is None:
-        return
-    os.close(descriptor)  # its only descriptor: closing it releases the flock
-    files.release_dir(run_dir)
-    if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
-        del os.environ[LOCK_HOLDER_ENV]
 
 
 def _lock_holder(run_dir: Path) -> str:
@@ -208,28 +290,21 @@ def _lock_holder(run_dir: Path) -> str:
     return "unknown"
 
 
-def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
-    """summary.json, secret values redacted (an error message may quote one)."""
-    files.write_atomic(
-        run_dir / SUMMARY, json.dumps(redact(summary), indent=2, sort_keys=False) + "\n"
-    )
+def _job_files_subdir() -> str | None:
+    """`hydra.output_subdir` (conf/config.yaml): where Hydra saves a job's config files, `.hydra`,
+    or None (Hydra saves none) when another process trains in the job's dir. Hydra saves them
+    before the job runs, so a sweep job that its lock then refuses would overwrite that run's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    # unset outside a job (--cfg hydra --resolve)
+    hydra = HydraConfig.get() if HydraConfig.initialized() else None
+    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None) if hydra else None
+    return None if output_dir and RunFiles(Path(output_dir)).in_use_by_another() else ".hydra"
 
 
-def record_status(
-    run_dir: Path,
-    status: str,
-    error: str,
-    *,
-    fields: Mapping[str, Any] | None = None,
-    **more: Any,
-) -> None:
-    """How a run ended, in summary.json, where nothing else can say it (a failure before or
-    outside training, a stall, a killed chief): `fields` (None: the summary the dir holds, or
-    none) with its `status`, `error` and `more`. A run that trains says it through
-    `training.summary.RunSummary.finish`."""
-    summary = dict((read_summary(run_dir) or {}) if fields is None else fields)
-    summary.update(status=status, error=error, **more)
-    write_summary(run_dir, summary)
+# Registered wherever a config is composed or a job runs (every process imports this module
+# before Hydra resolves `hydra.output_subdir`: the command line, joblib and submitit workers).
+OmegaConf.register_new_resolver("tfrecipe_job_files", _job_files_subdir, replace=True)
 
 
 def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
@@ -243,54 +318,8 @@ def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """summary.json's fields; None where there is none or it cannot be read as one."""
-    try:
-        summary = reading.read_json(run_dir / SUMMARY)
-    except (OSError, UnicodeDecodeError, ValueError):  # reading.UnreadableFile is a ValueError
-        return None
-    return summary if isinstance(summary, dict) else None
-
-
-def write_history(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
-    """history.csv: one row per epoch with Keras' metric names as columns (blank where an epoch
-    had no validation)."""
-    names = list(dict.fromkeys(k for row in rows for k in row))
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=names)
-    writer.writeheader()
-    writer.writerows(rows)
-    files.write_atomic(run_dir / HISTORY, out.getvalue())
-
-
-def read_history(run_dir: Path) -> list[dict[str, float]]:
-    """history.csv's rows (what `write_history` wrote; blanks left out), [] when there is none.
-    Read through tfrecipe/reading.py (a regular file of a history's size): a resumed run's dir
-    may have been received from someone else.
-
-    Raises:
-      reading.UnreadableFile: it is not a regular file, or too large for one.
-    """
-    path = run_dir / HISTORY
-    if not os.path.lexists(path):
-        return []
-    text = reading.read_text(path, limit=reading.MAX_JSON_BYTES, what=f"a run's {HISTORY}")
-    rows = []
-    for row in csv.DictReader(io.StringIO(text)):
-        parsed = {k: float(v) for k, v in row.items() if v not in ("", None)}
-        if "epoch" in parsed:
-            parsed["epoch"] = int(parsed["epoch"])
-        rows.append(parsed)
-    return rows
-
-
-def plot_curves(
-    run_dir: Path, rows: Sequence[Mapping[str, float]], metric: str = "accuracy"
-) -> None:
-    """curves.png: loss and the task's main `metric` per epoch, training and validation.
-
-    Draws on a bare `Figure` (no pyplot: its global state is not thread-safe, and it costs an
-    import), so it can run beside the test evaluation (`plot_curves_in_background`)."""
+def _curves_png(rows: Sequence[Mapping[str, float]], metric: str) -> bytes:
+    """curves.png's bytes: loss and `metric` per epoch, training and validation."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 4))
@@ -308,24 +337,4 @@ def plot_curves(
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    files.write_atomic(run_dir / CURVES, buffer.getvalue())
-
-
-def plot_curves_in_background(
-    run_dir: Path, rows: Sequence[Mapping[str, float]], metric: str = "accuracy"
-):
-    """Starts `plot_curves` on a copy of `rows` in a thread (TensorFlow's evaluation and export
-    leave the interpreter free); returns the thread to join before the run reports done."""
-    import threading
-
-    rows = [dict(row) for row in rows]
-
-    def plot() -> None:
-        try:
-            plot_curves(run_dir, rows, metric)
-        except OSError as error:  # a full disk: the run reports it where it writes next
-            log.warning("curves.png not written: %s", error)
-
-    thread = threading.Thread(target=plot, name="plot_curves")
-    thread.start()
-    return thread
+    return buffer.getvalue()

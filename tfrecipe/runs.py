@@ -73,8 +73,9 @@ class TrainedModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunDir:
-    """A run directory.
+class RunDir(rundir.RunFiles):
+    """A run directory: its files and lock (`rundir.RunFiles`), and what commands and a
+    training process read and check there.
 
     Attributes:
       path: where this process writes: the run dir itself on the chief (and for a finished run),
@@ -82,17 +83,12 @@ class RunDir:
       shared: the chief's run dir, which every worker restores its backups from.
     """
 
-    path: Path
     shared: Path
 
     @classmethod
     def at(cls, path: str | os.PathLike) -> RunDir:
         """The run dir `path`, as its chief (or a command reading a finished run) opens it."""
         return cls(Path(path), Path(path))
-
-    def file(self, name: str) -> Path:
-        """The path of `name` (a key of `rundir.LAYOUT`: "summary", "config", ...) in this dir."""
-        return self.path / rundir.LAYOUT[name][0]
 
     def member(self, index: int) -> RunDir:
         """Ensemble member `index`'s run dir (RUN_DIR/members/INDEX)."""
@@ -211,28 +207,15 @@ class RunDir:
             raise ConfigError(f"{command}: {error}") from None
         return TrainedModel(record, config.get("dataset", {}), tuple(paths))
 
-    def summary(self) -> dict[str, Any] | None:
-        """summary.json's fields; None where there is none or it cannot be read as one."""
-        return rundir.read_summary(self.path)
-
     def status(self) -> str | None:
         """How the run ended ("completed", "failed", "preempted", ...), or "running"; None
         without a summary."""
         status = (self.summary() or {}).get("status")
         return status if isinstance(status, str) else None
 
-    def history(self) -> list[dict[str, float]]:
-        """history.csv's rows, [] when there is none."""
-        return rundir.read_history(self.path)
-
     def signature(self) -> dict[str, Any] | None:
         """signature.json (what the model takes, what its outputs mean); None when absent."""
         return signature.read(self.path)
-
-    def lock(self) -> None:
-        """Makes this process the one that writes here (`rundir.lock_run_dir`): refused while a
-        run trains in it."""
-        rundir.lock_run_dir(self.path)
 
     # --- a run in training -------------------------------------------------------------------
     def stats_cache(self) -> StatsCache:

@@ -83,7 +83,7 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
     """Trains into `ctx.home`, one stage a line, each handed its own sections of `run`, the
     context and what the stages before it built; however it ends, summary.json says how."""
     home, finishing = ctx.home, loop.finishing(ctx, run.export, run.batching, run.baseline)
-    with summaries.recording_unfinished(home.path, chief=home.chief) as attempt:
+    with summaries.recording_unfinished(home) as attempt:
         started = time.perf_counter()
         home.claim(ctx.config, Resuming.of(run))
         if run.ensemble.seeds > 1:
@@ -189,7 +189,7 @@ def _start_summary(
         learning_rate=built.learning_rate,
         run_dir=home.path,
     )
-    summary = RunSummary(home.path, fields, started=started)
+    summary = RunSummary(home, fields, started=started)
     summary.update(
         summaries.how_it_runs(model, steps_per_call=built.steps_per_call, task=ctx.cluster_task)
     )

@@ -372,7 +372,7 @@ def _read_stalls(run_dir):
 def _read_summary(run_dir):
     from tfrecipe import rundir
 
-    assert rundir.read_summary(run_dir) is None, "an unreadable summary reads as none"
+    assert rundir.RunFiles(run_dir).summary() is None, "an unreadable summary reads as none"
 
 
 def _read_history(run_dir):

@@ -261,6 +261,6 @@ def test_a_resumed_history_csv_that_is_no_regular_file_is_refused(tmp_path, make
 
     make(tmp_path / "history.csv")
     with pytest.raises(reading.UnreadableFile, match=r"must be a regular file") as refused:
-        rundir.read_history(tmp_path)
+        rundir.RunFiles(tmp_path).history()
     assert len(str(refused.value).splitlines()) == 1
-    assert rundir.read_history(tmp_path / "nowhere") == []
+    assert rundir.RunFiles(tmp_path / "nowhere").history() == []

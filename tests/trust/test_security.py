@@ -384,14 +384,14 @@ def test_a_sweep_refuses_env_set_before_anything_runs(cli, victim):
 def _tampered_run_dir(root: Path, **changes: str) -> Path:
     """A run dir as someone else might hand it over: its config.yaml edited."""
     from tfrecipe.config.compose import compose
-    from tfrecipe.rundir import write_config
+    from tfrecipe.rundir import RunFiles
 
     cfg = compose(TINY)
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value, force_add=True)
     run_dir = root / "received"
     run_dir.mkdir()
-    write_config(run_dir, cfg)
+    RunFiles(run_dir).write_config(cfg)
     return run_dir
 
 

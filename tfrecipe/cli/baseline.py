@@ -56,7 +56,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
         grants=grants,
     )
     summary["baselines"] = fitted
-    rundir.write_summary(run_dir, summary)
+    home.write_summary(summary)
     return fitted
 
 

@@ -116,5 +116,5 @@ def _export(options, run, run_files) -> dict:
         raise SystemExit(f"tfrecipe export: failed: {error}") from None
     summary = RunDir.at(options.run_dir).summary() or {}
     summary["exports"] = {**summary.get("exports", {}), **report}
-    rundir.write_summary(options.run_dir, summary)
+    rundir.RunFiles(options.run_dir).write_summary(summary)
     return report

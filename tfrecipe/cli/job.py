@@ -78,9 +78,9 @@ def _finished_before(cfg, run_dir: Path) -> dict | None:
     new, preempted or failed job, which trains (and resumes from its backup)."""
     from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.outcome import FINISHED
-    from tfrecipe.rundir import public_config, read_summary
+    from tfrecipe.rundir import RunFiles, public_config
 
-    summary = read_summary(run_dir)
+    summary = RunFiles(run_dir).summary()
     if not summary or summary.get("status") not in FINISHED:
         return None
     check_resume_unchanged(run_dir, public_config(cfg), Resuming("auto"))
@@ -164,7 +164,7 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
     """Says what failed: on the console, in traceback.txt and (for config errors, which stop
     before training writes one) in summary.json, so a sweep's failed job is visible."""
     from tfrecipe.distribute.cluster import is_chief_process
-    from tfrecipe.rundir import in_use_by_another
+    from tfrecipe.rundir import RunFiles
 
     if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
         log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)
@@ -172,7 +172,9 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
     if isinstance(error, DataError):  # a bad cell met while training: its one line
         log.error("tfrecipe: invalid data: %s\nrun dir: %s", error, run_dir)
         return
-    if in_use_by_another(run_dir):  # a sweep job refused by the lock: that run's dir, log too
+    if RunFiles(
+        run_dir
+    ).in_use_by_another():  # a sweep job refused by the lock: that run's dir, log too
         print(error.report() if isinstance(error, ConfigError) else error, file=sys.stderr)
         return
     if isinstance(error, ConfigError):
@@ -182,12 +184,12 @@ def _record_failure(run_dir: Path, error: Exception) -> None:
 
 
 def _record_config_error(run_dir: Path, error: ConfigError) -> None:
-    from tfrecipe.rundir import SUMMARY, record_status
+    from tfrecipe.rundir import SUMMARY, RunFiles
 
     log.error("%s\nrun dir: %s", error.report(), run_dir)
     if not (run_dir / SUMMARY).exists():  # an unreadable one is not ours to replace
         with contextlib.suppress(OSError):
-            record_status(run_dir, "failed", str(error), fields={})
+            RunFiles(run_dir).record_status("failed", str(error), fields={})
 
 
 def _record_crash(run_dir: Path, error: Exception) -> None:
@@ -208,11 +210,12 @@ def _record_crash(run_dir: Path, error: Exception) -> None:
 def mark_preempted(run_dir: Path, stopped: Exception) -> None:
     """summary.json says "preempted", unless it already tells how this run ended or the dir is
     not held by this process (a sweep job's before train() locks it)."""
-    from tfrecipe.rundir import SUMMARY, holds_run_dir, read_summary, record_status
+    from tfrecipe.rundir import SUMMARY, RunFiles
 
-    summary = read_summary(run_dir)
+    home = RunFiles(run_dir)
+    summary = home.summary()
     if summary is None and (run_dir / SUMMARY).exists():
         return  # unreadable: not ours to replace (ensure_fresh_run_dir refuses such a dir)
     summary = summary or {}
-    if holds_run_dir(run_dir) and summary.get("status") in (None, "running", "failed"):
-        record_status(run_dir, "preempted", f"Preempted: {stopped}", fields=summary)
+    if home.held() and summary.get("status") in (None, "running", "failed"):
+        home.record_status("preempted", f"Preempted: {stopped}", fields=summary)

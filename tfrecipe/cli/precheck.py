@@ -116,12 +116,12 @@ def _hold_run_dir(run_dir: Path, cfg, run) -> bool:
     from tfrecipe.distribute.cluster import is_chief_process
     from tfrecipe.fault.preemption import stop_if_signalled
     from tfrecipe.outcome import ensure_fresh_run_dir
-    from tfrecipe.rundir import lock_run_dir
+    from tfrecipe.rundir import RunFiles
 
     if run.cluster.name in ("none", "local") or (
         run.cluster.name in ("tf_config", "k8s") and is_chief_process()
     ):  # the one process of the run (the launcher for local); a SLURM chief locks in train()
-        lock_run_dir(run_dir)  # before judging it: the run there may end meanwhile
+        RunFiles(run_dir).lock()  # before judging it: the run there may end meanwhile
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
     ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
@@ -221,9 +221,9 @@ def _pin_sweep_dir(args, argv: list[str], composed: list, invocation: Invocation
 def _refuse_locked_sweep_dir(sweep_dir: Path) -> None:
     """A run training into `sweep_dir` holds its lock: Hydra's multirun.yaml and tfrecipe's
     sweep.json would land among that run's files. Refused before Hydra writes anything."""
-    from tfrecipe.rundir import in_use_by_another
+    from tfrecipe.rundir import RunFiles
 
-    if in_use_by_another(sweep_dir):
+    if RunFiles(sweep_dir).in_use_by_another():
         raise ConfigError(
             f"hydra.sweep.dir={sweep_dir}: a run trains into it (its run dir is locked); a "
             "sweep writes multirun.yaml and sweep.json there. Choose another hydra.sweep.dir"

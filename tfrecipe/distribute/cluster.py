@@ -363,7 +363,8 @@ def settle_summary(run_dir: str | Path) -> None:
     KillWait), which could not say so. Mark it "failed", counting the steps of the last backup,
     where a rerun resumes. Any other summary (or none) is left as it is."""
     run_dir = Path(run_dir)
-    summary = rundir.read_summary(run_dir)
+    home = rundir.RunFiles(run_dir)
+    summary = home.summary()
     if not summary or summary.get("status") != "running":
         return
     step = latest_backup_step(run_dir / rundir.BACKUP)
@@ -373,7 +374,7 @@ def settle_summary(run_dir: str | Path) -> None:
         "killed (SIGKILL) before it could save; a rerun resumes from the last backup "
         f"({'step ' + str(step) if step is not None else 'none: from the start'})"
     )
-    rundir.record_status(run_dir, "failed", error, fields=summary)
+    home.record_status("failed", error, fields=summary)
 
 
 def latest_backup_step(backup_dir: Path) -> int | None:

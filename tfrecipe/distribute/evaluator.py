@@ -40,7 +40,7 @@ def checkpoint_callbacks(run_dir: Path) -> list:
 
 
 def _training_ended(run_dir: Path) -> bool:
-    summary = rundir.read_summary(run_dir)
+    summary = rundir.RunFiles(run_dir).summary()
     return bool(summary) and summary.get("status") in ("completed", "pruned", "failed", "preempted")
 
 

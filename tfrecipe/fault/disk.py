@@ -96,7 +96,7 @@ def record_failed_start(run_dir: Path, error: BaseException) -> str:
     Raises:
       OSError: summary.json cannot be written either (the disk is full to the last byte).
     """
-    from tfrecipe.rundir import SUMMARY, record_status
+    from tfrecipe.rundir import SUMMARY, RunFiles
 
     text = error_text(error, run_dir)
     if (run_dir / SUMMARY).exists():  # a run that got further says how it ended itself
@@ -106,7 +106,7 @@ def record_failed_start(run_dir: Path, error: BaseException) -> str:
         if log_file.stat().st_size == 0:
             log_file.unlink()
     remove_partial_files(run_dir)
-    record_status(run_dir, "failed", text, fields={})
+    RunFiles(run_dir).record_status("failed", text, fields={})
     return f"tfrecipe: training failed: {text}"
 
 

@@ -162,7 +162,7 @@ class Recovery:
     def resume_rollbacks(self, model: keras.Model, run_dir: Path, step: int) -> list[dict]:
         """The rollbacks of the interrupted run in `run_dir` up to `step` (the restored one),
         with the learning rate lowered as they left it."""
-        previous = (rundir.read_summary(run_dir) or {}).get("rollbacks", [])
+        previous = (rundir.RunFiles(run_dir).summary() or {}).get("rollbacks", [])
         rollbacks = [r for r in previous if r["restored_step"] <= step]
         if rollbacks:
             self._lower_learning_rate(model, learning_rate_factor(rollbacks))

@@ -190,11 +190,12 @@ def thread_stacks() -> str:
 
 
 def _record_in_summary(run_dir: Path, record: dict[str, Any], message: str) -> None:
-    summary = rundir.read_summary(run_dir)
+    home = rundir.RunFiles(run_dir)
+    summary = home.summary()
     if summary is None:
         return
     stalls = merge_stalls(summary.get("stalls"), [record])
-    rundir.record_status(run_dir, "failed", f"stalled: {message}", fields=summary, stalls=stalls)
+    home.record_status("failed", f"stalled: {message}", fields=summary, stalls=stalls)
 
 
 _STACK_FILE_BYTES = 16 * 1024 * 1024  # every thread's stack: far less

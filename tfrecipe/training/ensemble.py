@@ -126,7 +126,7 @@ def train_ensemble(
     averaging them, evaluated, exported and recorded as a single run's."""
     home = ctx.home
     fields = summaries.ensemble_fields(dict(ctx.recorded), seeds=spec.seeds, run_dir=home.path)
-    summary = RunSummary(home.path, fields, started=started)
+    summary = RunSummary(home, fields, started=started)
     summary.start(ctx.config, chief=home.chief)
     attempt["summary"] = summary
     members = _train_members(ctx, spec, summary)

@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import optim, rundir, tasks
+from tfrecipe import optim, tasks
 from tfrecipe.callbacks import progress_verbosity
 from tfrecipe.config import schema
 from tfrecipe.config.plan import RunPlan
@@ -173,13 +173,11 @@ def test_and_export(
     """The test split's scores (`objective`'s loss and metrics) and the exports, while the
     curves of the epochs' `rows` are plotted beside them."""
     model, inputs = built.model, built.data
-    plotting = rundir.plot_curves_in_background(
-        summary.run_dir, rows, tasks.main_metric(exporting.task)
-    )
+    plotting = summary.home.plot_curves_in_background(rows, tasks.main_metric(exporting.task))
     try:
         if inputs.test is not None:
             summary.update(test=loop.evaluate(model, inputs.test, objective=objective))
-        summary.update(exports=exporting.export(model, summary.run_dir, inputs.splits))
+        summary.update(exports=exporting.export(model, summary.home.path, inputs.splits))
     finally:
         plotting.join()
 
@@ -252,7 +250,7 @@ def recording_end(
         raise
     finally:
         protected.close()
-    board = summary.run_dir / "tensorboard" if monitors.tensorboard else None
+    board = summary.home.path / "tensorboard" if monitors.tensorboard else None
     _record_perf(summary, monitors, model, measure, board)
     pruned = optuna_reporter.pruned_at(monitors.callbacks)  # an Optuna trial its pruner stopped
     if pruned is not None:

@@ -58,11 +58,11 @@ def check_own_run_dir(run_dir: Path, spec: schema.LRFind) -> None:
       ConfigError: `run_dir` holds another run's summary.json.
     """
     from tfrecipe.errors import ConfigError
-    from tfrecipe.rundir import SUMMARY, read_summary
+    from tfrecipe.rundir import SUMMARY, RunFiles
 
     if not (spec.enabled and spec.only):
         return
-    summary = read_summary(run_dir)
+    summary = RunFiles(run_dir).summary()
     if summary is None and not os.path.lexists(run_dir / SUMMARY):
         return
     if summary is not None and summary.get(OWN_MARK):

@@ -14,7 +14,6 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from tfrecipe import rundir
 from tfrecipe.callbacks import EpochHistory, Throughput, build_callbacks
 from tfrecipe.config import schema
 from tfrecipe.config.plan import RunPlan
@@ -87,7 +86,7 @@ def build_monitors(
     plan, run_dir, inputs, start_step = ctx.plan, ctx.home.path, built.data, built.start_step
     history = EpochHistory(run_dir)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
-    history.rows = rundir.read_history(run_dir)[: start_step // inputs.steps_per_epoch]
+    history.rows = ctx.home.history()[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
         examples_per_step=built.global_batch * plan.gradient_accumulation_steps,
         examples_per_epoch=inputs.info.num_train if knobs.epoch_is_a_pass else None,

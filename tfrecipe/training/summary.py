@@ -12,13 +12,14 @@ from typing import Any
 
 import keras
 
-from tfrecipe import rundir, tasks
+from tfrecipe import tasks
 from tfrecipe.config import schema
 from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import disk, preemption
 from tfrecipe.models import batch_norm
 from tfrecipe.models.freeze import param_counts
+from tfrecipe.runs import RunDir
 from tfrecipe.training import performance
 
 
@@ -27,13 +28,13 @@ class RunSummary:
     something (a rollback, the best epoch, the test scores, the exports), final at `finish`.
 
     Args:
-      run_dir: where summary.json lives.
+      home: the run dir summary.json lives in.
       fields: its fields as training starts (`initial_fields`).
       started: `time.perf_counter()` when the run began, for `wall_time_s`.
     """
 
-    def __init__(self, run_dir: Path, fields: dict[str, Any], *, started: float):
-        self.run_dir = run_dir
+    def __init__(self, home: RunDir, fields: dict[str, Any], *, started: float):
+        self.home = home
         self.fields = fields
         self.started = started
 
@@ -48,19 +49,17 @@ class RunSummary:
         self.fields.update(fields, **more)
 
     def write(self) -> None:
-        rundir.write_summary(self.run_dir, self.fields)
+        self.home.write_summary(self.fields)
 
     def start(self, config: Mapping[str, Any], *, chief: bool) -> None:
         """The run dir as training starts: the resolved public config and the "running" summary."""
         if chief:
-            rundir.lock_run_dir(
-                self.run_dir
-            )  # creates it (a no-op when held: the command line locks)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.home.lock()  # creates it (a no-op when held: the command line locks)
+        self.home.path.mkdir(parents=True, exist_ok=True)
         self.write()  # first: it marks the dir as a run's
         if chief:
-            disk.reserve(self.run_dir)  # room for the final summary.json, even on a full disk
-        rundir.write_config(self.run_dir, config)
+            disk.reserve(self.home.path)  # room for the final summary.json, even on a full disk
+        self.home.write_config(config)
 
     def finish(
         self,
@@ -80,22 +79,23 @@ class RunSummary:
             wall_time_s=round(time.perf_counter() - self.started, 3),
         )
         if error is not None:
-            self.fields["error"] = disk.error_text(error, self.run_dir)
+            self.fields["error"] = disk.error_text(error, self.home.path)
         else:
             self.fields["examples_per_sec"] = examples_per_sec
-        disk.settle(self.run_dir)  # frees the reserve: the summary fits however full the disk is
+        disk.settle(self.home.path)  # frees the reserve: the summary fits however full the disk is
         self.write()
 
 
 @contextlib.contextmanager
-def recording_unfinished(run_dir: Path, *, chief: bool) -> Iterator[dict[str, RunSummary]]:
-    """However the run in `run_dir` ends, summary.json says how: also after a failure, SIGTERM
+def recording_unfinished(home: RunDir) -> Iterator[dict[str, RunSummary]]:
+    """However the run in `home` ends, summary.json says how (the chief's, a worker's scratch
+    dir's): also after a failure, SIGTERM
     or Ctrl-C before training began (a config error writes nothing). Yields the attempt, whose
     "summary" the run sets once the run dir holds it. The command line locks the run dir for
     the whole process; a lock taken here (train() called directly, a sweep's job) is given back
     when the run ends."""
     attempt: dict[str, RunSummary] = {}
-    locked_before = rundir.holds_run_dir(run_dir)
+    locked_before = home.held()
     with preemption.signals_preempt():
         try:
             yield attempt
@@ -105,34 +105,27 @@ def recording_unfinished(run_dir: Path, *, chief: bool) -> Iterator[dict[str, Ru
             summary = attempt.get("summary")
             if summary is None or summary.status == "running":  # not recorded by finish()
                 status = "preempted" if isinstance(error, preemption.Preempted) else "failed"
-                record_unfinished(run_dir, summary, status, error, chief=chief)
+                record_unfinished(home, summary, status, error)
             raise
         finally:
             if not locked_before:
-                rundir.unlock_run_dir(run_dir)
+                home.unlock()
 
 
 def record_unfinished(
-    run_dir: Path,
-    summary: RunSummary | None,
-    status: str,
-    error: BaseException,
-    *,
-    chief: bool,
+    home: RunDir, summary: RunSummary | None, status: str, error: BaseException
 ) -> None:
     """The final status of a run that stopped before training: this attempt's summary, else
     the one an earlier attempt left (a rerun), else a new one."""
-    if chief:
+    if home.chief:
         try:
-            rundir.lock_run_dir(run_dir)  # creates it; never write into another run's dir
+            home.lock()  # creates it; never write into another run's dir
         except ConfigError:
             return
-    text = disk.error_text(error, run_dir)
-    disk.settle(run_dir)
+    text = disk.error_text(error, home.path)
+    disk.settle(home.path)
     with contextlib.suppress(OSError):  # a disk full before the reserve was taken
-        rundir.record_status(
-            run_dir, status, text, fields=(summary.fields if summary else None) or None
-        )
+        home.record_status(status, text, fields=(summary.fields if summary else None) or None)
 
 
 def config_fields(
