@@ -5,7 +5,7 @@
   one, never half of either, and a link planted at a predictable temporary name leads nowhere.
 - A target that is a symbolic link, or not a regular file, is refused: a write never follows a
   link out of the folder it was aimed at.
-- Inside a run dir this process holds (`own_dir`), a file is replaced only when the run's
+- Inside a run dir this process holds (`Manifest.own`), a file is replaced only when the run's
   manifest (`MANIFEST`, in the run dir) lists it: what the user or another program put there is
   never overwritten. Each file written is added to the manifest.
 - `check_output` is the rule for outputs a user names (`predict -o`): not an input, not a
@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import stat
@@ -47,55 +48,70 @@ class NotOurs(ConfigError):
     """A write would replace a file tfrecipe did not create, or follow a link."""
 
 
-def own_dir(run_dir: Path, *, adopt: bool = False) -> None:
-    """Makes `run_dir` a dir this process writes; its manifest is made with the first file.
-    `adopt`: the files already there become the run's (a run dir of a version that kept no
-    manifest)."""
-    run_dir = _absolute(run_dir)
-    _held.add(run_dir)
-    manifest = run_dir / MANIFEST
-    if manifest.is_symlink() or (manifest.exists() and not manifest.is_file()):
-        raise NotOurs(f"{manifest}: not a regular file; tfrecipe will not write through it")
-    if adopt and not manifest.exists():
-        _adopting.add(run_dir)  # listed with the first file written: nothing is added before
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A run dir's manifest (MANIFEST): the files tfrecipe wrote there, the only ones it may
+    replace, and whether this process writes the dir.
 
+    Attributes:
+      run_dir: the run dir, its folders' links resolved (`Manifest.of`).
+    """
 
-def is_held(run_dir: Path) -> bool:
-    return _absolute(run_dir) in _held
+    run_dir: Path
 
+    @classmethod
+    def of(cls, run_dir: str | os.PathLike) -> Manifest:
+        return cls(_absolute(Path(run_dir)))
 
-def release_dir(run_dir: Path) -> None:
-    _held.discard(_absolute(run_dir))
-    _adopting.discard(_absolute(run_dir))
+    def own(self, *, adopt: bool = False) -> None:
+        """Makes the run dir one this process writes; its manifest is made with the first file.
+        `adopt`: the files already there become the run's (a run dir of a version that kept no
+        manifest)."""
+        _held.add(self.run_dir)
+        manifest = self.run_dir / MANIFEST
+        if manifest.is_symlink() or (manifest.exists() and not manifest.is_file()):
+            raise NotOurs(f"{manifest}: not a regular file; tfrecipe will not write through it")
+        if adopt and not manifest.exists():
+            _adopting.add(self.run_dir)  # listed with the first file written: nothing before
 
+    def held(self) -> bool:
+        return self.run_dir in _held
 
-def owned(run_dir: Path) -> set[str]:
-    """The paths (relative to `run_dir`) its manifest lists; a folder listed owns its contents."""
-    manifest = Path(run_dir) / MANIFEST
-    if manifest.is_symlink() or not manifest.is_file():
-        return set(_entries(Path(run_dir))) if _absolute(run_dir) in _adopting else set()
-    try:  # through the reader, capped: a received run dir's manifest is data (a sparse 4 GB one)
-        text = reading.read_text(manifest, limit=MAX_MANIFEST_BYTES, what="a run's manifest")
-    except reading.UnreadableFile as error:
-        raise NotOurs(f"{error}; tfrecipe will not write into this run dir") from None
-    return {line for line in text.splitlines() if line}
+    def release(self) -> None:
+        _held.discard(self.run_dir)
+        _adopting.discard(self.run_dir)
 
+    def owned(self) -> set[str]:
+        """The paths (relative to the run dir) the manifest lists; a folder listed owns its
+        contents."""
+        manifest = self.run_dir / MANIFEST
+        if manifest.is_symlink() or not manifest.is_file():
+            return set(self._entries()) if self.run_dir in _adopting else set()
+        try:  # through the reader, capped: a received run dir's manifest is data (a sparse 4 GB)
+            text = reading.read_text(manifest, limit=MAX_MANIFEST_BYTES, what="a run's manifest")
+        except reading.UnreadableFile as error:
+            raise NotOurs(f"{error}; tfrecipe will not write into this run dir") from None
+        return {line for line in text.splitlines() if line}
 
-def is_owned(path: Path, run_dir: Path) -> bool:
-    relative = _absolute(path).relative_to(_absolute(run_dir))
-    names = owned(run_dir)
-    return any(str(Path(*relative.parts[:n])) in names for n in range(1, len(relative.parts) + 1))
+    def owns(self, path: Path) -> bool:
+        """Whether `path` (in the run dir) is the run's: it, or a folder holding it, is listed."""
+        relative = _absolute(path).relative_to(self.run_dir)
+        names = self.owned()
+        parts = relative.parts
+        return any(str(Path(*parts[:n])) in names for n in range(1, len(parts) + 1))
 
+    def claim(self, names: Iterable[str]) -> None:
+        """Adds paths written by others on the run's behalf (Hydra's `.hydra/`, its log) to the
+        run's manifest."""
+        manifest = self.run_dir / MANIFEST
+        if not manifest.exists() and self.run_dir in _adopting:
+            _append(manifest, sorted(self._entries()))
+        new = [n for n in names if n not in self.owned()]
+        if new:
+            _append(manifest, new)
 
-def claim(run_dir: Path, names: Iterable[str]) -> None:
-    """Adds paths written by others on the run's behalf (Hydra's `.hydra/`, its log) to the
-    run's manifest."""
-    manifest = Path(run_dir) / MANIFEST
-    if not manifest.exists() and _absolute(run_dir) in _adopting:
-        _append(manifest, sorted(_entries(Path(run_dir))))
-    new = [n for n in names if n not in owned(run_dir)]
-    if new:
-        _append(manifest, new)
+    def _entries(self) -> list[str]:
+        return [p.name for p in self.run_dir.iterdir() if p.name != MANIFEST]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -163,7 +179,7 @@ def put(written: Path, path: Path) -> None:
     else:
         os.replace(written, path)
     if root is not None:
-        claim(root, [str(path.relative_to(root))])
+        Manifest(root).claim([str(path.relative_to(root))])
 
 
 def check_writable(path: Path) -> Path | None:
@@ -177,7 +193,7 @@ def check_writable(path: Path) -> Path | None:
     # The innermost held dir decides (an ensemble's member runs sit inside its run dir).
     holding = [r for r in _held if path.is_relative_to(r) and path != r]
     root = max(holding, key=lambda r: len(r.parts), default=None)
-    if root is not None and path.exists() and not is_owned(path, root):
+    if root is not None and path.exists() and not Manifest(root).owns(path):
         raise NotOurs(
             f"{path}: already there and not written by this run (not in {root / MANIFEST}); "
             "tfrecipe never replaces a file it did not create: move it, or choose another dir"
@@ -230,8 +246,8 @@ def library_dir(path: Path) -> Path:
     if path.exists() and path.name not in LINKING_LIBRARIES:
         check_tree(path, key=None)
     path.mkdir(parents=True, exist_ok=True)
-    if root is not None and not is_owned(path, root):
-        claim(root, [str(path.relative_to(root))])
+    if root is not None and not Manifest(root).owns(path):
+        Manifest(root).claim([str(path.relative_to(root))])
     return path
 
 
@@ -285,10 +301,6 @@ def _absolute(path: Path) -> Path:
     """`path` with its folders' links resolved, its own name kept (a link there is refused)."""
     path = Path(path)
     return Path(os.path.realpath(path.parent)) / path.name
-
-
-def _entries(run_dir: Path) -> list[str]:
-    return [p.name for p in run_dir.iterdir() if p.name != MANIFEST]
 
 
 def _append(manifest: Path, names: list[str]) -> None:

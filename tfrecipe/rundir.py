@@ -179,7 +179,7 @@ class RunFiles:
         if descriptor is None:
             return
         os.close(descriptor)  # its only descriptor: closing it releases the flock
-        files.release_dir(run_dir)
+        files.Manifest.of(run_dir).release()
         if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
             del os.environ[LOCK_HOLDER_ENV]
 
@@ -272,7 +272,7 @@ def _own(run_dir: Path) -> None:
     an earlier version (a summary, no manifest) has its files adopted. A dir holding a link that
     leads out of it is refused first (a received run dir: files.check_tree)."""
     files.check_tree(run_dir)
-    files.own_dir(run_dir, adopt=(run_dir / SUMMARY).exists())
+    files.Manifest.of(run_dir).own(adopt=(run_dir / SUMMARY).exists())
 
 
 def _lock_holder(run_dir: Path) -> str:

@@ -293,7 +293,7 @@ def test_the_writer_never_replaces_what_the_run_did_not_write_nor_follows_a_link
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("the user's")
     (run_dir / "planted").symlink_to(tmp_path / "target")
-    files.own_dir(run_dir)
+    files.Manifest.of(run_dir).own()
     try:
         files.write_atomic(run_dir / "summary.json", "{}")
         files.write_atomic(run_dir / "summary.json", '{"a": 1}')  # its own: replaced
@@ -302,7 +302,7 @@ def test_the_writer_never_replaces_what_the_run_did_not_write_nor_follows_a_link
         with pytest.raises(files.NotOurs, match="symbolic link"):
             files.write_atomic(run_dir / "planted", "x")
     finally:
-        files.release_dir(run_dir)
+        files.Manifest.of(run_dir).release()
     assert (run_dir / "notes.txt").read_text() == "the user's"
     assert not (tmp_path / "target").exists()
     assert (run_dir / "summary.json").read_text() == '{"a": 1}'
@@ -384,7 +384,7 @@ def _read_history(run_dir):
 def _read_manifest(run_dir):
     from tfrecipe import files
 
-    return files.owned(run_dir)
+    return files.Manifest.of(run_dir).owned()
 
 
 def _read_mlflow_record(run_dir):

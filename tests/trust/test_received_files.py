@@ -188,7 +188,7 @@ def test_a_sparse_4_gb_manifest_is_refused_without_reading_it(tmp_path):
     with (run_dir / files.MANIFEST).open("wb") as manifest:
         manifest.truncate(4 << 30)  # sparse: no disk, 4 GB to a reader
     with pytest.raises(files.NotOurs, match=r"more than a run's manifest can be"):
-        files.owned(run_dir)
+        files.Manifest.of(run_dir).owned()
 
 
 def test_a_stall_record_the_run_did_not_write_is_not_the_runs_stall(tmp_path):
@@ -202,7 +202,9 @@ def test_a_stall_record_the_run_did_not_write_is_not_the_runs_stall(tmp_path):
     for name in ("stall-worker-7.txt", "stall-worker-1.txt"):
         text = _HEADER + json.dumps({**record, "stack_file": name}) + "\n"
         (run_dir / name).write_text(text)
-    files.claim(run_dir, ["stall-worker-1.txt"])  # the watchdog's own record: the run wrote it
+    files.Manifest.of(run_dir).claim(
+        ["stall-worker-1.txt"]
+    )  # the watchdog's own record: the run wrote it
 
     assert [stall["stack_file"] for stall in recorded_stalls(run_dir)] == ["stall-worker-1.txt"]
 

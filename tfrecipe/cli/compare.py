@@ -452,10 +452,10 @@ def _write_outputs(
     writer.writerows(rows)
     # The one writer's rules in that dir: compare.csv/png are replaced only when a compare wrote
     # them (its manifest says so), never a file of the user's or of a run by those names.
-    files.own_dir(out)
+    files.Manifest.of(out).own()
     try:
         write_atomic(out / "compare.csv", buffer.getvalue())
         plot(runs, keys, out / "compare.png")
     finally:
-        files.release_dir(out)
+        files.Manifest.of(out).release()
     print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")

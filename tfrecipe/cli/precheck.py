@@ -148,10 +148,10 @@ def _claim_hydra_files(run_dir: Path) -> bool:
             f"hydra.run.dir={run_dir}: holds .hydra/ but no summary.json, so it is not a tfrecipe "
             "run dir and Hydra would overwrite it; choose a new or empty hydra.run.dir"
         )
-    if not files.is_held(run_dir):
+    if not files.Manifest.of(run_dir).held():
         return False
     began = not (run_dir / files.MANIFEST).exists()
-    files.claim(run_dir, [".hydra"])
+    files.Manifest.of(run_dir).claim([".hydra"])
     return began
 
 

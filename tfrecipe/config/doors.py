@@ -295,7 +295,7 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/.tfrecipe-files",
         WRITE,
-        "files.owned: reading.read_text (16 MB); lists only paths inside the run dir",
+        "files.Manifest.owned: reading.read_text (16 MB); lists only paths inside the run dir",
         ("non_regular",),
     ),
     Door(

@@ -174,7 +174,7 @@ class StallWatchdog(keras.callbacks.Callback):
         )
         log.error("stalled: %s", message)
         files.write_atomic(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
-        files.claim(self.run_dir, [path.name])  # a worker's too: the run wrote it
+        files.Manifest.of(self.run_dir).claim([path.name])  # a worker's too: the run wrote it
         if self.chief:
             _record_in_summary(self.run_dir, record, message)
 
@@ -204,10 +204,10 @@ _STACK_FILE_BYTES = 16 * 1024 * 1024  # every thread's stack: far less
 def recorded_stalls(run_dir: Path, earlier: object = None) -> list[dict[str, Any]]:
     """The stalls of this run: those summary.json already lists (`earlier`) and those the stack
     files in `run_dir` record. A stack file counts only where the run's manifest lists it (the
-    run wrote it: `files.claim`); a file is data: a record that does not read as one is
+    run wrote it: `files.Manifest.claim`); a file is data: a record that does not read as one is
     skipped."""
     found = []
-    written = files.owned(run_dir)
+    written = files.Manifest.of(run_dir).owned()
     for path in sorted(p for p in run_dir.glob("stall-*.txt") if p.name in written):
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
             # through the reader: a link to /dev/zero or a FIFO planted there is skipped, not read
