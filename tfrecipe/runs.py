@@ -249,7 +249,7 @@ class RunDir(rundir.RunFiles):
         if not self.chief:
             return None
         node = dataset.model_dump(by_alias=True)
-        return fingerprint.check_resumed(self.path, node, resuming)
+        return fingerprint.check_resumed(self, node, resuming)
 
     def record_inputs(self, signature_fields: Mapping[str, Any], data_files) -> None:
         """What predictions need (signature.json) and what the run trained on (the chief)."""
@@ -257,7 +257,7 @@ class RunDir(rundir.RunFiles):
 
         if self.chief:
             signature.write(self.path, signature_fields)
-            fingerprint.record(self.path, data_files)
+            fingerprint.record(self, data_files)
 
     def earlier_stalls(self) -> list[dict[str, Any]]:
         """The stalls of earlier starts of this run (their stack files, summary.json)."""

@@ -240,30 +240,32 @@ def test_the_files_a_dataset_config_names_are_found_by_key(tmp_path):
 def test_changed_data_is_refused_on_resume_naming_the_file_unless_allowed(tmp_path):
     from tfrecipe.config.changes import Resuming
     from tfrecipe.data import fingerprint
+    from tfrecipe.rundir import RunFiles
 
     (tmp_path / "data").mkdir()
     data = _labels_csv(tmp_path / "data" / "train.csv", ["a", "b"] * 10)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     dataset = {"_target_": "tfrecipe.data.tabular.csv", "path": str(tmp_path / "data")}
-    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
+    home = RunFiles(run_dir)
+    fingerprint.check_and_record(home, dataset, Resuming())
     saved = json.loads((run_dir / fingerprint.FILE).read_text())
     assert list(saved["files"]["dataset.path"]) == ["train.csv"]
-    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))  # unchanged: fine
+    fingerprint.check_and_record(home, dataset, Resuming())  # unchanged: fine
 
     _rewrite_keeping_size_and_mtime(data, 8, b"9")  # the probe: rewritten, size and mtime kept
     with pytest.raises(ConfigError) as refused:
-        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
+        fingerprint.check_and_record(home, dataset, Resuming())
     message = str(refused.value)
     assert message.startswith(f"resume=auto: dataset.path file {data} changed content"), message
     assert "resume_allow_changes=[dataset.path]" in message
     (tmp_path / "data" / "more.csv").write_text("a,b,y\n")
     with pytest.raises(ConfigError, match=r"more.csv is new since the run started;"):
-        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([str(data)])))
+        fingerprint.check_and_record(home, dataset, Resuming("auto", (str(data),)))
     with pytest.raises(ConfigError, match=r"more.csv is new since .*\(and 1 more files\)"):
-        fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))
-    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple(["dataset"])))
-    fingerprint.check_and_record(run_dir, dataset, Resuming("auto", tuple([])))  # recorded anew
+        fingerprint.check_and_record(home, dataset, Resuming())
+    fingerprint.check_and_record(home, dataset, Resuming("auto", ("dataset",)))
+    fingerprint.check_and_record(home, dataset, Resuming())  # recorded anew
 
 
 def test_data_moved_elsewhere_with_the_same_contents_is_the_same_data(tmp_path):

@@ -359,8 +359,9 @@ def _read_signature(run_dir):
 
 def _read_fingerprint(run_dir):
     from tfrecipe.data import fingerprint
+    from tfrecipe.rundir import RunFiles
 
-    return fingerprint.load(run_dir)
+    return fingerprint.load(RunFiles(run_dir))
 
 
 def _read_stalls(run_dir):

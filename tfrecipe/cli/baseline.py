@@ -36,7 +36,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
         )
     home.lock()  # refused while a run trains there: its summary is the run's
     # fitted beside the model's numbers: on the data the model was trained on, or allowed
-    check_run_data(run_dir, run, command="baseline")
+    check_run_data(home, run, command="baseline")
     grants = Grants.of(run.allowed_targets)
     splits = load_splits(
         run.dataset,

@@ -73,13 +73,12 @@ def _load_model(
 
 def evaluate_run(run_dir: Path, *, which: str = rundir.MODEL, overrides=()) -> dict[str, Any]:
     """Test-split metrics of the run's model (the validation split when there is no test)."""
-    run = RunDir.at(run_dir).config(list(overrides), command="evaluate")
-    from tfrecipe.config.changes import Resuming
-    from tfrecipe.data.fingerprint import check_evaluated_data
+    home = RunDir.at(run_dir)
+    run = home.config(list(overrides), command="evaluate")
+    from tfrecipe.data.fingerprint import check_run_data
     from tfrecipe.data.tabular import StatsCache
 
-    dataset = run.dataset.model_dump(by_alias=True)  # the data the run was trained on, or allowed
-    check_evaluated_data(run_dir, dataset, Resuming.of(run))
+    check_run_data(home, run, command="evaluate")  # the data it was trained on, or allowed
 
     grants = Grants.of(run.allowed_targets)
     splits = load_splits(

@@ -76,13 +76,13 @@ def main(args: list[str]) -> None:
 
 
 def _export(options, run, run_files) -> dict:
-    from tfrecipe import rundir
     from tfrecipe.data.fingerprint import check_run_data
     from tfrecipe.models import export
     from tfrecipe.runs import RunDir
     from tfrecipe.training.dataset import load_splits
 
-    RunDir.at(options.run_dir).lock()  # refuses a run dir a run is writing
+    home = RunDir.at(options.run_dir)
+    home.lock()  # refuses a run dir a run is writing
     out = Path(EXPORTS, options.model)
     model = run_files.load(command="export")
     for fmt in options.format:
@@ -99,7 +99,7 @@ def _export(options, run, run_files) -> dict:
         name=options.name,
     )
     # the check examples compare Keras with each format on the data the run was trained on
-    check_run_data(options.run_dir, run, command="export")
+    check_run_data(home, run, command="export")
     splits = load_splits(run.dataset, grants=Grants.of(run.allowed_targets), task=run.task)
     try:
         report = export.export_run(
@@ -114,7 +114,7 @@ def _export(options, run, run_files) -> dict:
         )
     except export.ExportError as error:
         raise SystemExit(f"tfrecipe export: failed: {error}") from None
-    summary = RunDir.at(options.run_dir).summary() or {}
+    summary = home.summary() or {}
     summary["exports"] = {**summary.get("exports", {}), **report}
-    rundir.RunFiles(options.run_dir).write_summary(summary)
+    home.write_summary(summary)
     return report

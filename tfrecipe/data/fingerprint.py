@@ -215,7 +215,7 @@ def check_unchanged(
     )
 
 
-def load(run_dir: Path) -> dict[str, Any] | None:
+def load(home: rundir.RunFiles) -> dict[str, Any] | None:
     """The run's saved fingerprint; None: the run has none (a run from before fingerprints).
 
     Raises:
@@ -223,7 +223,7 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     """
     from tfrecipe import reading
 
-    path = Path(run_dir) / FILE
+    path = home.file("fingerprint")
     if not os.path.lexists(path):
         return None
     try:  # through the reader: a link to a device or a huge file is refused, not read
@@ -239,7 +239,9 @@ def load(run_dir: Path) -> dict[str, Any] | None:
 
 
 # --- what a run calls -----------------------------------------------------------------------------
-def check_resumed(run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming) -> dict[str, Any]:
+def check_resumed(
+    home: rundir.RunFiles, dataset: Mapping[str, Any], resuming: Resuming
+) -> dict[str, Any]:
     """At the start of a run (the chief, before the data is read): a run dir that holds a
     fingerprint is being resumed, so its data must be the same (`check_unchanged`).
 
@@ -247,36 +249,28 @@ def check_resumed(run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming)
       the fingerprint of the data as it is now, for `record` once the run dir is written.
     """
     now = take(dataset)
-    saved = load(run_dir) if resuming.mode != "never" else None
+    saved = load(home) if resuming.mode != "never" else None
     if saved is not None:
         check_unchanged(saved, now, resuming, command=f"resume={resuming.mode}")
     return now
 
 
-def record(run_dir: Path, fingerprint: Mapping[str, Any]) -> None:
+def record(home: rundir.RunFiles, fingerprint: Mapping[str, Any]) -> None:
     """Keeps `fingerprint` (`check_resumed`'s) as the run's data (a change a resume allowed is
     the run's data from now on)."""
-    write_atomic(Path(run_dir) / FILE, json.dumps(fingerprint, indent=1) + "\n")
+    write_atomic(home.file("fingerprint"), json.dumps(fingerprint, indent=1) + "\n")
 
 
-def check_and_record(run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming) -> None:
+def check_and_record(home: rundir.RunFiles, dataset: Mapping[str, Any], resuming: Resuming) -> None:
     """`check_resumed`, then `record` (for a run dir that exists)."""
-    record(run_dir, check_resumed(run_dir, dataset, resuming))
+    record(home, check_resumed(home, dataset, resuming))
 
 
-def check_evaluated_data(
-    run_dir: Path, dataset: Mapping[str, Any], resuming: Resuming, *, command: str = "evaluate"
-):
+def check_run_data(home: rundir.RunFiles, run, *, command: str) -> None:
     """Every command that reads a finished run's data (`tfrecipe evaluate`, `baseline`,
-    `export`'s check examples): the data must be what the run was trained on (where it kept a
-    fingerprint), or allowed to differ (`resume_allow_changes`)."""
-    saved = load(run_dir)
+    `export`'s check examples), given the run's validated config: the data must be what the run
+    was trained on (where it kept a fingerprint), or allowed to differ (`resume_allow_changes`)."""
+    saved = load(home)
     if saved is not None:
-        check_unchanged(saved, take(dataset), resuming, command=command)
-
-
-def check_run_data(run_dir: Path, run, *, command: str) -> None:
-    """`check_evaluated_data` for a run's validated config (its `dataset` and
-    `resume_allow_changes`)."""
-    dataset = run.dataset.model_dump(by_alias=True)
-    check_evaluated_data(run_dir, dataset, Resuming.of(run), command=command)
+        now = take(run.dataset.model_dump(by_alias=True))
+        check_unchanged(saved, now, Resuming.of(run), command=command)
