@@ -269,9 +269,7 @@ FILE_DOORS = (
         "data.tabular.StatsCache.get: fingerprint- and digest-checked",
     ),
     Door("RUN_DIR/summary.json", READ, "rundir.RunFiles.summary", ("non_regular",)),
-    Door(
-        "RUN_DIR/history.csv", READ, "rundir.RunFiles.history (a resume's epochs)", ("non_regular",)
-    ),
+    Door("RUN_DIR/history.csv", READ, "rundir.RunFiles.history: resumed epochs", ("non_regular",)),
     Door("RUN_DIR/members/*/summary.json", READ, "runs.RunDir.summary (ensemble.seeds: a member)"),
     Door(
         "RUN_DIR/members/*/model.keras",
