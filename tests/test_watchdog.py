@@ -31,7 +31,7 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     exited = threading.Event()
     codes = []
     dog = watchdog.StallWatchdog(
-        timeout=0.5, task="worker-1", run_dir=tmp_path, chief=True,
+        timeout=0.5, task="worker-1", home=rundir.RunFiles(tmp_path), chief=True,
         exit=lambda code: (codes.append(code), exited.set()),
     )  # fmt: skip
     dog.set_model(model)
@@ -46,16 +46,22 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     [stall] = summary["stalls"]
     assert stall["worker"] == "worker-1" and stall["step"] == 1
     assert stall["stack_file"] == "stall-worker-1.txt"
-    assert watchdog.recorded_stalls(tmp_path, summary["stalls"]) == [stall]  # no repeat
+    home = rundir.RunFiles(tmp_path)
+    assert watchdog.recorded_stalls(home, summary["stalls"]) == [stall]  # no repeat
     # A stack file is data: one whose record is not a stall record's is left out.
     (tmp_path / "stall-worker-9.txt").write_text('# tfrecipe stall record: {"worker": []}\n')
     (tmp_path / "stall-worker-8.txt").write_text("\xff\n")
-    assert watchdog.recorded_stalls(tmp_path) == [stall]
+    assert watchdog.recorded_stalls(home) == [stall]
 
 
 def test_progress_keeps_it_quiet_and_the_end_of_training_stops_it(tmp_path):
-    dog = watchdog.StallWatchdog(timeout=0.4, task="worker-0", run_dir=tmp_path, chief=False,
-                                 exit=lambda code: pytest.fail("stalled"))  # fmt: skip
+    dog = watchdog.StallWatchdog(
+        timeout=0.4,
+        task="worker-0",
+        home=rundir.RunFiles(tmp_path),
+        chief=False,
+        exit=lambda code: pytest.fail("stalled"),
+    )
     dog.on_train_begin()
     for _ in range(6):  # evaluation and epoch ends are progress too
         dog.on_test_batch_end(0)
@@ -79,7 +85,10 @@ def test_stall_timeout_is_automatic_on_a_cluster_only(overrides, timeout, tmp_pa
     spec = validate(compose([*TINY, *overrides])).cluster
     in_cluster = spec.name != "none"
     dog = watchdog.build_watchdog(
-        spec.stall_timeout, task="worker-0" if in_cluster else None, run_dir=tmp_path, chief=True
+        spec.stall_timeout,
+        task="worker-0" if in_cluster else None,
+        home=rundir.RunFiles(tmp_path),
+        chief=True,
     )
     assert (dog.timeout if dog else None) == timeout
     if timeout == watchdog.AUTO:

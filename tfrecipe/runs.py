@@ -265,7 +265,7 @@ class RunDir(rundir.RunFiles):
 
         if not self.chief:
             return []
-        return watchdog.recorded_stalls(self.path, (self.summary() or {}).get("stalls"))
+        return watchdog.recorded_stalls(self, (self.summary() or {}).get("stalls"))
 
     def stall_watchdog(
         self, stall_timeout: float | None, task: cluster.Task
@@ -277,6 +277,6 @@ class RunDir(rundir.RunFiles):
         return watchdog.build_watchdog(
             stall_timeout,
             task=f"{task.type}-{task.index}" if task.type is not None else None,
-            run_dir=self.shared,
+            home=rundir.RunFiles(self.shared),
             chief=self.chief,
         )

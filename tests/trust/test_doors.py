@@ -366,8 +366,9 @@ def _read_fingerprint(run_dir):
 
 def _read_stalls(run_dir):
     from tfrecipe.fault.watchdog import recorded_stalls
+    from tfrecipe.rundir import RunFiles
 
-    assert recorded_stalls(run_dir) == [], "a linked stall record is skipped"
+    assert recorded_stalls(RunFiles(run_dir)) == [], "a linked stall record is skipped"
 
 
 def _read_summary(run_dir):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tfrecipe import reading
+from tfrecipe import reading, rundir
 from tfrecipe.cli import compare
 from tfrecipe.cli.sweep_report import SweepSetup, write_report
 from tfrecipe.errors import ConfigError
@@ -202,11 +202,11 @@ def test_a_stall_record_the_run_did_not_write_is_not_the_runs_stall(tmp_path):
     for name in ("stall-worker-7.txt", "stall-worker-1.txt"):
         text = _HEADER + json.dumps({**record, "stack_file": name}) + "\n"
         (run_dir / name).write_text(text)
-    files.Manifest.of(run_dir).claim(
-        ["stall-worker-1.txt"]
-    )  # the watchdog's own record: the run wrote it
+    # the watchdog's own record: the run wrote it
+    files.Manifest.of(run_dir).claim(["stall-worker-1.txt"])
 
-    assert [stall["stack_file"] for stall in recorded_stalls(run_dir)] == ["stall-worker-1.txt"]
+    stalls = recorded_stalls(rundir.RunFiles(run_dir))
+    assert [stall["stack_file"] for stall in stalls] == ["stall-worker-1.txt"]
 
 
 def test_lr_find_refuses_a_run_dir_that_holds_another_run(tmp_path, compose_cfg):

@@ -45,24 +45,24 @@ AUTO = -1.0  # the timeout comes from the step time seen so far
 
 
 def build_watchdog(
-    configured: float | None, *, task: str | None, run_dir: Path, chief: bool
+    configured: float | None, *, task: str | None, home: rundir.RunFiles, chief: bool
 ) -> StallWatchdog | None:
     """The watchdog `cluster.stall_timeout` asks for; None when it is off.
 
     Args:
       configured: cluster.stall_timeout (None: automatic on a cluster, off for one process).
       task: this process's task as `worker-1`; None for a single process.
-      run_dir: the chief's run dir, shared by every worker.
+      home: the chief's run dir, shared by every worker.
       chief: this process writes summary.json.
     """
     if configured == 0 or (configured is None and task is None):
         return None
     timeout = AUTO if configured is None else configured
-    return StallWatchdog(timeout=timeout, task=task or "worker-0", run_dir=run_dir, chief=chief)
+    return StallWatchdog(timeout=timeout, task=task or "worker-0", home=home, chief=chief)
 
 
-def stall_file(run_dir: Path, task: str) -> Path:
-    return run_dir / f"stall-{task}.txt"
+def stall_file(home: rundir.RunFiles, task: str) -> Path:
+    return home.path / f"stall-{task}.txt"
 
 
 class StallWatchdog(keras.callbacks.Callback):
@@ -71,16 +71,16 @@ class StallWatchdog(keras.callbacks.Callback):
     Args:
       timeout: seconds, or AUTO.
       task: this process's task, as `worker-1` (its stack file's name).
-      run_dir: the chief's run dir (shared): where the stack file goes.
+      home: the chief's run dir (shared): where the stack file goes.
       chief: this process also marks summary.json "failed" with the stall before it exits.
       exit: what ends the process (os._exit: the main thread is stuck; a test passes its own).
     """
 
     def __init__(
-        self, *, timeout: float, task: str, run_dir: Path, chief: bool, exit=os._exit
+        self, *, timeout: float, task: str, home: rundir.RunFiles, chief: bool, exit=os._exit
     ) -> None:
         super().__init__()
-        self.timeout, self.task, self.run_dir, self.chief = timeout, task, run_dir, chief
+        self.timeout, self.task, self.home, self.chief = timeout, task, home, chief
         self._exit = exit
         self._last = 0.0  # monotonic time of the last progress; 0: not armed yet
         self._longest = 0.0  # longest gap between two progress points seen
@@ -156,7 +156,7 @@ class StallWatchdog(keras.callbacks.Callback):
             self._exit(EXIT_STALLED)
 
     def _record(self, idle_s: float) -> None:
-        path = stall_file(self.run_dir, self.task)
+        path = stall_file(self.home, self.task)
         attempt = os.environ.get(ATTEMPT_ENV, "0")
         record = {
             "worker": self.task,
@@ -174,9 +174,9 @@ class StallWatchdog(keras.callbacks.Callback):
         )
         log.error("stalled: %s", message)
         files.write_atomic(path, _HEADER + json.dumps(record) + "\n" + thread_stacks())
-        files.Manifest.of(self.run_dir).claim([path.name])  # a worker's too: the run wrote it
+        files.Manifest.of(self.home.path).claim([path.name])  # a worker's too: the run wrote it
         if self.chief:
-            _record_in_summary(self.run_dir, record, message)
+            _record_in_summary(self.home, record, message)
 
 
 def thread_stacks() -> str:
@@ -189,8 +189,7 @@ def thread_stacks() -> str:
     return "".join(parts)
 
 
-def _record_in_summary(run_dir: Path, record: dict[str, Any], message: str) -> None:
-    home = rundir.RunFiles(run_dir)
+def _record_in_summary(home: rundir.RunFiles, record: dict[str, Any], message: str) -> None:
     summary = home.summary()
     if summary is None:
         return
@@ -201,14 +200,14 @@ def _record_in_summary(run_dir: Path, record: dict[str, Any], message: str) -> N
 _STACK_FILE_BYTES = 16 * 1024 * 1024  # every thread's stack: far less
 
 
-def recorded_stalls(run_dir: Path, earlier: object = None) -> list[dict[str, Any]]:
+def recorded_stalls(home: rundir.RunFiles, earlier: object = None) -> list[dict[str, Any]]:
     """The stalls of this run: those summary.json already lists (`earlier`) and those the stack
-    files in `run_dir` record. A stack file counts only where the run's manifest lists it (the
+    files in `home` record. A stack file counts only where the run's manifest lists it (the
     run wrote it: `files.Manifest.claim`); a file is data: a record that does not read as one is
     skipped."""
     found = []
-    written = files.Manifest.of(run_dir).owned()
-    for path in sorted(p for p in run_dir.glob("stall-*.txt") if p.name in written):
+    written = files.Manifest.of(home.path).owned()
+    for path in sorted(p for p in home.path.glob("stall-*.txt") if p.name in written):
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
             # through the reader: a link to /dev/zero or a FIFO planted there is skipped, not read
             text = reading.read_text(path, limit=_STACK_FILE_BYTES, what="a stall record")
