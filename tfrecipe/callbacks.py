@@ -14,7 +14,7 @@ from pathlib import Path
 
 import keras
 
-from tfrecipe import files, reading, rundir
+from tfrecipe import files, reading
 from tfrecipe.config import schema
 from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.config.instantiate import instantiate
@@ -78,9 +78,9 @@ class EpochHistory(keras.callbacks.Callback):
     """Keeps one row of logs per epoch (validation metrics only where validation ran) and
     rewrites history.csv after each epoch, so an interrupted run keeps its history."""
 
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, home: RunFiles | None):
         super().__init__()
-        self.run_dir = run_dir
+        self.home = home
         self.rows: list[dict[str, float]] = []
 
     def on_epoch_end(self, epoch, logs=None):
@@ -94,8 +94,8 @@ class EpochHistory(keras.callbacks.Callback):
         self._write()
 
     def _write(self) -> None:
-        if self.run_dir is not None:
-            RunFiles(self.run_dir).write_history(self.rows)
+        if self.home is not None:
+            self.home.write_history(self.rows)
 
 
 class PeriodicExport(keras.callbacks.Callback):
@@ -103,13 +103,13 @@ class PeriodicExport(keras.callbacks.Callback):
     saved_model-EPOCH/). Every worker exports (synchronized variables need all of them); only the
     chief's run dir is the real one."""
 
-    def __init__(self, run_dir: Path, every_n_epochs: int, formats: Collection[str] = ("keras",)):
+    def __init__(self, home: RunFiles, every_n_epochs: int, formats: Collection[str] = ("keras",)):
         super().__init__()
-        self.run_dir, self.every_n_epochs, self.formats = run_dir, every_n_epochs, formats
+        self.home, self.every_n_epochs, self.formats = home, every_n_epochs, formats
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs == 0:
-            export_model(self.model, self.run_dir, self.formats, epoch=epoch + 1)
+            export_model(self.model, self.home.path, self.formats, epoch=epoch + 1)
 
 
 class StepLog(StepCounter):
@@ -238,7 +238,7 @@ def build_callbacks(
     spec: schema.Callbacks,
     logger: schema.Logger,
     *,
-    run_dir: Path,
+    home: RunFiles,
     grants: Grants = NO_GRANTS,
     export_formats: Collection[str] = ("keras",),
     earlier_epochs: Sequence[Mapping[str, float]] = (),
@@ -253,13 +253,13 @@ def build_callbacks(
     if spec.terminate_on_nan.enabled:
         callbacks.append(keras.callbacks.TerminateOnNaN())
     if spec.model_checkpoint.enabled:
-        callbacks += _best_checkpoint(spec.model_checkpoint, run_dir, earlier_epochs)
+        callbacks += _best_checkpoint(spec.model_checkpoint, home, earlier_epochs)
     if spec.export.every_n_epochs:
         periodic = [f for f in export_formats if f in schema.PERIODIC_EXPORT_FORMATS]
-        callbacks.append(PeriodicExport(run_dir, spec.export.every_n_epochs, periodic or ["keras"]))
+        callbacks.append(PeriodicExport(home, spec.export.every_n_epochs, periodic or ["keras"]))
     if spec.early_stopping.enabled:
         callbacks.append(_early_stopping(spec.early_stopping))
-    callbacks += _logger_callbacks(logger, run_dir)
+    callbacks += _logger_callbacks(logger, home)
     for name, node in spec.extra.items():
         callbacks.append(
             instantiate(
@@ -282,7 +282,7 @@ def _early_stopping(spec) -> keras.callbacks.EarlyStopping:
 
 
 def _best_checkpoint(
-    checkpoint, run_dir: Path, earlier_epochs: Sequence[Mapping[str, float]]
+    checkpoint, home: RunFiles, earlier_epochs: Sequence[Mapping[str, float]]
 ) -> list[keras.callbacks.Callback]:
     """`callbacks.model_checkpoint`: best.weights.h5, with the best of the epochs a resumed run
     already trained to beat."""
@@ -290,7 +290,7 @@ def _best_checkpoint(
     best = best_row(earlier_epochs, checkpoint.monitor, mode)
     return [
         BestCheckpoint(
-            run_dir / rundir.BEST_WEIGHTS,
+            home.file("best_weights"),
             monitor=checkpoint.monitor,
             mode=mode,
             best_so_far=None if best is None else best[checkpoint.monitor],
@@ -298,25 +298,22 @@ def _best_checkpoint(
     ]
 
 
-def _logger_callbacks(logger: schema.Logger, run_dir: Path) -> list[keras.callbacks.Callback]:
+def _logger_callbacks(logger: schema.Logger, home: RunFiles) -> list[keras.callbacks.Callback]:
     """steps.csv and TensorBoard (with its step profiler), as `logger` switches them on."""
     callbacks: list[keras.callbacks.Callback] = []
+    board = home.path / "tensorboard"
     if logger.csv:
-        callbacks.append(StepCSVLogger(run_dir / "steps.csv", logger.csv.every_n_steps))
+        callbacks.append(StepCSVLogger(home.file("steps"), logger.csv.every_n_steps))
     if logger.tensorboard:
         tb = logger.tensorboard
         callbacks.append(
             keras.callbacks.TensorBoard(
-                log_dir=str(files.library_dir(run_dir / "tensorboard")),
+                log_dir=str(files.library_dir(board)),
                 update_freq=tb.update_freq,
                 histogram_freq=tb.histogram_freq,
                 profile_batch=0,  # Keras' marker gives xprof no step: StepProfiler's does
             )
         )
         if tb.profile_batch:
-            callbacks.append(
-                StepProfiler(
-                    run_dir / "tensorboard", first=tb.profile_batch, calls=tb.profile_steps
-                )
-            )
+            callbacks.append(StepProfiler(board, first=tb.profile_batch, calls=tb.profile_steps))
     return callbacks

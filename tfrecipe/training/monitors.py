@@ -84,7 +84,7 @@ def build_monitors(
     the run (W&B, MLflow), the others train into a scratch dir. `watchdog`: the progress
     watchdog (tfrecipe.fault.watchdog), when it is on."""
     plan, run_dir, inputs, start_step = ctx.plan, ctx.home.path, built.data, built.start_step
-    history = EpochHistory(run_dir)
+    history = EpochHistory(ctx.home)
     # A resumed run keeps the epochs it already finished (history.csv is the chief's).
     history.rows = ctx.home.history()[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
@@ -100,7 +100,7 @@ def build_monitors(
         *build_callbacks(
             spec,
             logger,
-            run_dir=run_dir,
+            home=ctx.home,
             grants=ctx.grants,
             export_formats=knobs.export_formats,
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
