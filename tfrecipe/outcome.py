@@ -69,8 +69,9 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
     A failed, preempted or interrupted run is what `resume=auto` continues; `resume=never`
     refuses it too (except when the local launcher restarts this same run after a crash).
     """
-    _check_is_a_run_dir(run_dir)
-    previous = rundir.RunFiles(run_dir).summary()
+    home = rundir.RunFiles(run_dir)
+    _check_is_a_run_dir(home)
+    previous = home.summary()
     if previous and previous.get("status") in FINISHED:
         raise ConfigError(
             f"{_run_dir_key}={run_dir}: already holds a {previous['status']} run (summary.json); "
@@ -86,11 +87,11 @@ def ensure_fresh_run_dir(run_dir: Path, *, resume: str = "auto") -> None:
         )
 
 
-def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -> None:
+def check_resume_batch(home: rundir.RunFiles, *, global_batch: int, num_replicas: int) -> None:
     """Refuses to continue a run at another global batch than it trained at: another number
     of workers or GPUs with `batching=per_replica` (the config itself unchanged) would read the
     input from another position than the backup's step says, at another learning rate."""
-    previous = rundir.RunFiles(run_dir).summary() or {}
+    previous, run_dir = home.summary() or {}, home.path
     saved, replicas = previous.get("global_batch_size"), previous.get("num_replicas")
     if not previous.get("steps_completed") or saved in (None, global_batch):
         return  # nothing trained yet, or the same batch
@@ -105,11 +106,11 @@ def check_resume_batch(run_dir: Path, *, global_batch: int, num_replicas: int) -
 RUN_FILES = rundir.RUN_FILES
 
 
-def _check_is_a_run_dir(run_dir: Path) -> None:
+def _check_is_a_run_dir(home: rundir.RunFiles) -> None:
     """Refuses a dir whose summary.json cannot be read (a completed run's, maybe: never retrain
     over it), and one holding files a run would overwrite but no summary (the user's own)."""
-    summary = run_dir / rundir.SUMMARY
-    if summary.exists() and rundir.RunFiles(run_dir).summary() is None:
+    run_dir, summary = home.path, home.file("summary")
+    if summary.exists() and home.summary() is None:
         raise ConfigError(
             f"{_run_dir_key}={run_dir}: its summary.json cannot be read, so whether the run "
             "there completed is unknown (nothing is overwritten); repair or move it, or choose "

@@ -215,7 +215,7 @@ class RunDir(rundir.RunFiles):
 
     def signature(self) -> dict[str, Any] | None:
         """signature.json (what the model takes, what its outputs mean); None when absent."""
-        return signature.read(self.path)
+        return signature.read(self)
 
     # --- a run in training -------------------------------------------------------------------
     def stats_cache(self) -> StatsCache:
@@ -239,7 +239,8 @@ class RunDir(rundir.RunFiles):
         """A resumed run continues at the global batch it trained at (`check_resume_batch`)."""
         from tfrecipe.outcome import check_resume_batch
 
-        check_resume_batch(self.shared, global_batch=global_batch, num_replicas=num_replicas)
+        shared = rundir.RunFiles(self.shared)
+        check_resume_batch(shared, global_batch=global_batch, num_replicas=num_replicas)
 
     def check_data(self, dataset: schema.Target, resuming: Resuming):
         """What the run trains on (the chief's record), taken first: a resume on other data
@@ -256,7 +257,7 @@ class RunDir(rundir.RunFiles):
         from tfrecipe.data import fingerprint
 
         if self.chief:
-            signature.write(self.path, signature_fields)
+            signature.write(self, signature_fields)
             fingerprint.record(self, data_files)
 
     def earlier_stalls(self) -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from tfrecipe import files, rundir, tasks
@@ -83,11 +82,11 @@ def _inputs(features: Any, feature_names: Sequence[str]) -> dict[str, Any]:
     return described
 
 
-def write(run_dir: Path, record: Mapping[str, Any]) -> None:
-    files.write_atomic(run_dir / SIGNATURE, json.dumps(record, indent=2) + "\n")
+def write(home: rundir.RunFiles, record: Mapping[str, Any]) -> None:
+    files.write_atomic(home.file("signature"), json.dumps(record, indent=2) + "\n")
 
 
-def read(run_dir: Path) -> dict[str, Any] | None:
+def read(home: rundir.RunFiles) -> dict[str, Any] | None:
     """The run's signature; None when it has none.
 
     Raises:
@@ -96,7 +95,7 @@ def read(run_dir: Path) -> dict[str, Any] | None:
     """
     from tfrecipe import reading
 
-    path = run_dir / SIGNATURE
+    path = home.file("signature")
     try:
         record = reading.read_json(path, limit=MAX_SIGNATURE_BYTES, what="a signature.json")
     except FileNotFoundError:

@@ -353,8 +353,9 @@ def _read_model(run_dir):
 
 def _read_signature(run_dir):
     from tfrecipe import signature
+    from tfrecipe.rundir import RunFiles
 
-    return signature.read(run_dir)
+    return signature.read(RunFiles(run_dir))
 
 
 def _read_fingerprint(run_dir):

@@ -25,12 +25,12 @@ CHECKPOINTS = "checkpoints"
 PATTERN = "epoch-{epoch:03d}.weights.h5"
 
 
-def checkpoint_callbacks(run_dir: Path) -> list:
+def checkpoint_callbacks(home: rundir.RunFiles) -> list:
     """The per-epoch weight checkpoints a sidecar evaluator reads, each file written whole
     (tfrecipe.files.write_weights) before its name appears."""
     import keras
 
-    folder = files.library_dir(run_dir / CHECKPOINTS)
+    folder = files.library_dir(home.path / CHECKPOINTS)
 
     class EpochWeights(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -39,8 +39,8 @@ def checkpoint_callbacks(run_dir: Path) -> list:
     return [EpochWeights()]
 
 
-def _training_ended(run_dir: Path) -> bool:
-    summary = rundir.RunFiles(run_dir).summary()
+def _training_ended(home: rundir.RunFiles) -> bool:
+    summary = home.summary()
     return bool(summary) and summary.get("status") in ("completed", "pruned", "failed", "preempted")
 
 
@@ -81,9 +81,9 @@ class _MetricsTable:
 
 
 def evaluate_checkpoints(
-    model, data, *, run_dir: Path, poll_s: float = 1.0, started: float | None = None
+    model, data, *, home: rundir.RunFiles, poll_s: float = 1.0, started: float | None = None
 ) -> dict[str, Any]:
-    """Scores every checkpoint of the run in `run_dir` until training ends; returns a summary.
+    """Scores every checkpoint of the run in `home` until training ends; returns a summary.
 
     Args:
       model: the run's model, compiled like training's, built on the default strategy.
@@ -95,14 +95,14 @@ def evaluate_checkpoints(
 
     compat.cache_saving_skipsets()  # a load per checkpoint, each walking every layer and metric
     started = time.perf_counter() if started is None else started
-    out = files.library_dir(run_dir / "evaluator")
+    out = files.library_dir(home.path / "evaluator")
     seen: set[Path] = set()
     last: dict[str, float] = {}
     with files.open_log(out / "metrics.csv") as file:
         table = _MetricsTable(file)
         while True:
-            ended = _training_ended(run_dir)  # before listing: the last checkpoint is not missed
-            for path in sorted(set((run_dir / CHECKPOINTS).glob("epoch-*.weights.h5")) - seen):
+            ended = _training_ended(home)  # before listing: the last checkpoint is not missed
+            for path in sorted(set((home.path / CHECKPOINTS).glob("epoch-*.weights.h5")) - seen):
                 last = _score(model, data, path)
                 table.add(path.name, last)
                 seen.add(path)

@@ -139,7 +139,7 @@ def train_ensemble(
     )
     summary.update(as_single_run(members))
     if home.chief:  # the members' inputs and outputs are the ensemble's (predict reads it)
-        signature.write(home.path, first.signature())
+        signature.write(home, first.signature())
     model = load(home.path, seeds=spec.seeds, task=ctx.task, grants=ctx.grants)
     scored = scores(model, splits, pipeline=ctx.pipeline, seed=ctx.seed, batch_size=spec.batch_size)
     summary.update(test=scored["test"])  # and val_ metrics, in _finish

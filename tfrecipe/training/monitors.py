@@ -111,7 +111,7 @@ def build_monitors(
     if watchdog is not None:  # first: a step counts as done before any other callback runs
         callbacks.insert(0, watchdog)
     if knobs.sidecar_evaluator:  # checkpoints for the sidecar evaluator
-        callbacks += evaluator.checkpoint_callbacks(run_dir)
+        callbacks += evaluator.checkpoint_callbacks(ctx.home)
     # One tracked run per training run: the chief's (other workers train into a scratch dir).
     resuming = built.resumed is not None
     trackers = (

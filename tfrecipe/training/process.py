@@ -18,6 +18,7 @@ from tfrecipe.distribute.strategy import build_strategy, device_kinds
 from tfrecipe.errors import ConfigError
 from tfrecipe.models.build import build_model, compile_model
 from tfrecipe.precision import set_precision
+from tfrecipe.rundir import RunFiles
 from tfrecipe.training.context import RunContext
 from tfrecipe.training.dataset import evaluation_data, load_splits
 
@@ -86,4 +87,5 @@ def evaluate_checkpoints(
     split = "validation" if splits.validation is not None else "test"
     batch_size = batching.per_replica_batch_size
     data = evaluation_data(splits, split, ctx.pipeline, batch_size=batch_size, seed=ctx.seed)
-    return evaluator.evaluate_checkpoints(model, data, run_dir=run_dir, started=started)
+    chiefs = RunFiles(run_dir)  # the checkpoints and summary.json are the chief's
+    return evaluator.evaluate_checkpoints(model, data, home=chiefs, started=started)
