@@ -87,14 +87,12 @@ class RunPlan:
         backed_up = periodic or rollbacks > 0
         hooks = _hooks(run.logger, backup.every_n_steps if backed_up else None)
         loop = "parameter_server" if run.strategy.name == "parameter_server" else run.loop.name
+        # auto on a cluster: float32, since workers on different machines could pick differently
+        precision = run.precision.policy
         return cls(
             loop=loop,
             in_cluster=in_cluster,
-            # auto on a cluster: float32, since workers on different machines could pick
-            # differently.
-            precision="float32"
-            if run.precision.policy == "auto" and in_cluster
-            else run.precision.policy,
+            precision="float32" if precision == "auto" and in_cluster else precision,
             cpu_bfloat16_pays=run.model.target in CPU_BFLOAT16_PAYS,
             cpu_resident_pays=run.model.target in residency.CPU_HOLDS,
             periodic_backups=periodic,
