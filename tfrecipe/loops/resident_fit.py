@@ -53,23 +53,19 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     one_step = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
 
     @tf.function
-    def first_call():
-        outputs = one_step(next(iterator))  # outside the loop: the first trace builds metrics
-        for _ in tf.range(steps - 1):
-            outputs = one_step(next(iterator))
-        return outputs
-
-    @tf.function
-    def later_call(outputs):
-        # every step in the loop: a step of its own outside it cost 6 ms a call on the tables
-        for _ in tf.range(steps):
+    def run_steps(count, outputs):
+        # every step inside the loop: a step of its own beside it cost 6 ms a call on the tables
+        for _ in tf.range(count):
             outputs = one_step(next(iterator))
         return outputs
 
     last: list = []
 
     def train_function(_unused_iterator):
-        outputs = later_call(last[0]) if last else first_call()
+        if last:
+            outputs = run_steps(tf.constant(steps), last[0])
+        else:  # the first step alone builds the metrics; the loop is traced in this call too
+            outputs = run_steps(tf.constant(steps - 1), one_step(next(iterator)))
         last[:] = [outputs]
         return outputs
 
