@@ -59,7 +59,10 @@ def build(model_name: str):
     x, y = (x.reshape(-1, 8, 8, 1) / 16.0).astype("float32")[:1257], y[:1257].astype("int32")
     model = {"cnn": cnn, "mlp": mlp}[model_name](input_shape=(8, 8, 1), num_outputs=10)
     model.compile(
-        "adam", "sparse_categorical_crossentropy", ["accuracy"], steps_per_execution=STEPS
+        optimizer="adam",
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        steps_per_execution=STEPS,
     )
     rows = tf.data.Dataset.from_tensor_slices((x, y)).cache().shuffle(2000, seed=1)
     streamed = rows.batch(BATCH).repeat().prefetch(tf.data.AUTOTUNE)

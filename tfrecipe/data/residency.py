@@ -38,14 +38,15 @@ RESIDENT_MAX_BYTES = 4 << 30
 # on the digits held ran 1.2-1.25x the streamed steps' speed at 0.8x their CPU time per step.
 CPU_HOLDS = frozenset({"tfrecipe.models.mlp", "tfrecipe.models.linear"})
 
-# Why auto streams on a CPU for the other models, measured the same way (docs/benchmarks.md, "A
-# ninth pass"): held, the default CNN's step does no more work (the same CPU time per step, the
-# same median time per kernel) but ran 0.7-0.9x as fast on a loaded 2-core Xeon: its graph loop
-# never waits for input, so its threads spend longer in the run queue behind other processes
+# Why auto streams on a CPU for the other models, measured the same way and as whole runs
+# (docs/benchmarks.md, "A ninth pass"): held, the default CNN's step does the same CPU work; its
+# examples/s came out 0.96-1.12x streamed on a quiet 2-core Xeon (load 1-2) but its first call
+# traces 0.4 s longer (the loop, the gather), so the default job's wall time was 1.05-1.19x;
+# on the loaded machine (load 5-7) its steps ran 0.73-0.81x as fast, waiting longer for a core
 # (schedstat), where tf.data's prefetch overlaps the input on the other core.
 CPU_STREAMS = (
-    "held, a convolutional step ran 0.7-0.9x as fast on a loaded 2-core Xeon at the same CPU "
-    "time per step; pipeline.resident=true holds it"
+    "held, the default CNN trained 0.96-1.12x as fast on a 2-core Xeon but its runs took "
+    "1.05-1.19x as long (a longer first call); pipeline.resident=true holds it"
 )
 
 # Strategies whose workers cannot each hold the split (`true` is refused, `auto` streams).

@@ -59,13 +59,17 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
             outputs = one_step(next(iterator))
         return outputs
 
+    @tf.function
+    def first_step():  # its trace builds the metrics; in a graph, as the loop's: one step trace
+        return one_step(next(iterator))
+
     last: list = []
 
     def train_function(_unused_iterator):
         if last:
             outputs = run_steps(tf.constant(steps), last[0])
-        else:  # the first step alone builds the metrics; the loop is traced in this call too
-            outputs = run_steps(tf.constant(steps - 1), one_step(next(iterator)))
+        else:  # the loop is traced in the first call too
+            outputs = run_steps(tf.constant(steps - 1), first_step())
         last[:] = [outputs]
         return outputs
 
