@@ -169,6 +169,31 @@ def test_augmentation_runs_on_the_gathered_batch_seeded_by_the_step():
     assert x.dtype == tf.float32 and flipped.any() and not flipped.all()
 
 
+def test_fit_runs_every_call_of_a_held_split_in_one_traced_loop():
+    """Each call runs steps_per_execution steps from the stream; the loop is traced once (a
+    trace at a later call would land in the steady epochs the throughput counts)."""
+    import keras
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+    from tfrecipe.loops import resident_fit
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    held = _held(num_rows=12, global_batch=4)
+    held = type(held)(
+        (tf.cast(held.copies[None][0], tf.float32), tf.cast(held.copies[None][1], tf.float32)),
+        strategy=held.strategy,
+        layout=held.layout,
+    )
+    iterator = iter(ResidentTrain(held))
+    train_function = resident_fit._train_function(model, iterator)
+    losses = [float(train_function(None)["loss"]) for _ in range(4)]
+    assert int(iterator.position.numpy()) == 12  # 4 calls of 3 steps
+    assert train_function.traces() == 1
+    assert all(np.isfinite(losses))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_both_loops_train_the_same_on_a_resident_split(train_run, strategy):
