@@ -210,5 +210,10 @@ def test_both_loops_train_the_same_on_a_resident_split(train_run, strategy):
     assert fit["resident"]["resident"] and f"KiB x {copies} on CPU" in fit["resident"]["reason"]
     assert fit["metrics"]["loss"] == pytest.approx(custom["metrics"]["loss"], rel=5e-4)
     assert again["metrics"] == fit["metrics"]
-    assert streamed["resident"] == {"resident": False, "reason": "pipeline.resident=false"}
+    assert streamed["resident"] == {
+        "resident": False,
+        "reason": "pipeline.resident=false",
+        "evaluation": {"resident": False, "reason": "the training split streams"},
+    }
+    assert fit["resident"]["evaluation"]["resident"]  # validation and test held beside it
     assert streamed["steps_completed"] == fit["steps_completed"] == 6

@@ -112,6 +112,18 @@ def choose(
     return Choice(True, f"pipeline.resident=auto: fits: {where}")
 
 
+def evaluation(
+    setting: str | bool, *, training: Choice, held_bytes: float, memory: DeviceMemory
+) -> Choice:
+    """Whether the validation and test splits are held too: only beside a held training split,
+    and only where all the held splits together (`held_bytes`) pass what the training split
+    alone had to (`choose`); else they stream. Each is evaluated in one call, in its order."""
+    if not training.resident:
+        return Choice(False, "the training split streams")
+    choice = choose(setting, held_bytes=held_bytes, memory=memory, cpu_holds=True)
+    return Choice(choice.resident, f"with the training split: {choice.reason}")
+
+
 def streams_because(setting: str | bool, *, strategy: str, cache: str | None) -> str | None:
     """Why the config alone makes the training split stream, or None where the data decide."""
     if setting is False:
@@ -132,13 +144,17 @@ def plan_line(
     if reason is not None:
         return f"training data: streamed ({reason})"
     if setting is True:
-        return "training data: resident on the device (pipeline.resident=true)"
+        return (
+            "training data: resident on the device (pipeline.resident=true); validation and "
+            "test held beside it, each evaluated in one call"
+        )
     where = "on the device" if cpu_holds else "on an accelerator"
     cpu = "a dense model's steps are short" if cpu_holds else "streamed on a CPU"
     return (
         f"training data: resident {where} where the decoded split fits under "
         f"{RESIDENT_SHARE:.0%} of its memory and {_size(RESIDENT_MAX_BYTES)}, {cpu} "
-        "(pipeline.resident=auto; streamed tables and text stream); summary.json says which"
+        "(pipeline.resident=auto; streamed tables and text stream); validation and test held "
+        "beside it where all the splits fit, each evaluated in one call; summary.json says which"
     )
 
 

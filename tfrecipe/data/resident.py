@@ -121,8 +121,17 @@ class HeldSplit:
 
     def batch_at(self, step: tf.Tensor) -> Any:
         """Global micro-batch `step`, split over the replicas (each gathers its share)."""
-        indices = self.indices(step)
         seed = tf.stack([self._seed + 1, tf.cast(step, tf.int64)])
+        return self._spread(self.indices(step), seed)
+
+    def batch_in_order(self, index: tf.Tensor) -> Any:
+        """Batch `index` of the split in its order (evaluation: no permutation, the last batch
+        short), split over the replicas as tf.distribute splits a streamed batch."""
+        first = tf.cast(index, tf.int32) * self.layout.global_batch
+        indices = tf.range(first, tf.minimum(first + self.layout.global_batch, self.num_rows))
+        return self._spread(indices, tf.stack([self._seed + 1, tf.cast(index, tf.int64)]))
+
+    def _spread(self, indices: tf.Tensor, seed: tf.Tensor) -> Any:
         if len(self.devices) == 1:
             return self._gather(self.devices[0], indices, seed, 0, 1)
 
@@ -187,6 +196,28 @@ class ResidentTrain:
             lambda t: tf.gather(t, self.held.indices(self.start)),
             self.held.copies[self.held.devices[0]],
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldEval:
+    """A held evaluation split (validation, test): its `layout.steps_per_pass` batches in order,
+    every example once, the last batch short; what a finite distributed dataset was to the
+    loops (tfrecipe.loops.resident_fit evaluates it in fit, the custom loop in its own)."""
+
+    held: HeldSplit
+
+    @property
+    def num_batches(self) -> int:
+        return self.held.layout.steps_per_pass
+
+    @property
+    def element_spec(self) -> Any:
+        return self.held.element_spec
+
+    def first_batch(self) -> Any:
+        """The split's first global batch, undistributed (a stand-in's shape and dtype)."""
+        rows = self.held.copies[self.held.devices[0]]
+        return tf.nest.map_structure(lambda t: t[: self.held.layout.global_batch], rows)
 
 
 def batch_function(options: PipelineOptions, finish: Callable) -> Callable:
@@ -273,6 +304,44 @@ def hold_training(
         options=options,
         finish=finish,
     )
+    return choice, held
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationRows:
+    """The evaluation splits as read (`splits`: validation, test), evaluated in batches of
+    `global_batch`, beside the `train` split (its size counts against the cap too)."""
+
+    train: TrainingRows
+    splits: dict[str, TrainingRows]
+    global_batch: int
+
+
+def hold_evaluation(
+    rows: EvaluationRows,
+    training: residency.Choice,
+    *,
+    strategy: tf.distribute.Strategy,
+    options: PipelineOptions,
+    finish: Callable,
+) -> tuple[residency.Choice, dict[str, HeldEval]]:
+    """The evaluation splits held beside a held training split, or none where they stream
+    (residency.evaluation); and why. Evaluation never augments: each split is normalized
+    (`finish`) once, as it is held."""
+    train = rows.train
+    size = held_bytes(train.dataset.element_spec, train.num_rows, normalized=not options.augments)
+    for split in rows.splits.values():
+        size += held_bytes(split.dataset.element_spec, split.num_rows, normalized=True)
+    choice = residency.evaluation(
+        options.resident, training=training, held_bytes=size, memory=device_memory(strategy)
+    )
+    if not choice.resident:
+        return choice, {}
+    held = {}
+    for name, split in rows.splits.items():
+        layout = Layout(rows.global_batch, -(-split.num_rows // rows.global_batch), seed=0)
+        read = next(iter(split.dataset.batch(split.num_rows)))
+        held[name] = HeldEval(HeldSplit(finish(*read), strategy=strategy, layout=layout))
     return choice, held
 
 

@@ -39,6 +39,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe import optim
+from tfrecipe.data.resident import HeldEval, HeldSplit
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
@@ -152,11 +153,8 @@ def _reader(clock: InputClock | None) -> Callable[[Any], Any]:
     return read
 
 
-def _make_test_function(
-    model: keras.Model, objective: Objective
-) -> Callable[[Any, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
-    """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
-    batches in one call; fewer when the (finite) data ends."""
+def _test_step(model: keras.Model, objective: Objective) -> Callable[[Any], None]:
+    """One evaluation batch on every replica, into `objective`'s metrics."""
     strategy = model.distribute_strategy
 
     def replica_step(batch):
@@ -165,6 +163,15 @@ def _make_test_function(
     @_compiled_like_fit(model)
     def step(batch):
         strategy.run(replica_step, args=(batch,))
+
+    return step
+
+
+def _make_test_function(
+    step: Callable[[Any], None], objective: Objective
+) -> Callable[[Any, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
+    """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
+    batches in one call; fewer when the (finite) data ends."""
 
     @tf.function
     def test_steps(iterator, num_steps):
@@ -178,6 +185,20 @@ def _make_test_function(
         return batches, objective.results()
 
     return test_steps
+
+
+def _held_test_function(
+    step: Callable[[Any], None], objective: Objective, held: HeldSplit
+) -> Callable[[], dict[str, tf.Tensor]]:
+    """`test_all() -> metric results`: every batch of a held split, in order, in one call."""
+
+    @tf.function
+    def test_all():
+        for index in tf.range(held.layout.steps_per_pass):
+            step(held.batch_in_order(index))
+        return objective.results()
+
+    return test_all
 
 
 def _num_batches(data: Any) -> int | None:
@@ -196,32 +217,52 @@ def _evaluator(
     """`evaluate(data, *, steps=None, callbacks) -> metrics`, built once (metrics, traced graph)
     and reused for every validation."""
     objective = objectives.build(model, make)
-    test_steps = _make_test_function(model, objective)
+    step = _test_step(model, objective)
+    test_steps = _make_test_function(step, objective)
+    held: dict[HeldSplit, Callable] = {}  # a held split's one-call evaluation, traced once
 
     def evaluate(
         data: Any, *, steps: int | None = None, callbacks: keras.callbacks.CallbackList
     ) -> dict[str, float]:
-        total = steps or _num_batches(data)
         objective.reset()
         model.stop_evaluating = False
         callbacks.on_test_begin()
-        iterator, batch = iter(data), 0
-        while total is None or batch < total:
-            num_steps = steps_per_loop if total is None else min(steps_per_loop, total - batch)
-            callbacks.on_test_batch_begin(batch)
-            ran, logs = test_steps(iterator, tf.constant(num_steps))
-            ran = int(ran)
-            if ran == 0:  # data of unknown length ended with the previous call (fit alike)
-                break
-            batch += ran
-            callbacks.on_test_batch_end(batch - 1, logs)
-            if ran < num_steps or model.stop_evaluating:
-                break
+        if isinstance(data, HeldEval):  # the whole split in one call (`steps` does not apply)
+            if data.held not in held:
+                held[data.held] = _held_test_function(step, objective, data.held)
+            callbacks.on_test_batch_begin(0)
+            callbacks.on_test_batch_end(data.num_batches - 1, held[data.held]())
+        else:
+            _evaluate_stream(model, test_steps, data, steps, callbacks, steps_per_loop)
         results = objective.float_results()
         callbacks.on_test_end(results)
         return results
 
     return evaluate
+
+
+def _evaluate_stream(
+    model: keras.Model,
+    test_steps: Callable,
+    data: Any,
+    steps: int | None,
+    callbacks: keras.callbacks.CallbackList,
+    steps_per_loop: int,
+) -> None:
+    """`data`'s batches (all, or `steps`), `steps_per_loop` per call, batch hooks around each."""
+    total = steps or _num_batches(data)
+    iterator, batch = iter(data), 0
+    while total is None or batch < total:
+        num_steps = steps_per_loop if total is None else min(steps_per_loop, total - batch)
+        callbacks.on_test_batch_begin(batch)
+        ran, logs = test_steps(iterator, tf.constant(num_steps))
+        ran = int(ran)
+        if ran == 0:  # data of unknown length ended with the previous call (fit alike)
+            break
+        batch += ran
+        callbacks.on_test_batch_end(batch - 1, logs)
+        if ran < num_steps or model.stop_evaluating:
+            break
 
 
 def evaluate(

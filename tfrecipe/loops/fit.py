@@ -61,10 +61,12 @@ def run(
 
 def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
     data, detach = resident_fit.attach(model, data)  # a held split: fit runs its steps in-graph
+    validation_data, detach_validation = resident_fit.attach_evaluation(model, validation_data)
     try:
         _fit_data(model, data, validation_data, options, callbacks, initial_epoch, epochs)
     finally:
         detach()
+        detach_validation()
 
 
 def _fit_data(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
@@ -183,5 +185,9 @@ def evaluate(
 ) -> dict[str, float]:
     """The compiled loss and metrics of `model` on `data` (all of it, or `steps` batches);
     fit's objective is the compiled one (`objective` is for the custom loops)."""
-    results = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
+    data, detach = resident_fit.attach_evaluation(model, data)  # a held split: in one call
+    try:
+        results = model.evaluate(data, steps=steps, verbose=0, return_dict=True)
+    finally:
+        detach()
     return {name: float(value) for name, value in results.items()}

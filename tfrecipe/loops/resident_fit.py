@@ -9,6 +9,11 @@ input clock wraps it) in a `tf.range` loop, each on the next batch gathered from
 in the graph. Everything else is fit's: epochs, callbacks at each call's edges, metrics, logs,
 validation; the step counter the gather reads is the stream's (`ResidentTrain.start`: a restored
 run continues at its step).
+
+A held evaluation split (`HeldEval`: validation, test) is evaluated the same way: `evaluate` (and
+fit's validation) gets a one-batch stand-in, and `model.test_function` runs Keras' own
+`model.test_step` on every batch of the split in order in one graph loop: one call, every
+example once, the last batch short; the metrics' states sum as the streamed batches' do.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe.data.resident import ResidentIterator, ResidentTrain
+from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain
 
 
 def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
@@ -35,6 +40,44 @@ def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
         model.train_function = None  # another fit (streamed, or a new stream) traces its own
 
     return stand_in, detach
+
+
+def attach_evaluation(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
+    """(what `evaluate` is given, `detach`): for a held evaluation split a one-batch stand-in,
+    with `model.test_function` evaluating the whole split in one call until `detach()`; other
+    data as they are."""
+    if not isinstance(data, HeldEval):
+        return data, lambda: None
+    model.test_function = _test_function(model, data.held)
+    stand_in = tf.data.Dataset.from_tensors(data.first_batch())
+
+    def detach() -> None:
+        model.test_function = None  # another evaluation (streamed, another split) traces its own
+
+    return stand_in, detach
+
+
+def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
+    """`evaluate`'s `test_function(iterator)`: `model.test_step` on each batch of `held` in
+    order (the stand-in's iterator is not read), the last step's logs (evaluate reads the
+    metrics' totals after it)."""
+    strategy = model.distribute_strategy
+    step = model.test_step
+
+    def one_step(batch):
+        outputs = strategy.run(step, args=(batch,))
+        return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
+
+    one_step = tf.function(one_step, jit_compile=bool(model.jit_compile), reduce_retracing=True)
+
+    @tf.function
+    def evaluate_all():
+        outputs = one_step(held.batch_in_order(0))  # the loop's carried logs take its structure
+        for index in tf.range(1, held.layout.steps_per_pass):
+            outputs = one_step(held.batch_in_order(index))
+        return outputs
+
+    return lambda _unused_iterator: evaluate_all()
 
 
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:

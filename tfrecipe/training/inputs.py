@@ -40,8 +40,9 @@ class Inputs:
     """The distributed splits (validation and test may be None) and what the loop needs of them."""
 
     train: tf.distribute.DistributedDataset  # from the run's start step on
-    validation: tf.distribute.DistributedDataset | None
-    test: tf.distribute.DistributedDataset | None
+    # a held split (resident.HeldEval) beside a held training split
+    validation: tf.distribute.DistributedDataset | resident.HeldEval | None
+    test: tf.distribute.DistributedDataset | resident.HeldEval | None
     info: DatasetInfo
     steps_per_epoch: int
     # step -> the training data from that optimizer step on (fit's resume, a rollback)
@@ -120,6 +121,12 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
         return place(_Split(dataset, split, start, rows.get(split) if shard[1] == 1 else None))
 
     choice, held = _held_training(batches, ctx, splits, class_weight)  # pipeline.resident
+    evaluation, held_eval = _held_evaluation(batches, ctx, splits, choice)
+
+    def evaluated(dataset: tf.data.Dataset | None, *, split: str):
+        if split in held_eval:  # held beside the training split: one call evaluates it
+            return held_eval[split]
+        return distribute(dataset, split=split)
 
     def train_from(step: int) -> tf.distribute.DistributedDataset | resident.ResidentTrain:
         if held is not None:  # micro-batches: N per optimizer step with accumulation
@@ -128,14 +135,14 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
 
     return Inputs(
         train=train_from(start_step),
-        validation=distribute(splits.validation, split="validation"),
-        test=distribute(splits.test, split="test"),
+        validation=evaluated(splits.validation, split="validation"),
+        test=evaluated(splits.test, split="test"),
         info=splits.info,
         steps_per_epoch=batches.steps_per_epoch,
         train_from=train_from,
         class_weight=class_weight,
         splits=splits,
-        resident=choice.fields(),
+        resident={**choice.fields(), "evaluation": evaluation.fields()},
     )
 
 
@@ -151,6 +158,31 @@ def _held_training(batches: Batches, ctx: RunContext, splits: Splits, class_weig
         options=ctx.pipeline,
         finish=_batch_map(ctx.pipeline, class_weight),
         cpu_holds=ctx.plan.cpu_resident_pays,  # on a CPU: dense models (residency.CPU_HOLDS)
+    )
+
+
+def _held_evaluation(batches: Batches, ctx: RunContext, splits: Splits, training):
+    """The validation and test splits held beside a held training split (normalized as a
+    streamed evaluation batch is, unweighted), by name, or none where they stream; and why."""
+    info = splits.info
+    rows = {
+        "validation": (splits.validation, info.num_validation),
+        "test": (splits.test, info.num_test),
+    }
+    return resident.hold_evaluation(
+        resident.EvaluationRows(
+            resident.TrainingRows(splits.train, info.num_train),
+            {
+                name: resident.TrainingRows(*pair)
+                for name, pair in rows.items()
+                if pair[0] is not None
+            },
+            batches.global_batch,
+        ),
+        training,
+        strategy=batches.strategy,
+        options=ctx.pipeline,
+        finish=_batch_map(ctx.pipeline, None),
     )
 
 
