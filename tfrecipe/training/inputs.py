@@ -121,12 +121,8 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
         return place(_Split(dataset, split, start, rows.get(split) if shard[1] == 1 else None))
 
     choice, held = _held_training(batches, ctx, splits, class_weight)  # pipeline.resident
+    # validation and test held beside a held training split: one call evaluates each
     evaluation, held_eval = _held_evaluation(batches, ctx, splits, choice)
-
-    def evaluated(dataset: tf.data.Dataset | None, *, split: str):
-        if split in held_eval:  # held beside the training split: one call evaluates it
-            return held_eval[split]
-        return distribute(dataset, split=split)
 
     def train_from(step: int) -> tf.distribute.DistributedDataset | resident.ResidentTrain:
         if held is not None:  # micro-batches: N per optimizer step with accumulation
@@ -135,8 +131,8 @@ def build_inputs(batches: Batches, ctx: RunContext, *, start_step: int = 0) -> I
 
     return Inputs(
         train=train_from(start_step),
-        validation=evaluated(splits.validation, split="validation"),
-        test=evaluated(splits.test, split="test"),
+        validation=held_eval.get("validation") or distribute(splits.validation, split="validation"),
+        test=held_eval.get("test") or distribute(splits.test, split="test"),
         info=splits.info,
         steps_per_epoch=batches.steps_per_epoch,
         train_from=train_from,
