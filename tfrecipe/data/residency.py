@@ -11,7 +11,8 @@ holds there (after decoding, and after normalization when that runs once, before
 every replica that holds a copy, at most `RESIDENT_SHARE` of the device's memory and at most
 `RESIDENT_MAX_BYTES`. On a CPU it holds only for the dense models of CPU_HOLDS, whose steps are
 short, and streams for the others (CPU_STREAMS says why; `true` holds it there). Everything else
-streams through tf.data as before. The run's plan
+streams through tf.data as before. Beside a held training split the validation and test splits
+are held too where all three fit under the same cap (`evaluation`). The run's plan
 (`tfrecipe validate`) says what the config decides; summary.json's `resident` what the run chose
 and why, with the bytes.
 
