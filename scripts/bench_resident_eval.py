@@ -7,7 +7,7 @@ Both sides are the same job with its training split held (`pipeline.resident=aut
 dense models' on a CPU): `held` also holds its validation and test splits and evaluates each in
 one call (the default since this script's commit); `streamed` evaluates them through tf.data,
 batch by batch, as before (`residency.evaluation` answers "streamed" for that run). Rounds
-alternate the sides, so the machine's load falls on both; per side, the median over the rounds
+alternate the sides (and which runs first), so the machine's load falls on both; per side, the median over the rounds
 of summary.json's `wall_time_s`, `perf.wall_split.validation` (the steady epochs' share in
 validation) and `examples_per_sec`, and the test metrics (equal within float tolerance).
 """
@@ -52,8 +52,8 @@ def one_run(overrides: list[str], *, held: bool) -> dict:
 def compare(overrides: list[str], repeats: int) -> dict:
     """`repeats` rounds of (held, streamed); the medians per side and the held/streamed ratios."""
     runs: dict[str, list[dict]] = {"held": [], "streamed": []}
-    for _ in range(repeats):
-        for side in runs:
+    for round_ in range(repeats):  # the first side alternates: neither always runs first
+        for side in sorted(runs, reverse=bool(round_ % 2)):
             runs[side].append(one_run(overrides, held=side == "held"))
     result = {}
     for side, side_runs in runs.items():

@@ -18,6 +18,7 @@ example once, the last batch short; the metrics' states sum as the streamed batc
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,14 +62,7 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
     """`evaluate`'s `test_function(iterator)`: `model.test_step` on each batch of `held` in
     order (the stand-in's iterator is not read), the last step's logs (evaluate reads the
     metrics' totals after it)."""
-    strategy = model.distribute_strategy
-    step = model.test_step
-
-    def one_step(batch):
-        outputs = strategy.run(step, args=(batch,))
-        return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
-
-    one_step = tf.function(one_step, jit_compile=bool(model.jit_compile), reduce_retracing=True)
+    one_step = _test_step(model)
 
     @tf.function
     def evaluate_all():
@@ -78,6 +72,27 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
         return outputs
 
     return lambda _unused_iterator: evaluate_all()
+
+
+# Per model, its evaluation step (Keras' test_step on every replica), traced once: the test
+# split's evaluation then reuses the validation's trace.
+_TEST_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _test_step(model: keras.Model) -> Callable[[Any], Any]:
+    """`model.test_step` on each replica's share of a batch, the logs' mean over replicas."""
+    if model in _TEST_STEPS:
+        return _TEST_STEPS[model]
+    strategy = model.distribute_strategy
+    step = model.test_step
+
+    def one_step(batch):
+        outputs = strategy.run(step, args=(batch,))
+        return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
+
+    one_step = tf.function(one_step, jit_compile=bool(model.jit_compile), reduce_retracing=True)
+    _TEST_STEPS[model] = one_step
+    return one_step
 
 
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
