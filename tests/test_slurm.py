@@ -121,9 +121,12 @@ class Job:
     def wait_for_backup(self) -> None:
         """Until the chief has saved its first periodic backup (training is under way), however
         long a loaded machine takes; fails when the job ends without one."""
-        self.slurm.wait_while_running(
-            self.id, lambda: (self.run_dir / "backup" / "checkpoint").exists()
-        )
+        try:
+            self.slurm.wait_while_running(
+                self.id, lambda: (self.run_dir / "backup" / "checkpoint").exists()
+            )
+        except AssertionError as ended:  # say why: the job's own log
+            raise AssertionError(f"{ended}\n{self.log[-3000:]}") from None
 
     def finish(self, *states: str) -> dict[str, str]:
         """Waits for one of the final `states` (the job's own end, not a budget)."""
