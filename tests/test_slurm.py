@@ -169,9 +169,7 @@ def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
 def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
     job = Job(slurm, tmp_path)
     job.wait_for_backup()
-    # A job of the high-priority partition that needs the whole node preempts the training job.
-    slurm.run("sbatch", "--partition=high", f"--cpus-per-task={slurm_cluster.CPUS}",
-              f"--output={tmp_path}/high-%j.out", "--wrap=true")  # fmt: skip
+    slurm.preempt(tmp_path)  # a job of the high-priority partition needs the whole node
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), job.log[-3000:]
     saved = _saved_steps(job.log)
@@ -239,37 +237,27 @@ def test_a_preempted_submitit_sweep_job_is_requeued_and_resumes_at_the_saved_ste
     """hydra/launcher=submitit_slurm: the preemption's SIGUSR2 saves a backup, submitit requeues
     the job (hydra.launcher.max_num_timeout=1), and the requeued job resumes at that step."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    import subprocess
 
     sweep = tmp_path / "sweep"
     slow = ["+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
             "+callbacks.extra.slow.seconds=0.2", "allowed_targets=[helpers]"]  # fmt: skip
-    env = {
-        **slurm.env,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
-    }
-    with open(tmp_path / "driver.out", "w") as out:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "tfrecipe", "-m", "hydra/launcher=submitit_slurm",
-             "hydra.launcher.partition=low", f"hydra.launcher.cpus_per_task={slurm_cluster.CPUS}",
-             "hydra.launcher.timeout_min=10", "hydra.launcher.max_num_timeout=1",
-             f"hydra.sweep.dir={sweep}", "seed=1", *RUN, "logger.csv.every_n_steps=1", *slow],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    run_dir = sweep / "0"
-    try:
-        steps = run_dir / "steps.csv"
-        trained = lambda: steps.exists() and len(steps.read_text().splitlines()) > 6  # noqa: E731
-        slurm.wait(lambda: trained() or driver.poll() is not None, slurm_cluster.HUNG_S)
-        assert trained(), (tmp_path / "driver.out").read_text()[-3000:]  # the sweep ended
-        slurm.run("sbatch", "--partition=high", f"--cpus-per-task={slurm_cluster.CPUS}",
-                  f"--output={tmp_path}/high-%j.out", "--wrap=true")  # fmt: skip
-        driver.wait(timeout=slurm_cluster.HUNG_S)  # the sweep's own end
-    finally:
-        driver.kill()
-    logs = "".join(p.read_text(errors="replace") for p in sweep.glob(".submitit/*/*_log.*"))
-    assert driver.returncode == 0, (tmp_path / "driver.out").read_text()[-3000:] + logs[-3000:]
+    run_dir, logs = _preempted_sweep(
+        slurm,
+        tmp_path,
+        [
+            "-m",
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.partition=low",
+            f"hydra.launcher.cpus_per_task={slurm_cluster.CPUS}",
+            "hydra.launcher.timeout_min=10",
+            "hydra.launcher.max_num_timeout=1",
+            f"hydra.sweep.dir={sweep}",
+            "seed=1",
+            *RUN,
+            "logger.csv.every_n_steps=1",
+            *slow,
+        ],
+    )
     saved = _saved_steps(logs)
     assert len(saved) == 1 and 0 < saved[0] < TOTAL_STEPS, logs[-3000:]
     assert "preempted (SIGUSR2)" in logs and "Requeued job" in logs, logs[-3000:]
@@ -326,7 +314,6 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
     requeue; its trial is failed and retried, and the requeued task resumes it at that step."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     optuna = pytest.importorskip("optuna")
-    import subprocess
 
     sweep = tmp_path / "sweep"
     slow = [
@@ -334,11 +321,6 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
         "+callbacks.extra.slow.seconds=0.2",
         "allowed_targets=[helpers]",
     ]
-    env = {
-        **slurm.env,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
-    }
     sweep_args = [
         *("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1"),
         *("hydra/launcher=submitit_slurm", "hydra.launcher.partition=low"),
@@ -348,6 +330,30 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
         *RUN,
         *("logger.csv.every_n_steps=1", *slow),
     ]
+    run_dir, logs = _preempted_sweep(slurm, tmp_path, sweep_args)
+    saved = _saved_steps(logs)
+    assert len(saved) == 1 and 0 < saved[0] < TOTAL_STEPS, logs[-3000:]
+    assert "Requeued job" in logs, logs[-3000:]  # by submitit, once the worker had saved
+    study = optuna.load_study(study_name="tfrecipe", storage=f"sqlite:///{sweep / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"], logs[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["resumed_from_step"] == saved[0]
+    assert summary["steps_completed"] == TOTAL_STEPS
+
+
+def _preempted_sweep(slurm, tmp_path: Path, sweep_args: list[str]) -> tuple[Path, str]:
+    """Runs `python -m tfrecipe SWEEP_ARGS` (a submitit sweep into tmp_path/sweep), preempts
+    its first job once it has logged 6 steps, and waits for the sweep's own end. Returns that
+    job's run dir and the submitit logs."""
+    import subprocess
+
+    sweep = tmp_path / "sweep"
+    env = {
+        **slurm.env,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+    }
     with open(tmp_path / "driver.out", "w") as out:
         driver = subprocess.Popen(
             [sys.executable, "-m", "tfrecipe", *sweep_args],
@@ -362,24 +368,10 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
         trained = lambda: steps.exists() and len(steps.read_text().splitlines()) > 6  # noqa: E731
         slurm.wait(lambda: trained() or driver.poll() is not None, slurm_cluster.HUNG_S)
         assert trained(), (tmp_path / "driver.out").read_text()[-3000:]  # the sweep ended
-        slurm.run(
-            "sbatch",
-            "--partition=high",
-            f"--cpus-per-task={slurm_cluster.CPUS}",
-            f"--output={tmp_path}/high-%j.out",
-            "--wrap=true",
-        )
+        slurm.preempt(tmp_path)
         driver.wait(timeout=slurm_cluster.HUNG_S)  # the sweep's own end
     finally:
         driver.kill()
     logs = "".join(p.read_text(errors="replace") for p in sweep.glob(".submitit/*/*_log.*"))
     assert driver.returncode == 0, (tmp_path / "driver.out").read_text()[-3000:] + logs[-3000:]
-    saved = _saved_steps(logs)
-    assert len(saved) == 1 and 0 < saved[0] < TOTAL_STEPS, logs[-3000:]
-    assert "Requeued job" in logs, logs[-3000:]  # by submitit, once the worker had saved
-    study = optuna.load_study(study_name="tfrecipe", storage=f"sqlite:///{sweep / 'study.db'}")
-    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"], logs[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed"
-    assert summary["resumed_from_step"] == saved[0]
-    assert summary["steps_completed"] == TOTAL_STEPS
+    return run_dir, logs

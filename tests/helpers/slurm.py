@@ -112,6 +112,12 @@ class Cluster:
             raise RuntimeError(f"{' '.join(args)} exited {done.returncode}: {done.stderr}")
         return done.stdout.strip()
 
+    def preempt(self, where: Path) -> None:
+        """Submits a job of the high-priority partition that needs the whole node: it preempts
+        what runs there (its log in `where`)."""
+        high = ["--partition=high", f"--cpus-per-task={CPUS}", f"--output={where}/high-%j.out"]
+        self.run("sbatch", *high, "--wrap=true")
+
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (JobState, Restarts, ExitCode, ...)."""
         fields = {}
