@@ -101,3 +101,19 @@ def test_metric_updates_from_concurrent_workers_are_all_counted():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"count": 400 * 64, "total": 400 * 64}
+
+
+@pytest.mark.slow
+def test_concurrent_workers_train_distinct_batches_of_the_stream():
+    """Every worker gets its own copy of one seeded stream (create_per_worker_dataset): read
+    plainly, two workers trained each batch twice, at nearly the same weights (12 steps, 6
+    batches), an epoch saw half its data and each batch's step was applied twice. Each worker
+    now keeps its own every-n-th batch: no batch is trained twice."""
+    helper = Path(__file__).parent / "helpers" / "ps_batches.py"
+    done = subprocess.run(
+        [sys.executable, str(helper)], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])["batches"]
+    firsts = [first for _, first in steps]
+    assert len(steps) == 24 and len(set(firsts)) == 24, steps

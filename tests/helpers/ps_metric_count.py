@@ -23,12 +23,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def main() -> None:
-    spec = {role: [f"127.0.0.1:{_free_port()}" for _ in range(n)]
-            for role, n in (("chief", 1), ("worker", 2), ("ps", 1))}  # fmt: skip
+def cluster_strategy(workers: int = 2):
+    """tfrecipe's ParameterServerStrategy over `workers` worker servers and one parameter server
+    started in this process; returns (strategy, servers): they serve while referenced."""
+    roles = {"chief": 1, "worker": workers, "ps": 1}
+    spec = {role: [f"127.0.0.1:{_free_port()}" for _ in range(n)] for role, n in roles.items()}
     cluster = tf.train.ClusterSpec(spec)
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
-    servers = [  # noqa: F841 (they serve while referenced)
+    servers = [
         tf.distribute.Server(cluster, job_name=job, task_index=i, config=config, start=True)
         for job in ("worker", "ps")
         for i in range(len(spec[job]))
@@ -39,6 +41,11 @@ def main() -> None:
     strategy = build_strategy(
         ParameterServerStrategy(name="parameter_server"), cluster_resolver=resolver
     )
+    return strategy, servers
+
+
+def main() -> None:
+    strategy, _servers = cluster_strategy()  # the servers serve while referenced
     with strategy.scope():
         mean = keras.metrics.Mean()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
