@@ -30,13 +30,20 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.__init__",
     ),
     # the run dir: its files, how a run ends, the dtype policy; what each export format (a file
-    # of the run dir) can carry
-    ("tfrecipe.rundir", "tfrecipe.outcome", "tfrecipe.precision", "tfrecipe.config.export_limits"),
+    # of the run dir) can carry; where XLA keeps compiled programs (outside run dirs)
+    (
+        "tfrecipe.rundir",
+        "tfrecipe.outcome",
+        "tfrecipe.precision",
+        "tfrecipe.config.export_limits",
+        "tfrecipe.config.compile_cache",
+    ),
     # reading a config: Hydra's composition, the allow-listed instantiation, their checks
     (
         "tfrecipe.config.compose",
         "tfrecipe.config.instantiate",
         "tfrecipe.config.doors",
+        "tfrecipe.config.sink_sites",
         "tfrecipe.config.hydra_node",
         "tfrecipe.config.hydra_keys",
         "tfrecipe.config.checks",

@@ -468,9 +468,30 @@ def test_warm_up_splits_the_first_epochs_extra_time():
     assert clock.warm_up() is None  # no epochs yet
     clock.calls = [(0, 10, 2.0), (0, 10, 0.2), (1, 10, 0.1), (1, 10, 0.1)]
     clock._walls = [(3.0, 2.2, 0.5), (0.5, 0.2, 0.1)]  # (wall, calls, validation) per epoch
+    clock._tracing._spans = {"first_call": 1.2, "first_validation": 0.1}  # TensorFlow's counter
     assert clock.warm_up() == {
         "first_call": 1.9,  # 2.0 s against 10 steady steps of 10 ms
         "first_validation": 0.4,
+        "tracing": 1.3,  # of those two, Python traced into graphs
+        "compile": 1.0,  # the rest of those two: the programs built (with XLA, compiled)
         "first_epoch_rest": 0.2,
         "epoch_end": 0.2,
     }
+
+
+def test_the_first_calls_tracing_is_read_from_tensorflows_counter():
+    """compat.tracing_seconds moves by the time a tf.function takes to trace, and not when a
+    traced function runs again."""
+    import tensorflow as tf
+
+    from tfrecipe import compat
+
+    @tf.function
+    def doubled(x):
+        return x * 2
+
+    before = compat.tracing_seconds()
+    doubled(tf.constant(1.0))
+    traced = compat.tracing_seconds()
+    doubled(tf.constant(2.0))
+    assert traced > before and compat.tracing_seconds() == traced

@@ -24,20 +24,10 @@ What uses what:
 - `set_collective_key_base`: MirroredStrategy's collective keys (distribute/strategy.py).
 - `cache_saving_skipsets`: Keras' `saving_lib.get_attr_skipset`, cached (saves and loads).
 - `stop_preemption_watchers`: PreemptionCheckpointHandler's threads (fault/preemption.py).
+- `tracing_seconds`: TensorFlow's tracing counter (perf/clock.py: the first calls' tracing).
 
-Hydra's private API (`hydra._internal`, Hydra 1.3.8, pyproject.toml: >=1.3.2,<1.4) stays at its
-call sites: the command line imports it without TensorFlow, and this module imports TensorFlow.
-tests/test_compat.py checks those names too:
-- `hydra._internal.utils.get_args_parser` (cli/precheck.py, cli/train_command.py,
-  cli/commands.py): Hydra's own argv parser, so the CLI answers `--help` and validates a run
-  before Hydra starts it.
-- `hydra._internal.hydra.Hydra.create_main_hydra2`, `.compose_config`,
-  `hydra._internal.utils.create_automatic_config_search_path`,
-  `.detect_calling_file_or_module_from_task_function` (cli/sweeps.py `_hydra`): composes
-  a user's `--config-dir`/`--config-name` exactly as Hydra will.
-- `Hydra.format_args_help` (cli/commands.py `help_text`): Hydra's flags in `--help`.
-- the package `hydra._internal.core_plugins` (config/instantiate.py): Hydra's own plugins,
-  allowed as `hydra.*` targets.
+Hydra's private names stay at their call sites (the command line imports them without
+TensorFlow); tests/test_compat.py lists and checks them too.
 """
 
 from __future__ import annotations
@@ -498,3 +488,12 @@ def cache_saving_skipsets() -> None:
     lib = _private_import("keras.src.saving", "saving_lib", user="cache_saving_skipsets")
     original = _private(lib, "get_attr_skipset", user="cache_saving_skipsets")
     lib.get_attr_skipset = functools.cache(getattr(original, "__wrapped__", original))
+
+
+def tracing_seconds() -> float:
+    """Seconds tf.function spent tracing Python into graphs in this process (nested functions
+    counted once): TensorFlow's own counter `/tensorflow/core/tf_function/graph_building_time_usecs`
+    (TF 2.12-2.21), which no public API reads."""
+    module = "tensorflow.python.eager.polymorphic_function.tracing_compilation"
+    counter = _private_import(module, "_graph_building_time_counter", user="tracing_seconds")
+    return counter.get_cell().value() / 1e6

@@ -234,6 +234,8 @@ PAYLOADS = {
     ("hydra.sweep.dir", "secret"): (
         "hydra: {mode: MULTIRUN, sweep: {dir: 'out/s_${oc.env:HF_TOKEN}'}}\n", "hydra.sweep.dir"),
     ("pipeline.cache", "outside"): ("pipeline: {cache: /tmp/tfrecipe-probe-cache}\n", "pipeline.cache"),
+    ("batching.compile_cache", "outside"): (
+        "batching: {compile_cache: /tmp/tfrecipe-probe-xla}\n", "batching.compile_cache"),
     ("logger.mlflow.tracking_uri", "outside"): (
         "defaults: [{override /logger: [csv, mlflow]}]\n"
         "logger: {mlflow: {tracking_uri: 'http://203.0.113.9:5000'}}\n", "logger.mlflow.tracking_uri"),

@@ -130,6 +130,7 @@ class _Job:
 
         try:
             stop_if_signalled()
+            self._use_compile_cache()  # before TensorFlow lists its devices (it reads it then)
             discover_devices()  # imports TensorFlow: seconds
             stop_if_signalled()
             from tfrecipe.config.trust import Trust
@@ -141,6 +142,18 @@ class _Job:
             log.warning("%s\nrun dir: %s", preempted, self.run_dir)
             hand_over_to_submitit(preempted)  # a submitit job: requeued, and exits
             raise SystemExit(EXIT_PREEMPTED) from None
+
+    def _use_compile_cache(self) -> None:
+        """XLA's persistent cache (`batching.compile_cache`), decided from the devices read
+        without TensorFlow (the pre-check validated the config, the folder included)."""
+        from tfrecipe.perf import xla_cache
+
+        batching = self.cfg.batching
+        xla_cache.use(
+            batching.compile_cache,
+            jit_compile=batching.jit_compile,
+            devices=xla_cache.devices(self.cfg.strategy.name, os.environ),
+        )
 
     def _failed(self, error: Exception) -> float:
         """A sweep job's failure: recorded, and the sweep goes on unless `sweep.fail_fast`."""

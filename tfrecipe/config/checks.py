@@ -58,6 +58,8 @@ def config_problems(
 # paths.
 COMMAND_LINE_ONLY = {
     "pipeline.cache": (None, "memory", ""),
+    # XLA loads the programs it finds there: a folder only the command line may name.
+    "batching.compile_cache": ("auto", False),
     # A tracking server receives the config, every metric and the model: the default (null)
     # is a sqlite file in the run or sweep dir, else MLFLOW_TRACKING_URI, your environment's.
     "logger.mlflow.tracking_uri": (None, ""),

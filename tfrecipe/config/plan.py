@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tfrecipe.config import compile_cache
 from tfrecipe.config.run_sections import Logger, RunConfig
 from tfrecipe.data import residency
 
@@ -73,6 +74,8 @@ class RunPlan:
     training_data: str = ""
     requested_loop: str = "fit"
     strategy: str = "auto"
+    # whether XLA's persistent cache is used, as far as the config decides (config.compile_cache)
+    compile_cache: str = ""
 
     @classmethod
     def from_config(cls, run: RunConfig) -> RunPlan:
@@ -105,14 +108,9 @@ class RunPlan:
             else run.loop.steps_per_loop,
             one_step_per_call=_one_step_per_call(loop, run.logger),
             gradient_accumulation_steps=run.loop.gradient_accumulation_steps,
-            training_data=residency.plan_line(
-                run.pipeline.resident,
-                strategy=run.strategy.name,
-                cache=run.pipeline.cache,
-                cpu_holds=run.model.target in residency.CPU_HOLDS,
-            ),
             requested_loop=run.loop.name,
             strategy=run.strategy.name,
+            **_device_lines(run),
         )
 
     @property
@@ -218,6 +216,7 @@ class RunPlan:
             f"backups: {backups}; rollbacks on NaN/Inf: {rollbacks}",
             f"steps per call: {steps}; hook intervals (steps): {hooks}",
             *([self.training_data] if self.training_data else []),
+            *([self.compile_cache] if self.compile_cache else []),
         ]
 
 
@@ -227,6 +226,24 @@ _AUTO = {
     False: " (mixed_bfloat16 on a GPU or TPU that runs it natively; float32 for this model on a "
     "CPU, where bfloat16 pays for convolutional models only)",
 }
+
+
+def _device_lines(run: RunConfig) -> dict[str, str]:
+    """The plan's lines on what the devices decide within the config's bounds: where the
+    training data live, whether XLA caches its compiled programs."""
+    return {
+        "training_data": residency.plan_line(
+            run.pipeline.resident,
+            strategy=run.strategy.name,
+            cache=run.pipeline.cache,
+            cpu_holds=run.model.target in residency.CPU_HOLDS,
+        ),
+        "compile_cache": compile_cache.plan_line(
+            run.batching.compile_cache,
+            jit_compile=run.batching.jit_compile,
+            strategy=run.strategy.name,
+        ),
+    }
 
 
 def _hooks(logger: Logger, backup_every: int | None) -> dict[str, int]:

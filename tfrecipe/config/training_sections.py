@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from tfrecipe.config.compile_cache import path_problem
+
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -234,6 +236,21 @@ class Batching(Section):
     jit_compile: bool | Literal["auto"] = "auto"
     # BatchNormalization's training step on TensorFlow's fused kernel (tfrecipe.models.batch_norm)
     fused_batch_norm: bool = True
+    # XLA's persistent cache of compiled programs: auto | false | an absolute folder
+    # (tfrecipe.config.compile_cache; a folder from the command line only)
+    compile_cache: bool | str = "auto"
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _auto_false_or_folder(cls, value):
+        if value is False or value == "auto":
+            return value
+        problem = (
+            "expected auto, false or an absolute path" if value is True else path_problem(value)
+        )
+        if problem:
+            raise PydanticCustomError("compile_cache", problem)
+        return value
 
 
 class _OptimizerBase(Section):

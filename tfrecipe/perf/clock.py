@@ -24,6 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe import compat
+
 
 class InputClock:
     """Seconds each replica computed its steps (fit) or waited for its input (the custom loop),
@@ -164,6 +166,7 @@ class StepClock(keras.callbacks.Callback):
         self._walls: list[tuple[float, float, float]] = []
         self._epoch_began: float | None = None
         self._last_wait: list[float] | None = None  # the clock at the last epoch's end
+        self._tracing = _Tracing()  # TensorFlow's tracing in the first call and validation
 
     def on_train_begin(self, logs=None):
         self._last_wait = None  # a new fit (a rollback's) reads the clock afresh
@@ -180,11 +183,14 @@ class StepClock(keras.callbacks.Callback):
         self._epoch_wait = self._last_wait if self._last_wait is not None else self._wait()
 
     def on_test_begin(self, logs=None):
+        if self._epoch_began is not None and not self._walls:  # the first epoch's validation
+            self._tracing.begin("first_validation")
         self._test_began = time.perf_counter()
 
     def on_test_end(self, logs=None):
         if self._epoch_began is not None:  # validation inside an epoch, not the final test
             self._validation_seconds += time.perf_counter() - self._test_began
+            self._tracing.end("first_validation")
 
     def on_train_end(self, logs=None):
         self._close_epoch()
@@ -217,6 +223,11 @@ class StepClock(keras.callbacks.Callback):
         - `first_call`: the first training call beyond steady calls of as many steps (tracing
           the step; with XLA, compiling it);
         - `first_validation`: the first validation beyond a steady one (tracing evaluation);
+        - `tracing`: of those two, the time tf.function spent tracing Python into graphs
+          (TensorFlow's own counter, compat.tracing_seconds);
+        - `compile`: the rest of those two: building the programs from the graphs (with XLA,
+          compiling them or loading them from its persistent cache; else TensorFlow's graph
+          optimization and first kernel set-up);
         - `first_epoch_rest`: the rest of the first epoch's extra (its other calls' warm-up,
           the first epoch-end callbacks);
         - `epoch_end`: a steady epoch's time outside calls and validation (saving: best weights,
@@ -232,20 +243,28 @@ class StepClock(keras.callbacks.Callback):
         epoch_end = wall - calls - validation
         first_validation = self._walls[0][2] - validation
         rest = self._walls[0][0] - wall - first_call - first_validation
+        tracing = self._tracing.seconds()
+        first_call, first_validation = max(first_call, 0.0), max(first_validation, 0.0)
         parts = {
             "first_call": first_call,
             "first_validation": first_validation,
+            "tracing": tracing,
+            "compile": first_call + first_validation - tracing,
             "first_epoch_rest": rest,
             "epoch_end": epoch_end,
         }
         return {name: round(max(value, 0.0), 3) for name, value in parts.items()}
 
     def on_train_batch_begin(self, batch, logs=None):
+        if not self.calls:
+            self._tracing.begin("first_call")
         self._first_step = batch
         self._call_start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         seconds = time.perf_counter() - self._call_start
+        if not self.calls:
+            self._tracing.end("first_call")
         self.calls.append((self._epoch, batch + 1 - self._first_step, seconds))
         self._epoch_seconds += seconds
         if self._epoch_first is None and not self._epoch_training:
@@ -302,3 +321,23 @@ def _minus(after: list[float] | None, before: list[float] | None) -> list[float]
     if after is None or before is None:
         return None
     return [a - b for a, b in zip(after, before, strict=True)]
+
+
+class _Tracing:
+    """TensorFlow's tracing seconds inside named spans (each measured once: the first)."""
+
+    def __init__(self):
+        self._began: dict[str, float] = {}
+        self._spans: dict[str, float] = {}
+
+    def begin(self, span: str) -> None:
+        if span not in self._spans:
+            self._began[span] = compat.tracing_seconds()
+
+    def end(self, span: str) -> None:
+        began = self._began.pop(span, None)
+        if began is not None and span not in self._spans:
+            self._spans[span] = compat.tracing_seconds() - began
+
+    def seconds(self) -> float:
+        return sum(self._spans.values())

@@ -5,6 +5,7 @@ training began. Its fields: README, Where outputs go."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from tfrecipe.errors import ConfigError
 from tfrecipe.fault import disk, preemption
 from tfrecipe.models import batch_norm
 from tfrecipe.models.freeze import param_counts
+from tfrecipe.perf import xla_cache
 from tfrecipe.runs import RunDir
 from tfrecipe.training import performance
 
@@ -205,6 +207,7 @@ def how_it_runs(model: keras.Model, *, steps_per_call: int, task: cluster.Task) 
         "precision": keras.mixed_precision.global_policy().name,
         "steps_per_execution": steps_per_call,
         "jit_compile": bool(model.jit_compile),
+        "compile_cache": xla_cache.chosen(os.environ),  # XLA's persistent cache: the folder and why
         "fused_batch_norm": batch_norm.fused_layers(model),  # layers on the fused kernel
         "params": param_counts(model),  # trainable < total: model.freeze froze some
         "provenance": performance.run_provenance(task, model.distribute_strategy),
