@@ -13,11 +13,12 @@ before the first program runs. No TensorFlow here: the plan and `tfrecipe valida
   `config.checks.COMMAND_LINE_ONLY`).
 
 Programs compiled for one CPU can crash another (XLA:CPU warns of SIGILL on a mismatch), and the
-cache's file names do not say which device compiled them: every machine (CPU model and flags,
-accelerator, TensorFlow version) gets a subfolder of its own (`machine`). TensorFlow reads
-TF_XLA_FLAGS once, at its first XLA work (measured on 2.21: setting it after `import tensorflow`
-and before the first compile is enough), so the run sets it right after building its strategy.
-A TF_XLA_FLAGS that names a cache already is yours: kept as it is.
+cache's file names do not say which device compiled them: every machine (host, CPU model and
+flags, GPUs, TensorFlow version) gets a subfolder of its own (`machine`). TensorFlow reads
+TF_XLA_FLAGS once, when it first lists its devices (measured on 2.21: set after
+`tf.config.list_physical_devices()`, nothing is cached), so the training command decides before
+it imports TensorFlow (tfrecipe.perf.xla_cache). A TF_XLA_FLAGS that names a cache already is
+yours: kept as it is.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from pathlib import Path
 
 ENV = "TF_XLA_FLAGS"
 FLAG = "--tf_xla_persistent_cache_directory"
-# Why `auto` leaves it off on a CPU (docs/benchmarks.md, "A tenth pass"): the default CNN's first
-# call took as long with the programs loaded from the cache, and XLA:CPU logs two error lines per
-# program it loads (its build's target features against the host's).
+# Why `auto` leaves it off on a CPU, though it pays there too (docs/benchmarks.md, "A tenth
+# pass": the default CNN's second run spent 0.53x the first's CPU seconds): XLA:CPU's loader logs
+# three error lines per program it loads (a text-format parse it falls back from, and "could
+# lead to execution errors such as SIGILL" for two target features its build names), which a
+# user would take for a failure. jit_compile=auto never compiles on a CPU anyway.
 CPU_OFF = (
-    "measured: loading XLA:CPU's programs saved no time on the default CNN, and its loader logs "
-    "two error lines per program"
+    "XLA:CPU's loader logs three error lines per program it loads; measured, the second run "
+    "still spent 0.53x the first's CPU seconds"
 )
 # Strategies under which Keras' jit_compile=auto compiles: the default (no tf.distribute scope).
 _AUTO_JIT_STRATEGIES = ("default",)
