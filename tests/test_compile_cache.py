@@ -110,6 +110,8 @@ def test_the_run_makes_its_folder_for_this_user_only(tmp_path, monkeypatch):
     assert (choice.directory.stat().st_mode & 0o777) == 0o700
     assert os.environ["TF_XLA_FLAGS"] == f"--tf_xla_persistent_cache_directory={choice.directory}"
     assert xla_cache.chosen(os.environ)["directory"] == str(choice.directory)
+    # this test process imported TensorFlow before: the choice says the flag may come too late
+    assert "TensorFlow was loaded before" in choice.reason
 
 
 def test_the_devices_are_read_without_tensorflow(monkeypatch):

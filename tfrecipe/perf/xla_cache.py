@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
@@ -25,6 +26,7 @@ from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.perf import provenance
 
 log = logging.getLogger("tfrecipe")
+_LATE = "TensorFlow was loaded before: if it listed its devices, it read TF_XLA_FLAGS without it"
 _in_use: Choice | None = None  # what this process's XLA was told (TF reads it once)
 _chosen: Choice | None = None  # the last run's choice, on or off (summary.json)
 
@@ -51,6 +53,8 @@ def use(setting: str | bool, *, jit_compile: bool | str, devices: Devices) -> Ch
         _make_private(choice.directory, setting)
         flags = compile_cache.flags_with(os.environ.get(compile_cache.ENV, ""), choice.directory)
         os.environ[compile_cache.ENV] = flags
+        if "tensorflow" in sys.modules:  # loaded by a caller: it may have read the flag already
+            choice = Choice(choice.directory, f"{choice.reason} ({_LATE})")
         _in_use = choice
     log.info("compile cache: %s%s", choice.reason, _where(choice.directory))
     _chosen = choice
