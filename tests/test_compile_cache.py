@@ -58,6 +58,15 @@ def test_a_cache_your_tf_xla_flags_names_is_kept_and_other_flags_stay():
     assert _choose("auto", True, GPU).directory == Path.home() / ".cache/tfrecipe/xla/m1"
 
 
+def test_a_resumed_run_may_change_its_cache_folder_or_predate_the_key():
+    from tfrecipe.config.changes import changed_keys
+
+    older = {"batching": {"jit_compile": True}}
+    now = {"batching": {"jit_compile": True, "compile_cache": "/elsewhere/xla"}}
+    assert changed_keys(older, now) == []
+    assert changed_keys(older, {"batching": {"jit_compile": False}}) == ["batching.jit_compile"]
+
+
 def _problem(*overrides: str) -> str:
     from tfrecipe.config.compose import compose
     from tfrecipe.config.schema import validate

@@ -45,6 +45,8 @@ RESUMABLE = (
     "model.init_from",  # a resumed run restores its own backup, never init_from
     "baseline",  # fitted beside the model, from the data alone
     "loop.lr_find",  # a sweep whose model is put back: the saved state means the same
+    # where XLA keeps compiled programs (another machine's folder; absent from older runs)
+    "batching.compile_cache",
 )
 
 _SHOWN = 4  # changed keys named in the one line (and how many more)
