@@ -35,7 +35,7 @@ def _choose(setting, jit_compile, devices, **environment):
         ("auto", "auto", TWO_GPUS, False, "off under a tf.distribute strategy"),
         ("auto", "auto", CPU, False, "off on a CPU"),
         ("auto", True, CPU, False, "off on a CPU (XLA:CPU's loader logs"),
-        ("auto", False, GPU, False, "nothing compiles with XLA"),
+        ("auto", False, GPU, False, "nothing compiles with XLA (batching.jit_compile=false)"),
         (False, True, GPU, False, "compile_cache=false"),
         ("/srv/xla", True, CPU, True, "compile_cache=/srv/xla: on, batching.jit_compile=true"),
     ],

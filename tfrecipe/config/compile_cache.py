@@ -108,14 +108,17 @@ def choose(
         return Choice(None, f"{ENV} names XLA's cache already (kept as it is)")
     why = xla_compiles(jit_compile, devices)
     if why is None:
-        return Choice(None, f"{key}={setting}: off, nothing compiles with XLA ({_no_xla(devices)})")
+        why_not = _no_xla(jit_compile, devices)
+        return Choice(None, f"{key}={setting}: off, nothing compiles with XLA ({why_not})")
     if setting == "auto" and devices.kinds <= {"CPU"}:
         return Choice(None, f"{key}=auto: off on a CPU ({CPU_OFF}); name a folder to use it")
     root = default_root(environment) if setting == "auto" else Path(str(setting))
     return Choice(root / machine, f"{key}={setting}: on, {why}")
 
 
-def _no_xla(devices: Devices) -> str:
+def _no_xla(jit_compile: bool | str, devices: Devices) -> str:
+    if jit_compile is False:
+        return "batching.jit_compile=false"
     if devices.kinds <= {"CPU"}:
         return "jit_compile=auto is off on a CPU"
     return "jit_compile=auto is off under a tf.distribute strategy"
