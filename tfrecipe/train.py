@@ -197,7 +197,7 @@ def _start_summary(
     summary.update(summaries.options_used(built.phases, built.warm, built.data.class_weight))
     summary.update(summaries.about_data(ctx.task, built.splits.info))
     summary.update(resident=built.data.resident)  # pipeline.resident: chosen, and why
-    log.info("training data: %s", built.data.resident["reason"])
+    summaries.log_choices(summary)  # where the training data live, XLA's compile cache
     if built.resumed:
         step = built.resumed.step
         rollbacks = built.policy.resume_rollbacks(model, home.shared, step)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ from tfrecipe.config.compile_cache import Choice, Devices
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.perf import provenance
 
-log = logging.getLogger("tfrecipe")
 _LATE = "TensorFlow was loaded before: if it listed its devices, it read TF_XLA_FLAGS without it"
 _in_use: Choice | None = None  # what this process's XLA was told (TF reads it once)
 _chosen: Choice | None = None  # the last run's choice, on or off (summary.json)
@@ -56,13 +54,8 @@ def use(setting: str | bool, *, jit_compile: bool | str, devices: Devices) -> Ch
         if "tensorflow" in sys.modules:  # loaded by a caller: it may have read the flag already
             choice = Choice(choice.directory, f"{choice.reason} ({_LATE})")
         _in_use = choice
-    log.info("compile cache: %s%s", choice.reason, _where(choice.directory))
-    _chosen = choice
+    _chosen = choice  # said in the run's log once its run dir is its own (summary.log_choices)
     return choice
-
-
-def _where(directory: Path | None) -> str:
-    return "" if directory is None else f" ({directory})"
 
 
 def _make_private(directory: Path, setting: str | bool) -> None:

@@ -5,6 +5,7 @@ training began. Its fields: README, Where outputs go."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -23,6 +24,8 @@ from tfrecipe.models.freeze import param_counts
 from tfrecipe.perf import xla_cache
 from tfrecipe.runs import RunDir
 from tfrecipe.training import performance
+
+log = logging.getLogger("tfrecipe")
 
 
 class RunSummary:
@@ -198,6 +201,16 @@ def ensemble_fields(recorded: dict[str, Any], *, seeds: int, run_dir: Path) -> d
         "wall_time_s": None,
         "run_dir": str(run_dir.resolve()),
     }
+
+
+def log_choices(summary: Mapping[str, Any]) -> None:
+    """The run's lines on what it chose where a reader asks: where its training data live and
+    whether XLA caches its programs (logged once the run dir is the run's: a run refused before
+    leaves no log there)."""
+    log.info("training data: %s", summary["resident"]["reason"])
+    cache = summary["compile_cache"]
+    where = f" ({cache['directory']})" if cache["directory"] else ""
+    log.info("compile cache: %s%s", cache["reason"], where)
 
 
 def how_it_runs(model: keras.Model, *, steps_per_call: int, task: cluster.Task) -> dict[str, Any]:
