@@ -204,13 +204,13 @@ def ensemble_fields(recorded: dict[str, Any], *, seeds: int, run_dir: Path) -> d
 
 
 def log_choices(summary: Mapping[str, Any]) -> None:
-    """The run's lines on what it chose where a reader asks: where its training data live and
-    whether XLA caches its programs (logged once the run dir is the run's: a run refused before
-    leaves no log there)."""
+    """The run's lines on what it chose where a reader asks: where its training data live and,
+    where XLA caches its programs, in which folder (summary.json says why not otherwise). Logged
+    once the run dir is the run's: a run refused before leaves no log there."""
     log.info("training data: %s", summary["resident"]["reason"])
     cache = summary["compile_cache"]
-    where = f" ({cache['directory']})" if cache["directory"] else ""
-    log.info("compile cache: %s%s", cache["reason"], where)
+    if cache["directory"]:
+        log.info("compile cache: %s (%s)", cache["reason"], cache["directory"])
 
 
 def how_it_runs(model: keras.Model, *, steps_per_call: int, task: cluster.Task) -> dict[str, Any]:
