@@ -168,12 +168,15 @@ def run_job(name: str, rounds: int) -> dict:
     return {
         "job": name,
         "load": [round(load, 1), round(os.getloadavg()[0], 1)],
-        "steps_per_call": summary["steps_per_execution"],
+        "steps_per_call": steps,
         "us_per_step": kept["measured"],
         "hooks_us_per_epoch": hooks,
+        # None where fit made no resident call: a streamed split, or the custom loop
         "fit_call_us_per_step": round(
             statistics.median(fit_calls[5 * len(fit_calls) // epochs :]) * 1e6 / steps, 1
-        ),
+        )
+        if fit_calls
+        else None,
         "fit_us_per_step": round(
             summary["global_batch_size"] / summary["examples_per_sec"] * 1e6, 1
         ),
