@@ -80,6 +80,27 @@ def test_settle_summary_marks_a_killed_run_at_its_last_backup(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "preempted"}
 
 
+def test_only_task_0_judges_and_saves_hydra_files_in_the_shared_run_dir(monkeypatch, tmp_path):
+    """Every task of a step pre-checks the run dir they share; a task whose Hydra started first
+    must not make it look like another program's to the chief (`.hydra/` but no summary.json)."""
+    from tfrecipe.cli.precheck import Invocation, precheck
+    from tfrecipe.errors import ConfigError
+
+    monkeypatch.setattr(os, "environ", {**os.environ, **SLURM_JOB})  # precheck exports trust
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)  # another task's Hydra, or the user's
+    argv = ["strategy=multi_worker_mirrored", "cluster=slurm", f"hydra.run.dir={run_dir}"]
+    pinned = precheck(argv, Invocation())  # task 1: the chief judges; this one saves no .hydra/
+    assert pinned[-1] == "hydra.output_subdir=null" and str(run_dir) in pinned[-2]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra"]
+
+    os.environ["SLURM_PROCID"] = "0"  # the chief finds .hydra/ with no run beside it: refused
+    with pytest.raises(ConfigError, match="holds .hydra/ but no summary.json"):
+        precheck(argv, Invocation())
+    (run_dir / ".hydra").rmdir()
+    assert "hydra.output_subdir=null" not in precheck(argv, Invocation())  # it saves the run's
+
+
 # --- a real SLURM cluster ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):

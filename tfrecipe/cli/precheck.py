@@ -58,19 +58,20 @@ def precheck(argv: list[str], invocation: Invocation) -> list[str]:
     if not (args.multirun or args.config_path or args.config_dir or args.config_name):
         cfg = compose(args.overrides, return_hydra_config=True)
         if OmegaConf.select(cfg, "hydra.mode") != RunMode.MULTIRUN:  # a config file's sweep
-            run_dir = _check_single_run(cfg, trust, invocation)
-            # Pin the directory just checked (`${now:...}` would otherwise be evaluated again).
-            return [*argv, f"hydra.run.dir={_quote(str(run_dir))}"]
+            return [*argv, *_check_single_run(cfg, trust, invocation)]
     # each job validates itself again, with this trust
     return _pin_sweep_dir(args, argv, _check_hydra_configs(args, trust), invocation)
 
 
-def _check_single_run(cfg, trust, invocation: Invocation) -> Path:
-    """Validates a single run's config and holds its run dir. Returns that dir."""
+def _check_single_run(cfg, trust, invocation: Invocation) -> list[str]:
+    """Validates a single run's config and holds its run dir. Returns the overrides that pin
+    it: the dir just checked (`${now:...}` would otherwise be evaluated again), and for a task
+    of a cluster other than its chief, no `.hydra/` of its own (the chief's Hydra saves the
+    run's: tasks that start first would otherwise make the shared dir look like another's)."""
     from omegaconf import OmegaConf
 
     from tfrecipe.config.schema import validate
-    from tfrecipe.distribute.cluster import check_environment
+    from tfrecipe.distribute.cluster import check_environment, is_chief_task
 
     run = validate(cfg, trust=trust)
     if not OmegaConf.select(cfg, "hydra.job.chdir", default=False):  # else paths are the job's
@@ -79,8 +80,10 @@ def _check_single_run(cfg, trust, invocation: Invocation) -> Path:
     check_environment(run.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = _configured_run_dir(cfg)
     invocation.run_dir, invocation.run_dir_existed = run_dir, run_dir.exists()
-    invocation.made_manifest = _hold_run_dir(run_dir, cfg, run)
-    return run_dir
+    chief = is_chief_task(run.cluster)
+    invocation.made_manifest = _hold_run_dir(run_dir, cfg, run, chief=chief)
+    pins = [f"hydra.run.dir={_quote(str(run_dir))}"]
+    return pins if chief else [*pins, "hydra.output_subdir=null"]
 
 
 def _check_table_columns(dataset) -> None:
@@ -108,29 +111,31 @@ def _configured_run_dir(cfg) -> Path:
     return run_dir
 
 
-def _hold_run_dir(run_dir: Path, cfg, run) -> bool:
+def _hold_run_dir(run_dir: Path, cfg, run, *, chief: bool) -> bool:
     """Locks the run dir, checks it is fresh (or resumable, unchanged) and claims Hydra's files
-    there. Returns whether this invocation began the dir's manifest."""
+    there. `chief`: this process writes the run dir (not another task of its cluster). Returns
+    whether this invocation began the dir's manifest."""
     from omegaconf import OmegaConf
 
-    from tfrecipe.distribute.cluster import is_chief_process
     from tfrecipe.fault.preemption import stop_if_signalled
     from tfrecipe.outcome import ensure_fresh_run_dir
     from tfrecipe.rundir import RunFiles
 
     if run.cluster.name in ("none", "local") or (
-        run.cluster.name in ("tf_config", "k8s") and is_chief_process()
+        run.cluster.name in ("tf_config", "k8s") and chief
     ):  # the one process of the run (the launcher for local); a SLURM chief locks in train()
         RunFiles(run_dir).lock()  # before judging it: the run there may end meanwhile
     # Only the chief judges the shared run dir: another worker may look after the chief has
     # begun writing it.
-    ensure_fresh_run_dir(run_dir, resume=run.resume if is_chief_process() else "auto")
-    if is_chief_process():
-        from tfrecipe.config.changes import Resuming, check_resume_unchanged
-        from tfrecipe.rundir import public_config
+    ensure_fresh_run_dir(run_dir, resume=run.resume if chief else "auto")
+    if not chief:
+        stop_if_signalled()
+        return False  # writes nothing there before train(), not even `.hydra/`
+    from tfrecipe.config.changes import Resuming, check_resume_unchanged
+    from tfrecipe.rundir import public_config
 
-        job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-        check_resume_unchanged(run_dir, public_config(job), Resuming.of(run))
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    check_resume_unchanged(run_dir, public_config(job), Resuming.of(run))
     stop_if_signalled()  # a signal while it started: recorded in the run dir now held
     return _claim_hydra_files(run_dir)  # every check passed: Hydra writes there next
 

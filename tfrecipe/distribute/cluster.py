@@ -397,6 +397,16 @@ def is_chief_process(environ: Mapping[str, str] | None = None) -> bool:
         return True  # no (valid) cluster: a single process is its own chief
 
 
+def is_chief_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process writes the run directory of a run on the `spec` cluster, judged
+    before TensorFlow: a SLURM step's task 0 (TensorFlow's SlurmClusterResolver makes every task
+    a worker, the first one the chief), else as TF_CONFIG says (`is_chief_process`)."""
+    environ = os.environ if environ is None else environ
+    if spec.name == "slurm":
+        return environ.get("SLURM_PROCID", "0") == "0"
+    return is_chief_process(environ)
+
+
 # Worker servers of an in-process-scheduled cluster deadlock on a 2-core machine with TensorFlow's
 # default inter-op pool (measured; docs/strategies.md, `cluster=local`): give them at least this many threads.
 WORKER_INTER_OP_THREADS = 4
