@@ -308,6 +308,21 @@ def test_default_run_reports_where_its_time_goes(train_run):
     assert (ran["hosts"], ran["replicas"], ran["gpus"], ran["cluster"]) == (1, 1, [], None)
 
 
+def test_a_held_split_waits_only_on_its_gather(train_run):
+    """fit on a held split stamps the in-graph gather itself (tfrecipe.loops.resident_fit), each
+    read after the last step ended: the MLP's wait is its input's, not the call's around its
+    steps, so it is not called input-bound; streamed, fit's `get_next` per step is its input,
+    and the same job is."""
+    common = ("model=mlp", "loop.epochs=3", "loop.verbose=0")
+    held, _ = train_run(*common, "pipeline.resident=true", tiny=False)
+    streamed, _ = train_run(*common, "pipeline.resident=false", tiny=False)
+    assert held["resident"]["resident"] and not streamed["resident"]["resident"]
+    wait = held["perf"]["input_wait_fraction"]
+    assert wait < report.INPUT_BOUND < streamed["perf"]["input_wait_fraction"], (held, streamed)
+    assert "input-bound" not in (held["perf"]["diagnosis"] or "")
+    assert "input-bound" in streamed["perf"]["diagnosis"]
+
+
 def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
     """strategy.intra_op_threads: auto runs each op on one thread on a machine of at most 2
     cores (TensorFlow's default, every core, elsewhere); a number is set as given. Both apply

@@ -143,14 +143,7 @@ def _make_train_function(
 
 def _reader(clock: InputClock | None) -> Callable[[Any], Any]:
     """`next`, or with a `clock` a `next` it times."""
-    if clock is None:
-        return next
-    clock.measuring = "waited"
-
-    def read(iterator):
-        return clock.timed_next(lambda: next(iterator))
-
-    return read
+    return next if clock is None else clock.reader()
 
 
 def _test_step(model: keras.Model, objective: Objective) -> Callable[[Any], None]:

@@ -2,12 +2,14 @@
 
 - Step time: the wall time of each `tf.function` call (the batch hooks around it, as fit and
   the custom loop call them), divided by the steps it ran.
-- Input wait: seconds the steps waited on their input, stamped in the graph. In fit, the step
-  (`model.train_step`, replica context) stamps when its batch has arrived and when its weights
-  were updated; the calls' time outside their steps is the wait (for input, and for the loop
-  around the steps; measured: a metrics-only end stamp would come after the forward pass and
-  count the backward pass as waiting). In the custom loop the graph stamps `next(iterator)`
-  itself. Per replica: each replica keeps its own sum (a sync-on-read variable, read locally,
+- Input wait: seconds the steps waited on their input, stamped in the graph. In fit on a
+  streamed split, the step (`model.train_step`, replica context) stamps when its batch has
+  arrived and when its weights were updated; the calls' time outside their steps is the wait
+  (for input, and for the loop around the steps; measured: a metrics-only end stamp would come
+  after the forward pass and count the backward pass as waiting). In the custom loop, and in fit
+  on a held split (tfrecipe.loops.resident_fit: no `get_next`, so no Keras loop around each
+  step), the graph stamps `next(iterator)` itself: the wait is the input's own, and a call's
+  other time outside its steps is the loop's, counted in the step time, not as waiting. Per replica: each replica keeps its own sum (a sync-on-read variable, read locally,
   no collective, so any worker of a cluster can read its own).
 
 Both count the steady state only: the epochs after the first (the first traces the graph), or
@@ -82,6 +84,16 @@ class InputClock:
             with tf.device(value.device):
                 value.assign_add(waited)
         return batch
+
+    def reader(self) -> Callable[[Any], Any]:
+        """`next(iterator)` timed by `timed_next`; what the clock sums from now on is the wait
+        (the custom loop; fit on a held split, whose input is the gather in the graph)."""
+        self.measuring = "waited"
+
+        def read(iterator):
+            return self.timed_next(lambda: next(iterator))
+
+        return read
 
     def seconds(self) -> list[float]:
         """Each local replica's sum so far (no collective: read on this worker only)."""
