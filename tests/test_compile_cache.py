@@ -21,9 +21,17 @@ TPU = Devices(frozenset({"TPU"}), distributed=False)
 
 
 def _choose(setting, jit_compile, devices, **environment):
-    return compile_cache.choose(
-        setting, jit_compile=jit_compile, devices=devices, machine="m1", environment=environment
+    asked = []
+
+    def machine():  # read only for a folder in use (a run start pays milliseconds for it)
+        asked.append(True)
+        return "m1"
+
+    choice = compile_cache.choose(
+        setting, jit_compile=jit_compile, devices=devices, machine=machine, environment=environment
     )
+    assert bool(asked) == (choice.directory is not None), choice
+    return choice
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ENV = "TF_XLA_FLAGS"
@@ -89,7 +89,7 @@ def choose(
     *,
     jit_compile: bool | str,
     devices: Devices,
-    machine: str,
+    machine: Callable[[], str],
     environment: Mapping[str, str],
 ) -> Choice:
     """Whether XLA's persistent cache is used, in which folder, and why.
@@ -98,7 +98,9 @@ def choose(
       setting: `batching.compile_cache` (auto, false or an absolute path).
       jit_compile: `batching.jit_compile` (true, false or auto).
       devices: what the run computes on.
-      machine: this machine's key (its subfolder: programs of one machine only).
+      machine: gives this machine's key (its subfolder: programs of one machine only), asked
+        only where the cache is on (reading it costs milliseconds: the CPU, GPUs, TensorFlow's
+        version).
       environment: the process's environment (TF_XLA_FLAGS, XDG_CACHE_HOME).
     """
     key = "batching.compile_cache"
@@ -113,7 +115,7 @@ def choose(
     if setting == "auto" and devices.kinds <= {"CPU"}:
         return Choice(None, f"{key}=auto: off on a CPU ({CPU_OFF}); name a folder to use it")
     root = default_root(environment) if setting == "auto" else Path(str(setting))
-    return Choice(root / machine, f"{key}={setting}: on, {why}")
+    return Choice(root / machine(), f"{key}={setting}: on, {why}")
 
 
 def _no_xla(jit_compile: bool | str, devices: Devices) -> str:

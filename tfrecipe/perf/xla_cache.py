@@ -44,7 +44,7 @@ def use(setting: str | bool, *, jit_compile: bool | str, devices: Devices) -> Ch
         setting,
         jit_compile=jit_compile,
         devices=devices,
-        machine=machine_key(),
+        machine=machine_key,
         environment=os.environ,
     )
     if choice.directory is not None:
