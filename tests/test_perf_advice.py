@@ -38,3 +38,15 @@ def test_a_run_that_applies_every_remedy_is_told_none():
                         steps_per_epoch=10, per_replica_batch=16, prefetches=True)  # fmt: skip
     line = report.diagnosis(0.97, done, step_ms=5.0)
     assert line == "input-bound: the steps waited on input 97% of the training time"
+
+
+def test_a_held_split_is_not_told_to_tune_a_pipeline_it_does_not_have():
+    """A split held on the device (pipeline.resident) is read once: its wait is the gather, so
+    caching, a parallel map or prefetching would change nothing; a larger batch would."""
+    streamed = report.Knobs(steps_per_call=10, steps_per_epoch=10, per_replica_batch=32)
+    held = report.Knobs(steps_per_call=10, steps_per_epoch=10, per_replica_batch=32, held=True)
+    told = report.diagnosis(0.3, streamed, step_ms=0.3)
+    assert "pipeline.cache=memory" in told and "num_parallel_calls" in told
+    line = report.diagnosis(0.3, held, step_ms=0.3)
+    assert line.startswith("input-bound") and "per_replica_batch_size=64" in line
+    assert not [word for word in ("pipeline.cache", "parallel", "prefetch") if word in line]

@@ -34,6 +34,7 @@ class Knobs:
     per_replica_batch: int | None = None
     validation_freq: int | None = None  # loop.validation_freq
     prefetches: bool | None = None  # the input ends in a prefetch (tfrecipe's always does)
+    held: bool = False  # the training split is held on the device: no tf.data pipeline to tune
 
 
 def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
@@ -46,12 +47,8 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
             f"a larger batch (batching.per_replica_batch_size{larger}: a {step_ms:.2g} ms step "
             "is mostly the work around it)"
         )
-    if knobs.cache is None:
-        tried.append("pipeline.cache=memory (data that fits in memory)")
-    if knobs.num_parallel_calls != "autotune":
-        tried.append("a parallel map (pipeline.num_parallel_calls=autotune)")
-    if not knobs.prefetches:
-        tried.append("prefetching in your dataset")
+    if not knobs.held:  # a held split is read once: its wait is the gather in the graph
+        tried += _pipeline_remedies(knobs)
     whole_epoch_calls = (
         knobs.steps_per_call is not None
         and knobs.steps_per_epoch is not None
@@ -72,6 +69,18 @@ def remedies(knobs: Knobs, step_ms: float | None = None) -> list[str]:
         tried.append(
             "fewer per-step Python hooks (logger.csv.every_n_steps, callbacks.backup.every_n_steps)"
         )
+    return tried
+
+
+def _pipeline_remedies(knobs: Knobs) -> list[str]:
+    """What to try on a streamed input's tf.data pipeline."""
+    tried = []
+    if knobs.cache is None:
+        tried.append("pipeline.cache=memory (data that fits in memory)")
+    if knobs.num_parallel_calls != "autotune":
+        tried.append("a parallel map (pipeline.num_parallel_calls=autotune)")
+    if not knobs.prefetches:
+        tried.append("prefetching in your dataset")
     return tried
 
 

@@ -209,6 +209,7 @@ def measurer(
         bounded_by=plan.call_bounds(inputs.steps_per_epoch) if inputs.steps_per_epoch else (),
         validation_freq=validation_freq,
         prefetches=True,  # tfrecipe.data.distribute ends every input in a prefetch
+        held=bool((inputs.resident or {}).get("resident")),
     )
     measured = performance.Measured(
         element_spec=getattr(inputs.train, "element_spec", None),  # parameter servers: none
