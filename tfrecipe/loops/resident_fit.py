@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain
-from tfrecipe.perf.clock import InputClock
+from tfrecipe.perf.clock import InputClock, ready_stamped
 
 
 def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
@@ -101,34 +101,38 @@ def _on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[An
 
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
     """fit's `train_function(iterator)`: `model.steps_per_execution` steps on `iterator`'s
-    batches (fit's own iterator, the stand-in's, is not read), the last step's logs."""
+    batches (fit's own iterator, the stand-in's, is not read), the last step's logs. Each batch
+    is gathered while the step before it runs (`_Reads`)."""
     step, steps = model.train_step, int(model.steps_per_execution)
     clock = getattr(step, "_tfrecipe_clock", None)
-    if clock is not None:  # the input clock stamps the gather itself, not the step's edges
+    if clock is not None:  # the input clock stamps the reads itself, not the step's edges
         step = step.__wrapped_step__
-    read, ended = _reader(iterator, clock)
-    one_step = _on_replicas(model, step)
+    reads, one_step = _Reads(iterator, clock), _on_replicas(model, step)
 
     @tf.function
-    def run_steps(count, outputs):
+    def run_steps(count, outputs):  # count >= 1
         # every step inside the loop: a step of its own beside it cost 6 ms a call on the tables
-        last_end = ended()
-        for _ in tf.range(count):
-            outputs = one_step(read(last_end))
-            last_end = ended()
-        return outputs
+        ended = reads.now()
+        batch, ready = reads.next(after=ended)  # the call's first batch: nothing read ahead
+        for _ in tf.range(count - 1):
+            upcoming, upcoming_ready = reads.next(after=ready)  # gathered during this step
+            reads.waited(ready, ended)
+            outputs = one_step(batch)
+            ended = reads.now(after=outputs)
+            batch, ready = upcoming, upcoming_ready
+        reads.waited(ready, ended)
+        return one_step(batch)
 
     @tf.function
     def first_step():  # its trace builds the metrics; in a graph, as the loop's: one step trace
-        return one_step(read(ended()))
+        return one_step(reads.next(after=reads.now())[0])
 
     last: list = []
 
     def train_function(_unused_iterator):
-        if last:
-            outputs = run_steps(tf.constant(steps), last[0])
-        else:  # the loop is traced in the first call too
-            outputs = run_steps(tf.constant(steps - 1), first_step())
+        outputs, count = (last[0], steps) if last else (first_step(), steps - 1)
+        if count:  # the loop is traced in the first call too (unless a call is one step)
+            outputs = run_steps(tf.constant(count), outputs)
         last[:] = [outputs]
         return outputs
 
@@ -136,22 +140,37 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     return train_function
 
 
-def _reader(iterator: ResidentIterator, clock: InputClock | None) -> tuple[Callable, Callable]:
-    """(`read(after)`, `ended()`): the next batch, and a token of the last step's end. With a
-    `clock`, each read is timed (the wait is the gather's) and waits for `after`, a stamp
-    taken once the last step and all it changed are done: a loop's iterations may overlap, and
-    the clock then counted a step's compute as the next read's wait (0.03-0.70 of the MLP's
-    training time, from run to run). Without one (`deterministic=true` refuses timestamps) the
-    reads are as the loop orders them."""
-    if clock is None:
-        return (lambda _after: next(iterator)), (lambda: tf.constant(0.0, tf.float64))
-    timed = clock.reader()
+class _Reads:
+    """A call's reads of its batches, each gathered while the step before it runs (the held
+    split is read-only; the reads advance the stream's counter in order): 4-11% off a held
+    dense job's step (docs/benchmarks.md, "A twelfth pass"). With an input `clock`, a step's
+    wait is how long after the step before it ended its batch was there (none when the gather
+    was done first; the call's first batch is not read ahead): stamps, in the graph. Without one
+    (`deterministic=true` refuses timestamps) the stamps are constants."""
 
-    def read(after):
+    def __init__(self, iterator: ResidentIterator, clock: InputClock | None):
+        self.iterator, self.clock = iterator, clock
+        if clock is not None:
+            clock.measuring = "waited"  # from the first epoch's start on
+
+    def now(self, after: Any = ()) -> tf.Tensor:
+        """A stamp taken once `after` (a step's outputs: its call, and all it changed) is done."""
+        if self.clock is None:
+            return tf.constant(0.0, tf.float64)
+        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+            return tf.timestamp()
+
+    def next(self, after: tf.Tensor) -> tuple[Any, tf.Tensor]:
+        """The next batch, read once `after` is there, and the stamp of its arrival."""
+        if self.clock is None:
+            return next(self.iterator), tf.constant(0.0, tf.float64)
         with tf.control_dependencies([after]):
-            return timed(iterator)
+            return ready_stamped(lambda: next(self.iterator))
 
-    return read, tf.timestamp  # stateful: after the step's call, in the loop's body
+    def waited(self, ready: tf.Tensor, ended: tf.Tensor) -> None:
+        """Adds a step's wait: its batch's arrival after the last step's end, if later."""
+        if self.clock is not None:
+            self.clock.add_wait(tf.maximum(ready - ended, 0.0))
 
 
 def _mean_over_replicas(value: Any, strategy: tf.distribute.Strategy) -> Any:

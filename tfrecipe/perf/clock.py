@@ -77,17 +77,20 @@ class InputClock:
         custom loop, where one `next` feeds all replicas)."""
         before = tf.timestamp()
         with tf.control_dependencies([before]):
-            batch = next_batch()
-        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-            waited = tf.timestamp() - before
-        for value in _components(self.waited):
-            with tf.device(value.device):
-                value.assign_add(waited)
+            batch, ready = ready_stamped(next_batch)
+        self.add_wait(ready - before)
         return batch
 
+    def add_wait(self, seconds: tf.Tensor) -> None:
+        """Adds `seconds` of waiting to every local replica's sum (cross-replica context); what
+        the clock sums is the wait from now on (`measuring`)."""
+        self.measuring = "waited"
+        for value in _components(self.waited):
+            with tf.device(value.device):
+                value.assign_add(seconds)
+
     def reader(self) -> Callable[[Any], Any]:
-        """`next(iterator)` timed by `timed_next`; what the clock sums from now on is the wait
-        (the custom loop; fit on a held split, whose input is the gather in the graph)."""
+        """`next(iterator)` timed by `timed_next` (the custom loop)."""
         self.measuring = "waited"
 
         def read(iterator):
@@ -99,6 +102,13 @@ class InputClock:
         """Each local replica's sum so far (no collective: read on this worker only)."""
         summed = self.busy if self.measuring == "busy" else self.waited
         return [float(value.numpy()) for value in _components(summed)]
+
+
+def ready_stamped(next_batch: Callable[[], Any]) -> tuple[Any, tf.Tensor]:
+    """`next_batch()`, and a `tf.timestamp` taken once all of it is there."""
+    batch = next_batch()
+    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+        return batch, tf.timestamp()
 
 
 def _components(variable: tf.Variable) -> tuple[tf.Variable, ...]:
