@@ -309,10 +309,10 @@ def test_default_run_reports_where_its_time_goes(train_run):
 
 
 def test_a_held_split_waits_only_on_its_gather(train_run):
-    """fit on a held split stamps the in-graph gather itself (tfrecipe.loops.resident_fit), each
-    read after the last step ended: the MLP's wait is its input's, not the call's around its
-    steps, so it is not called input-bound; streamed, fit's `get_next` per step is its input,
-    and the same job is."""
+    """fit on a held split stamps its reads itself (tfrecipe.loops.resident_fit: each batch
+    gathered while the step before it runs, a step's wait its batch's arrival after that step's
+    end): the MLP's wait is its input's, not the call's around its steps, so it is not called
+    input-bound; streamed, fit's `get_next` per step is its input, and the same job is."""
     common = ("model=mlp", "loop.epochs=3", "loop.verbose=0")
     held, _ = train_run(*common, "pipeline.resident=true", tiny=False)
     streamed, _ = train_run(*common, "pipeline.resident=false", tiny=False)
