@@ -149,8 +149,8 @@ class _Reads:
     read ahead is stamped below `ended` (timestamps keep their program order); stamped above
     the step, `ended` came after it and hid the wait of a gather slower than its step (0.12
     of a call's time where 0.76 was waited, measured in a quiet process; no test holds this:
-    on a loaded 2-core machine the order the executor runs the two in swings it 0.2-0.8). Without one
-    (`deterministic=true` refuses timestamps) the stamps are constants."""
+    on a loaded 2-core machine the order the executor runs the two in swings it 0.2-0.8).
+    Without a clock (`deterministic=true` refuses timestamps) the stamps are constants."""
 
     def __init__(self, iterator: ResidentIterator, clock: InputClock | None):
         self.iterator, self.clock = iterator, clock

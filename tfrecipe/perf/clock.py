@@ -6,11 +6,13 @@
   streamed split, the step (`model.train_step`, replica context) stamps when its batch has
   arrived and when its weights were updated; the calls' time outside their steps is the wait
   (for input, and for the loop around the steps; measured: a metrics-only end stamp would come
-  after the forward pass and count the backward pass as waiting). In the custom loop, and in fit
-  on a held split (tfrecipe.loops.resident_fit: no `get_next`, so no Keras loop around each
-  step), the graph stamps `next(iterator)` itself: the wait is the input's own, and a call's
-  other time outside its steps is the loop's, counted in the step time, not as waiting. Per replica: each replica keeps its own sum (a sync-on-read variable, read locally,
-  no collective, so any worker of a cluster can read its own).
+  after the forward pass and count the backward pass as waiting). In the custom loop the graph
+  stamps `next(iterator)` itself; in fit on a held split (tfrecipe.loops.resident_fit: no
+  `get_next`, so no Keras loop around each step) it stamps each batch's arrival after the end of
+  the step it was read beside. There the wait is the input's own, and a call's other time
+  outside its steps is the loop's, counted in the step time. Per replica: each replica keeps
+  its own sum (a sync-on-read variable, read locally, no collective, so any worker of a
+  cluster can read its own).
 
 Both count the steady state only: the epochs after the first (the first traces the graph), or
 with a single epoch its calls after the first.
@@ -82,9 +84,8 @@ class InputClock:
         return batch
 
     def add_wait(self, seconds: tf.Tensor) -> None:
-        """Adds `seconds` of waiting to every local replica's sum (cross-replica context); what
-        the clock sums is the wait from now on (`measuring`)."""
-        self.measuring = "waited"
+        """Adds `seconds` of waiting to every local replica's sum (cross-replica context; the
+        loops that add it say `measuring = "waited"` when they are made)."""
         for value in _components(self.waited):
             with tf.device(value.device):
                 value.assign_add(seconds)
