@@ -95,7 +95,7 @@ def test_only_task_0_judges_and_saves_hydra_files_in_the_shared_run_dir(monkeypa
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra"]
 
     os.environ["SLURM_PROCID"] = "0"  # the chief finds .hydra/ with no run beside it: refused
-    with pytest.raises(ConfigError, match="holds .hydra/ but no summary.json"):
+    with pytest.raises(ConfigError, match=r"holds \.hydra/ but no summary\.json"):
         precheck(argv, Invocation())
     (run_dir / ".hydra").rmdir()
     assert "hydra.output_subdir=null" not in precheck(argv, Invocation())  # it saves the run's
@@ -173,9 +173,9 @@ def _assert_resumed_to_completion(job: Job, stopped_at: int) -> None:
 @pytest.mark.slow
 def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
     # TensorFlow's INFO lines (off by default) say which cluster and devices each task joined.
-    job = Job(slurm, tmp_path, overrides=["loop.epochs=2", "loop.steps_per_epoch=3",
-                                          "loop.verbose=0", "callbacks.progress.enabled=false",
-                                          "hydra.job_logging.loggers.tensorflow.level=INFO"])  # fmt: skip
+    info = "hydra.job_logging.loggers.tensorflow.level=INFO"
+    shown = ["print_config=true", "loop.verbose=2"]  # by the chief (task 0) alone
+    job = Job(slurm, tmp_path, overrides=["loop.epochs=2", "loop.steps_per_epoch=3", info, *shown])
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
     assert fields["JobState"] == "COMPLETED", job.log[-3000:]
     summary = job.summary()
@@ -183,6 +183,8 @@ def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
     assert summary["steps_completed"] == 6
     assert job.log.count("num_workers = 2") == 2  # both tasks joined the same cluster
     assert "device:CPU:0" in job.log and "GPU:0" not in job.log  # no phantom GPU
+    assert job.log.count("config: what differs from the defaults") == 1
+    assert job.log.count("Epoch 2/2") == 1
     assert job.scratch_left() == []
 
 

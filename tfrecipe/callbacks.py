@@ -18,7 +18,6 @@ from tfrecipe import files, reading
 from tfrecipe.config import schema
 from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.config.instantiate import instantiate
-from tfrecipe.distribute.cluster import is_chief_process
 from tfrecipe.fault import disk
 from tfrecipe.fault.backup import StepCounter, crossed, current_step
 from tfrecipe.models.export import export_model
@@ -190,9 +189,9 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
 def progress_verbosity(verbose: int | str, *, enabled: bool) -> int:
     """Keras' `verbose` for `loop.verbose`: "auto" is the bar on a terminal and one line per epoch
     anywhere else, where a bar's carriage returns and escapes would litter the log (SLURM output
-    files, CI logs, `| tee`). Only the chief shows progress: the other workers of a synchronous
-    cluster would print the same lines again."""
-    if not enabled or not is_chief_process():
+    files, CI logs, `| tee`). `enabled`: `callbacks.progress.enabled` in the cluster's chief
+    (the other tasks of a synchronous cluster would print the same lines again)."""
+    if not enabled:
         return 0
     if verbose == "auto":
         return 1 if sys.stdout.isatty() else 2

@@ -244,7 +244,7 @@ def _fit(
     options = loop.options(
         loop_spec,
         objective=fitting.objective,
-        progress=callbacks.progress.enabled,
+        progress=callbacks.progress.enabled and ctx.chief,  # the chief's lines alone
         inputs=built.data,
         steps_per_call=built.steps_per_call,
         monitors=watched,

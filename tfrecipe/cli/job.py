@@ -109,9 +109,19 @@ class _Job:
         log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, status, run_dir)
         return summary
 
+    @property
+    def chief(self) -> bool:
+        """Whether this process is its cluster's chief (a single run's is), which alone shows
+        the config and writes the run dir: SLURM's other tasks and TF_CONFIG's other workers
+        run the same job beside it."""
+        from omegaconf import OmegaConf
+
+        from tfrecipe.distribute.cluster import is_chief_task
+
+        return is_chief_task(OmegaConf.select(self.cfg, "cluster.name", default="none"))
+
     def _show_config(self) -> None:
         from tfrecipe.cli.display import print_changes, shows_config
-        from tfrecipe.distribute.cluster import is_chief_process
 
         shown = shows_config(
             self.cfg.get("print_config", "auto"),
@@ -119,7 +129,7 @@ class _Job:
             verbose=self.cfg.loop.get("verbose", "auto"),
             terminal=sys.stdout.isatty(),
         )
-        if shown and is_chief_process():  # the other tasks of a cluster run the same config
+        if shown and self.chief:  # the other tasks of a cluster run the same config
             print_changes(self.cfg, self.run_dir)  # the whole tree: config.yaml, --cfg job
 
     def _train(self) -> dict:
@@ -188,12 +198,11 @@ class _Job:
     def _record_failure(self, error: Exception) -> None:
         """Says what failed: on the console, in traceback.txt and (for config errors, which
         stop before training writes one) in summary.json, so a sweep's failed job is visible."""
-        from tfrecipe.distribute.cluster import is_chief_process
         from tfrecipe.rundir import RunFiles
 
         run_dir = self.run_dir
-        if not is_chief_process():  # the run dir is the chief's; a worker only says what failed
-            log.error("%s failed: %s", os.environ.get("TF_CONFIG"), error)
+        if not self.chief:  # the run dir is the chief's; another task only says what failed
+            log.error("this task (not the chief, which writes %s) failed: %s", run_dir, error)
             return
         if isinstance(error, DataError):  # a bad cell met while training: its one line
             log.error("tfrecipe: invalid data: %s\nrun dir: %s", error, run_dir)

@@ -80,7 +80,7 @@ def _check_single_run(cfg, trust, invocation: Invocation) -> list[str]:
     check_environment(run.cluster)  # e.g. a bad TF_CONFIG, before any run dir exists
     run_dir = _configured_run_dir(cfg)
     invocation.run_dir, invocation.run_dir_existed = run_dir, run_dir.exists()
-    chief = is_chief_task(run.cluster)
+    chief = is_chief_task(run.cluster.name)
     invocation.made_manifest = _hold_run_dir(run_dir, cfg, run, chief=chief)
     pins = [f"hydra.run.dir={_quote(str(run_dir))}"]
     return pins if chief else [*pins, "hydra.output_subdir=null"]

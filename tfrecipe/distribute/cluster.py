@@ -387,24 +387,19 @@ def latest_backup_step(backup_dir: Path) -> int | None:
     return int(match[1]) if match else None
 
 
-def is_chief_process(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process writes the run directory, judged from TF_CONFIG alone (for code that
-    runs before or after `train`, e.g. the command line's error handler)."""
+def is_chief_task(cluster: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process writes the run directory of a run on the cluster named `cluster`
+    (`cluster.name`), judged without TensorFlow, for what runs before or after `train` (the
+    pre-check, the job's config print and failure record): a SLURM step's task 0 (TensorFlow's
+    SlurmClusterResolver makes every task a worker, the first one the chief), else as TF_CONFIG
+    says (no (valid) TF_CONFIG: a single process, its own chief)."""
     environ = os.environ if environ is None else environ
+    if cluster == "slurm":
+        return environ.get("SLURM_PROCID", "0") == "0"
     try:
         return parse_tf_config(environ.get("TF_CONFIG")).is_chief
     except ConfigError:
-        return True  # no (valid) cluster: a single process is its own chief
-
-
-def is_chief_task(spec: schema.Cluster, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process writes the run directory of a run on the `spec` cluster, judged
-    before TensorFlow: a SLURM step's task 0 (TensorFlow's SlurmClusterResolver makes every task
-    a worker, the first one the chief), else as TF_CONFIG says (`is_chief_process`)."""
-    environ = os.environ if environ is None else environ
-    if spec.name == "slurm":
-        return environ.get("SLURM_PROCID", "0") == "0"
-    return is_chief_process(environ)
+        return True
 
 
 # Worker servers of an in-process-scheduled cluster deadlock on a 2-core machine with TensorFlow's
