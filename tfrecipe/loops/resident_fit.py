@@ -18,6 +18,7 @@ example once, the last batch short; the metrics' states sum as the streamed batc
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain
-from tfrecipe.perf.clock import InputClock, ready_stamped
+from tfrecipe.perf.clock import Reads
 
 
 def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
@@ -102,79 +103,32 @@ def _on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[An
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
     """fit's `train_function(iterator)`: `model.steps_per_execution` steps on `iterator`'s
     batches (fit's own iterator, the stand-in's, is not read), the last step's logs. Each batch
-    is gathered while the step before it runs (`_Reads`)."""
+    is gathered while the step before it runs (`Reads.steps`; docs/benchmarks.md, "A twelfth
+    pass": 4-11% off a held dense job's step): the held split is read-only, and the reads
+    advance the stream's counter in order."""
     step, steps = model.train_step, int(model.steps_per_execution)
     clock = getattr(step, "_tfrecipe_clock", None)
     if clock is not None:  # the input clock stamps the reads itself, not the step's edges
         step = step.__wrapped_step__
-    reads, one_step = _Reads(iterator, clock), _on_replicas(model, step)
+    reads, one_step = Reads(clock), _on_replicas(model, step)
+    read = functools.partial(next, iterator)
 
     @tf.function
-    def run_steps(count, outputs):  # count >= 1
-        # every step inside the loop: a step of its own beside it cost 6 ms a call on the tables
-        ended = reads.now()
-        batch, ready = reads.next(after=ended)  # the call's first batch: nothing read ahead
-        for _ in tf.range(count - 1):
-            reads.waited(ready, ended)
-            upcoming = next(iterator)  # gathered while the step runs: no stamp orders it after
-            outputs = one_step(batch)
-            ended = reads.now(after=outputs)
-            batch, ready = upcoming, reads.now(after=upcoming)  # after `ended` (`_Reads`)
-        reads.waited(ready, ended)
-        return one_step(batch)
+    def run_steps(count):  # every step inside the loop: one beside it cost 6 ms a call (tables)
+        return reads.steps(read, one_step, count)
 
     @tf.function
     def first_step():  # its trace builds the metrics; in a graph, as the loop's: one step trace
-        return one_step(reads.next(after=reads.now())[0])
-
-    last: list = []
+        return reads.steps(read, one_step, None)
 
     def train_function(_unused_iterator):
-        outputs, count = (last[0], steps) if last else (first_step(), steps - 1)
-        if count:  # the loop is traced in the first call too (unless a call is one step)
-            outputs = run_steps(tf.constant(count), outputs)
-        last[:] = [outputs]
-        return outputs
+        if run_steps.experimental_get_tracing_count():
+            return run_steps(tf.constant(steps))
+        outputs = first_step()  # the run's first call (it traces the loop too), or a 1-step one
+        return run_steps(tf.constant(steps - 1)) if steps > 1 else outputs
 
     train_function.traces = run_steps.experimental_get_tracing_count  # the loop's, for tests
     return train_function
-
-
-class _Reads:
-    """A call's reads of its batches, each gathered while the step before it runs (the held
-    split is read-only; the reads advance the stream's counter in order): 4-11% off a held
-    dense job's step (docs/benchmarks.md, "A twelfth pass"). With an input `clock`, a step's
-    wait is how long after the step before it ended its batch was there (none when the gather
-    was done first; the call's first batch is not read ahead): stamps, in the graph. A batch
-    read ahead is stamped below `ended` (timestamps keep their program order); stamped above
-    the step, `ended` came after it and hid the wait of a gather slower than its step (0.12
-    of a call's time where 0.76 was waited, measured in a quiet process; no test holds this:
-    on a loaded 2-core machine the order the executor runs the two in swings it 0.2-0.8).
-    Without a clock (`deterministic=true` refuses timestamps) the stamps are constants."""
-
-    def __init__(self, iterator: ResidentIterator, clock: InputClock | None):
-        self.iterator, self.clock = iterator, clock
-        if clock is not None:
-            clock.measuring = "waited"  # from the first epoch's start on
-
-    def now(self, after: Any = ()) -> tf.Tensor:
-        """A stamp taken once `after` (a step's outputs: its call, and all it changed) is done."""
-        if self.clock is None:
-            return tf.constant(0.0, tf.float64)
-        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
-            return tf.timestamp()
-
-    def next(self, after: tf.Tensor) -> tuple[Any, tf.Tensor]:
-        """The next batch, read once `after` is there, and the stamp of its arrival."""
-        if self.clock is None:
-            return next(self.iterator), tf.constant(0.0, tf.float64)
-        with tf.control_dependencies([after]):
-            return ready_stamped(lambda: next(self.iterator))
-
-    def waited(self, ready: tf.Tensor, ended: tf.Tensor) -> None:
-        """Adds a step's wait: its batch's arrival after the last step's end, if later."""
-        if self.clock is not None:
-            self.clock.add_wait(tf.maximum(ready - ended, 0.0))
 
 
 def _mean_over_replicas(value: Any, strategy: tf.distribute.Strategy) -> Any:
