@@ -49,7 +49,7 @@ def main() -> None:
     )
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile("adam", loss, metrics=["accuracy"], steps_per_execution=8)
-    gaps = Gaps(options.gap_ms / 1e3)
+    gaps = gap_callback(options.gap_ms / 1e3)
     load = os.getloadavg()[0]
     model.fit(data, epochs=options.epochs, steps_per_epoch=8, verbose=0, callbacks=[gaps])
     medians = {kind: statistics.median(s[20 // len(KINDS) :]) / 8 for kind, s in gaps.calls.items()}
@@ -65,29 +65,27 @@ def main() -> None:
     )
 
 
-class Gaps:
-    """A Keras callback (built lazily: keras is imported in main) that fills each epoch's gap
-    with the next kind in turn and times the call after it."""
+def gap_callback(seconds: float):
+    """A Keras callback that fills each epoch's gap with the next kind in turn and times the
+    call after it (`calls`: seconds, by kind). Made here: keras is imported in main."""
+    import keras
 
-    def __new__(cls, seconds: float):
-        import keras
+    class Gaps(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls: dict[str, list[float]] = {kind: [] for kind in KINDS}
 
-        class _Gaps(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.calls: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        def on_epoch_begin(self, epoch, logs=None):
+            self.kind = KINDS[epoch % len(KINDS)]
+            _fill(self.kind, seconds)
 
-            def on_epoch_begin(self, epoch, logs=None):
-                self.kind = KINDS[epoch % len(KINDS)]
-                _fill(self.kind, seconds)
+        def on_train_batch_begin(self, batch, logs=None):
+            self.began = time.perf_counter()
 
-            def on_train_batch_begin(self, batch, logs=None):
-                self.began = time.perf_counter()
+        def on_train_batch_end(self, batch, logs=None):
+            self.calls[self.kind].append(time.perf_counter() - self.began)
 
-            def on_train_batch_end(self, batch, logs=None):
-                self.calls[self.kind].append(time.perf_counter() - self.began)
-
-        return _Gaps()
+    return Gaps()
 
 
 def _fill(kind: str, seconds: float) -> None:

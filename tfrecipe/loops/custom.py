@@ -114,7 +114,7 @@ def _make_train_function(
     `input_clock`, the reads are stamped in the graph (`Reads.steps`, outside XLA's step). Each
     step's batch is read while the step before it runs."""
     strategy = model.distribute_strategy
-    reads, micro_batches = Reads(options.input_clock), options.gradient_accumulation_steps
+    reads, accumulation = Reads(options.input_clock), options.gradient_accumulation_steps
 
     def replica_step(batches, global_examples):
         _train_replica_step(model, objective, batches, global_examples)
@@ -125,24 +125,24 @@ def _make_train_function(
         strategy.run(replica_step, args=(batches, global_examples))
         return global_examples  # an output: the end stamp waits for the call, and all it did
 
+    @tf.function  # traced once with a tensor (the loop) and once with None (a step, no loop)
     def run_steps(iterator, num_steps: tf.Tensor | None):
-        reads.steps(functools.partial(_read, iterator, micro_batches), step, num_steps)
+        reads.steps(functools.partial(_read, iterator, accumulation), step, num_steps)
         return objective.results()
 
-    train_steps, train_step = tf.function(run_steps), tf.function(run_steps)
     loopless = options.steps_per_loop == 1 or options.call_steps is not None
 
     def train(iterator, num_steps: int):
         if num_steps == 1 and loopless:
-            return train_step(iterator, None)
-        return train_steps(iterator, tf.constant(num_steps))
+            return run_steps(iterator, None)
+        return run_steps(iterator, tf.constant(num_steps))
 
     return train
 
 
-def _read(iterator: Any, micro_batches: int) -> list[Any]:
-    """One optimizer step's micro-batches, in order."""
-    return [next(iterator) for _ in range(micro_batches)]
+def _read(iterator: Any, accumulation: int) -> list[Any]:
+    """One optimizer step's `accumulation` micro-batches, in order."""
+    return [next(iterator) for _ in range(accumulation)]
 
 
 def _test_step(model: keras.Model, objective: Objective) -> Callable[[Any], None]:

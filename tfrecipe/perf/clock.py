@@ -107,7 +107,9 @@ class Reads:
         if clock is not None:
             clock.measuring = "waited"  # from the first epoch's start on
 
-    def steps(self, read: Callable[[], Any], step: Callable[[Any], Any], count: Any) -> Any:
+    def steps(
+        self, read: Callable[[], Any], step: Callable[[Any], Any], count: tf.Tensor | None
+    ) -> Any:
         """`step(read())` `count` (a tensor, >= 1) times in a graph loop, each batch read while
         the step before it runs (a call's first is not read ahead), or with `count` None once
         and no loop (a profiler's window: xprof finds no step inside a loop). Returns the last
