@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -9,7 +10,7 @@ import operator
 import os
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import keras
@@ -30,7 +31,10 @@ from tfrecipe.tasks import best_row
 class Throughput(keras.callbacks.Callback):
     """Measures steady-state training throughput: examples/sec over the epochs after the first
     (the first pays for tracing and compilation); with one epoch, over its batches after the first.
-    Validation time is not counted."""
+    Validation time is not counted (several epochs per call, tfrecipe.loops.epoch_groups:
+    it is, in the graph; the first epoch is a call of its own there too)."""
+
+    reads_logs_only = True  # a group of epochs in one call may run under it (loops.epoch_groups)
 
     def __init__(self, examples_per_step: int, examples_per_epoch: int | None = None):
         super().__init__()
@@ -77,6 +81,8 @@ class EpochHistory(keras.callbacks.Callback):
     """Keeps one row of logs per epoch (validation metrics only where validation ran) and
     rewrites history.csv after each epoch, so an interrupted run keeps its history."""
 
+    reads_logs_only = True
+
     def __init__(self, home: RunFiles | None):
         super().__init__()
         self.home = home
@@ -120,6 +126,8 @@ class StepLog(StepCounter):
     step, the epoch (1-based), the next step's learning rate and the call's logs.
 
     Steps are counted in Python (`StepCounter`), as the backups count them."""
+
+    reads_logs_only = True
 
     def __init__(self, every_n_steps: int):
         super().__init__()
@@ -212,11 +220,16 @@ class BestCheckpoint(keras.callbacks.Callback):
     epoch that did not log the monitored value (`loop.validation_freq` > 1) is not scored, so not
     saved. A resumed run starts from the best value its earlier epochs logged (Keras' checkpoint
     would start from scratch and overwrite the file with a worse epoch, keras#17012); with
-    `optimizer.ema` it saves the averaged weights, which the monitored validation scored."""
+    `optimizer.ema` it saves the averaged weights, which the monitored validation scored.
+    Under a group of epochs in one call the model is ahead of the epoch: `best_weights` (set by
+    tfrecipe.loops.epoch_groups) puts the best epoch's weights in while it saves."""
+
+    reads_logs_only = True
 
     def __init__(self, path: Path, *, monitor: str, mode: str, best_so_far: float | None):
         super().__init__()
-        self.path, self.monitor, self.best = path, monitor, best_so_far
+        self.path, self.monitor, self.best, self.mode = path, monitor, best_so_far, mode
+        self.best_weights: Callable[[], contextlib.AbstractContextManager] | None = None
         self._better = operator.gt if mode == "max" else operator.lt
 
     def on_epoch_end(self, epoch, logs=None):
@@ -229,7 +242,8 @@ class BestCheckpoint(keras.callbacks.Callback):
         # the new file is written beside the old one: a disk without room for it raises ENOSPC
         # here (fault/disk.py), where h5py would crash the process
         disk.check_room(self.path.parent, disk.weights_bytes(self.model))
-        with averaged_weights(self.model):
+        held_best = self.best_weights() if self.best_weights else contextlib.nullcontext()
+        with averaged_weights(self.model), held_best:
             files.write_weights(self.model, self.path)
 
 

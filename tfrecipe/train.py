@@ -249,6 +249,7 @@ def _fit(
         steps_per_call=built.steps_per_call,
         monitors=watched,
     )
+    options = loop.with_epoch_groups(options, ctx, built, watched, protected, summary)
     with loop.recording_end(summary, watched, built.model, protected, measure):
         trained = loop.train_model(ctx, built, options, summary, watched, protected)
         rows = watched.history.rows

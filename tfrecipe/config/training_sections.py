@@ -232,6 +232,8 @@ class Batching(Section):
     drop_remainder: bool = False
     # auto: several steps per call for small models, 1 for large ones (train.steps_per_call)
     steps_per_execution: PositiveInt | Literal["auto"] = "auto"
+    # auto: several epochs per call where a held split's epochs are short (loops.epoch_groups)
+    epochs_per_call: PositiveInt | Literal["auto"] = "auto"
     # auto: Keras' choice (XLA where the model supports it, never on a CPU-only machine)
     jit_compile: bool | Literal["auto"] = "auto"
     # BatchNormalization's training step on TensorFlow's fused kernel (tfrecipe.models.batch_norm)

@@ -12,7 +12,8 @@ every replica that holds a copy, at most `RESIDENT_SHARE` of the device's memory
 `RESIDENT_MAX_BYTES`. On a CPU it holds only for the dense models of CPU_HOLDS, whose steps are
 short, and streams for the others (CPU_STREAMS says why; `true` holds it there). Everything else
 streams through tf.data as before. Beside a held training split the validation and test splits
-are held too where all three fit under the same cap (`evaluation`). The run's plan
+are held too where all three fit under the same cap (`evaluation`), on a CPU too: there fit runs
+several short epochs per call, each validated in the graph (tfrecipe.loops.epoch_groups). The run's plan
 (`tfrecipe validate`) says what the config decides; summary.json's `resident` what the run chose
 and why, with the bytes.
 
@@ -45,10 +46,6 @@ CPU_HOLDS = frozenset({"tfrecipe.models.mlp", "tfrecipe.models.linear"})
 # traces 0.4 s longer (the loop, the gather), so the default job's wall time was 1.05-1.19x;
 # on the loaded machine (load 5-7) its steps ran 0.73-0.81x as fast, waiting longer for a core
 # (schedstat), where tf.data's prefetch overlaps the input on the other core.
-CPU_EVAL_STREAMS = (
-    "held, the MLP's runs took 1.04-1.25x as long and wine's 0.73-1.09x, with no lower "
-    "validation share; pipeline.resident=true holds them"
-)
 CPU_STREAMS = (
     "held, the default CNN trained 0.96-1.12x as fast on a 2-core Xeon but its runs took "
     "1.05-1.19x as long (a longer first call); pipeline.resident=true holds it"
@@ -125,8 +122,6 @@ def evaluation(
     alone had to (`choose`); else they stream. Each is evaluated in one call, in its order."""
     if not training.resident:
         return Choice(False, "the training split streams")
-    if setting == "auto" and memory.kind == "CPU":
-        return Choice(False, f"pipeline.resident=auto: streamed on a CPU ({CPU_EVAL_STREAMS})")
     choice = choose(setting, held_bytes=held_bytes, memory=memory, cpu_holds=True)
     return Choice(choice.resident, f"with the training split: {choice.reason}")
 
@@ -161,8 +156,8 @@ def plan_line(
         f"training data: resident {where} where the decoded split fits under "
         f"{RESIDENT_SHARE:.0%} of its memory and {_size(RESIDENT_MAX_BYTES)}, {cpu} "
         "(pipeline.resident=auto; streamed tables and text stream); validation and test held "
-        "beside it on an accelerator where all the splits fit, each evaluated in one call "
-        "(on a CPU they stream); summary.json says which"
+        "beside it where all the splits fit, each evaluated in one call; several short epochs "
+        "per call (batching.epochs_per_call); summary.json says which"
     )
 
 

@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import math
 import re
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,8 +88,30 @@ def _rng_states(model: keras.Model) -> dict[str, tf.Variable]:
 
 
 def current_step(model: keras.Model) -> int:
+    """The optimizer step of the epoch the callbacks see (`replaying`)."""
+    if model in _REPLAYED:
+        return _REPLAYED[model][0]
     # convert_to_numpy: int() fails on the MirroredVariable of a multi-replica strategy.
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+# Per model, while a group of epochs trained in one call (tfrecipe.loops.epoch_groups) is
+# replayed to the callbacks: (the step of the epoch they see, the steps the model is ahead).
+_REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def replaying(model: keras.Model, step: int | None, ahead: int = 0) -> None:
+    """The callbacks see optimizer step `step`, `ahead` steps behind the model: `current_step`
+    says `step` (no device read), and no backup is taken while `ahead`; None: they see the
+    model's own step again."""
+    if step is None:
+        _REPLAYED.pop(model, None)
+    else:
+        _REPLAYED[model] = (step, ahead)
+
+
+def steps_ahead(model: keras.Model) -> int:
+    return _REPLAYED.get(model, (0, 0))[1]
 
 
 class StepCounter(keras.callbacks.Callback):
@@ -255,7 +278,7 @@ class Backup(StepCounter):
         if loss is not None and not math.isfinite(float(loss)):
             # Never let a blown-up state push good backups out (training stops on it).
             self.diverged = True
-        if self.diverged:
+        if self.diverged or steps_ahead(self.model):  # a group replays: its last epoch saves
             return
         if self.check_preemption is not None:
             self.check_preemption()

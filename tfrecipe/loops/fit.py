@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe.compat import fix_fit_under_strategy
-from tfrecipe.loops import resident_fit
+from tfrecipe.loops import epoch_groups, resident_fit
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.perf.clock import time_train_step
 
@@ -60,6 +60,9 @@ def run(
 
 
 def _fit(model, data, validation_data, options: LoopOptions, callbacks, initial_epoch, epochs):
+    grouped = {"options": options, "callbacks": callbacks, "epochs": (initial_epoch, epochs)}
+    if epoch_groups.fit(model, data, validation_data, **grouped):
+        return  # a held split's short epochs, several in one call
     data, detach = resident_fit.attach(model, data)  # a held split: fit runs its steps in-graph
     validation_data, detach_validation = resident_fit.attach_evaluation(model, validation_data)
     try:

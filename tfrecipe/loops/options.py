@@ -28,6 +28,7 @@ class LoopOptions:
       task's, as the model was compiled: tfrecipe.models.build.objective); fit needs none.
     call_steps: the custom loop's `planned -> steps` for its next call, or None: a profiler's
       window (`tfrecipe.perf.profiler.StepProfiler.call_steps`) takes its steps one per call.
+    epochs_per_call: fit on a held split: epochs per call (tfrecipe.loops.epoch_groups).
     """
 
     epochs: int
@@ -41,3 +42,4 @@ class LoopOptions:
     input_clock: InputClock | None = None
     objective: Callable[[], tuple[Any, Any]] | None = None
     call_steps: Callable[[int], int] | None = None
+    epochs_per_call: int = 1

@@ -64,7 +64,7 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
     """`evaluate`'s `test_function(iterator)`: `model.test_step` on each batch of `held` in
     order (the stand-in's iterator is not read), the last step's logs (evaluate reads the
     metrics' totals after it)."""
-    one_step = _test_step(model)
+    one_step = test_step(model)
 
     @tf.function
     def evaluate_all():
@@ -81,14 +81,14 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
 _TEST_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _test_step(model: keras.Model) -> Callable[[Any], Any]:
+def test_step(model: keras.Model) -> Callable[[Any], Any]:
     """`model.test_step` on each replica's share of a batch, the logs' mean over replicas."""
     if model not in _TEST_STEPS:
-        _TEST_STEPS[model] = _on_replicas(model, model.test_step)
+        _TEST_STEPS[model] = on_replicas(model, model.test_step)
     return _TEST_STEPS[model]
 
 
-def _on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`step` on each replica's share of a batch, the logs' mean over replicas: a function of
     its own, as fit's (a step inlined into a loop's body ran 1.6-1.9x slower)."""
     strategy = model.distribute_strategy
@@ -110,7 +110,7 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     clock = getattr(step, "_tfrecipe_clock", None)
     if clock is not None:  # the input clock stamps the reads itself, not the step's edges
         step = step.__wrapped_step__
-    reads, one_step = Reads(clock), _on_replicas(model, step)
+    reads, one_step = Reads(clock), on_replicas(model, step)
     read = functools.partial(next, iterator)
 
     @tf.function

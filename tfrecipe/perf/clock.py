@@ -210,6 +210,11 @@ class StepClock(keras.callbacks.Callback):
       clock: the run's input clock, or None where the loop cannot stamp its steps.
     """
 
+    reads_logs_only = True  # a group of epochs in one call may run under it (loops.epoch_groups)
+    # epochs per call after the first epoch's (tfrecipe.loops.epoch_groups): a group's calls, one
+    # real call and its replays, are one call of the steady state
+    epochs_per_call = 1
+
     def __init__(self, clock: InputClock | None):
         super().__init__()
         self.clock = clock
@@ -342,8 +347,13 @@ class StepClock(keras.callbacks.Callback):
         """(steps, seconds) of the steady state's calls."""
         epochs = {epoch for epoch, _, _ in self.calls}
         if len(epochs) > 1:
-            first = min(epochs)
-            return [(n, s) for epoch, n, s in self.calls if epoch != first]
+            first, group = min(epochs), self.epochs_per_call
+            calls: dict[int, tuple[int, float]] = {}  # a group's calls are its one call
+            for epoch, n, s in self.calls:
+                if epoch != first:
+                    steps, seconds = calls.get((epoch - first - 1) // group, (0, 0.0))
+                    calls[(epoch - first - 1) // group] = (steps + n, seconds + s)
+            return list(calls.values())
         return [(n, s) for _, n, s in self.calls[1:]]
 
     def step_times_ms(self) -> dict[str, float] | None:

@@ -24,7 +24,7 @@ from tfrecipe.data.pipeline import PipelineOptions
 from tfrecipe.errors import DataError
 from tfrecipe.fault import backup
 from tfrecipe.fault.preemption import Preempted
-from tfrecipe.loops import custom, finetune, fit, parameter_server
+from tfrecipe.loops import custom, epoch_groups, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
 from tfrecipe.outcome import TrainingError
@@ -73,6 +73,24 @@ def options(
         objective=objective,
         call_steps=profiler.call_steps if profiler is not None else None,
     )
+
+
+def with_epoch_groups(
+    options: LoopOptions,
+    ctx: RunContext,
+    built: Built,
+    monitors: Monitors,
+    protected: Protection,
+    summary: RunSummary,
+) -> LoopOptions:
+    """`options` with the epochs per call `batching.epochs_per_call` gets under the run's
+    callbacks (tfrecipe.loops.epoch_groups); summary.json's `epochs_per_call` says how many and
+    why."""
+    setting, callbacks = built.batches.batching.epochs_per_call, [*monitors.callbacks]
+    callbacks += protected.callbacks
+    count, why = epoch_groups.choose(setting, callbacks, built.data, options, loop=ctx.plan.loop)
+    summary.update(epochs_per_call={"epochs": count, "why": why})
+    return dataclasses.replace(options, epochs_per_call=count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

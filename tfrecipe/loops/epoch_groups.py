@@ -1,0 +1,350 @@
+"""Several epochs in one call (`batching.epochs_per_call`): fit on a held training split whose
+epochs are a few short steps.
+
+fit calls its train function at least once per epoch, and each call costs 0.5-1.2 ms besides its
+steps (docs/benchmarks.md, "An eleventh pass"): a wine or breast-cancer epoch of 8-12 steps of
+0.1-0.2 ms pays more for its call than for its steps. Here fit still runs every epoch, with every
+callback and validation, but the first epoch of each group of N runs the group's N epochs in one
+graph call: each epoch's steps on the held split (as tfrecipe.loops.resident_fit runs them), its
+metrics' states kept, the held validation split evaluated where fit would validate, its metrics'
+states kept, and the weights of the best epoch by `callbacks.model_checkpoint`'s monitor kept
+beside the model's. The group's other epochs then only replay: each of fit's calls of the train
+or test function puts its epoch's metric states back, so fit reads, logs and hands its callbacks
+exactly what an epoch of its own would have.
+
+While a group replays, the model is ahead of the epoch its callbacks see: `backup.current_step`
+counts the steps it is ahead back (`steps_ahead`), the backups (a preemption's too) wait for the
+group's last epoch end, and the best-weights file is written from the best epoch's weights. Only
+callbacks known to read nothing but logs, steps and those weights may watch a group (`blocker`
+names the first that may not); any other (early stopping, periodic exports, EMA's swaps,
+periodic backups, your own) keeps one epoch per call. A stop in the middle of a group (a NaN
+loss) ends fit at that epoch with the group's last weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tfrecipe.callbacks import BestCheckpoint
+from tfrecipe.data.resident import HeldEval, ResidentTrain
+from tfrecipe.errors import ConfigError
+from tfrecipe.fault import backup
+from tfrecipe.loops import resident_fit
+from tfrecipe.perf.clock import Reads
+
+# `auto`: as many epochs per call as make about this many steps (fewer where the run has fewer
+# epochs left). Measured on wine (8 steps an epoch): docs/benchmarks.md, "A fourteenth pass".
+GROUP_STEPS = 128
+# An evaluation split of at most this many batches is evaluated without a graph loop.
+_UNROLLED = 4
+
+# Keras' callbacks that read only an epoch's logs (tfrecipe's say so: `reads_logs_only`, the
+# logs, the step counter `backup.current_step` and BestCheckpoint's best weights).
+_KERAS_LOGS_ONLY = (
+    keras.callbacks.TerminateOnNaN,
+    keras.callbacks.History,
+    keras.callbacks.ProgbarLogger,
+)
+_LOGS_ONLY_NAMES = {"WandbMetricsLogger"}  # W&B's, at log_freq="epoch" (tracking.wandb_run)
+
+
+def epochs_per_call(setting: int | str, *, steps_per_epoch: int, epochs: int) -> int:
+    """The epochs a call may run: `setting`, or for `auto` enough for `GROUP_STEPS` steps."""
+    wanted = setting if setting != "auto" else max(1, GROUP_STEPS // max(steps_per_epoch, 1))
+    return max(1, min(int(wanted), epochs))
+
+
+def blocker(callbacks: Sequence[keras.callbacks.Callback]) -> str | None:
+    """The first of `callbacks` that may read the model between two epochs of a group, as a
+    reason (None: none does)."""
+    for callback in _flattened(callbacks):
+        if isinstance(callback, backup.Backup):
+            if callback.options.periodic:
+                return "periodic backups (callbacks.backup) save the state at every epoch end"
+            continue
+        if isinstance(callback, keras.callbacks.TensorBoard):
+            if callback.update_freq != "epoch" or callback.histogram_freq:
+                return "TensorBoard logs steps or weight histograms"
+            continue
+        if getattr(callback, "reads_logs_only", False) or isinstance(callback, _KERAS_LOGS_ONLY):
+            continue
+        if type(callback).__name__ not in _LOGS_ONLY_NAMES:
+            return f"the callback {type(callback).__name__} may read the model at an epoch's end"
+    return None
+
+
+def _flattened(callbacks) -> Iterator[keras.callbacks.Callback]:
+    for callback in callbacks:
+        inner = getattr(callback, "inner", None)  # tfrecipe.loops.fit's relays
+        yield from _flattened(inner.callbacks) if inner is not None else (callback,)
+
+
+def choose(
+    setting: int | str, callbacks: Sequence[keras.callbacks.Callback], data, options, *, loop: str
+) -> tuple[int, str]:
+    """(epochs per call, why) for a run's `loop` on `data` (training.inputs.Inputs) with
+    `options` (LoopOptions), watched by `callbacks`; an explicit `setting` above 1 that cannot
+    run is refused (ConfigError)."""
+    reason = _why_not(callbacks, data, options, loop)
+    if reason is None:
+        count = epochs_per_call(
+            setting, steps_per_epoch=data.steps_per_epoch, epochs=options.epochs
+        )
+        if count > 1:
+            return count, f"{count} epochs of {data.steps_per_epoch} steps per call"
+        reason = f"an epoch of {data.steps_per_epoch} steps fills a call"
+    if setting not in ("auto", 1):
+        raise ConfigError(
+            f"batching.epochs_per_call={setting}: {reason}; allowed here: auto (one epoch per "
+            "call where a group cannot run) or 1"
+        )
+    return 1, reason
+
+
+def _why_not(callbacks, data, options, loop: str) -> str | None:
+    if loop != "fit":
+        return f"loop={loop} runs its own calls"
+    if not isinstance(data.train, ResidentTrain):
+        return "the training split streams"
+    if data.validation is not None and not isinstance(data.validation, HeldEval):
+        return "the validation split streams"
+    if options.gradient_accumulation_steps > 1:
+        return "loop.gradient_accumulation_steps ends calls on updates"
+    if options.steps_per_loop != data.steps_per_epoch:
+        return (
+            f"a call runs {options.steps_per_loop} of an epoch's {data.steps_per_epoch} steps "
+            "(batching.steps_per_execution; logger.csv.every_n_steps shortens auto's)"
+        )
+    if data.steps_per_epoch < 2:
+        return "an epoch of one step"
+    return blocker(callbacks)
+
+
+def fit(
+    model: keras.Model, data, validation, *, options, callbacks, epochs: tuple[int, int]
+) -> bool:
+    """fit's epochs `epochs` (initial, end) in groups of `options.epochs_per_call` per call;
+    False (nothing run) where fit runs one epoch per call: the data are not held, or this is a
+    mid-epoch resume's short epoch."""
+    if options.epochs_per_call < 2 or not isinstance(data, ResidentTrain):
+        return False
+    if int(model.steps_per_execution) != options.steps_per_epoch:
+        return False
+    callbacks = list(callbacks)
+    best = next((c for c in _flattened(callbacks) if isinstance(c, BestCheckpoint)), None)
+    for callback in _flattened(callbacks):
+        if hasattr(callback, "epochs_per_call"):  # the clocks: a call's time is its group's
+            callback.epochs_per_call = options.epochs_per_call
+    groups = EpochGroups(model, data, validation, options=options, best=best)
+    listed = keras.callbacks.CallbackList(
+        callbacks,
+        add_history=True,
+        add_progbar=options.verbose != 0,
+        verbose=options.verbose,
+        epochs=options.epochs,
+        steps=options.steps_per_epoch,
+        model=model,
+    )
+    try:
+        _run(model, groups, listed, *epochs)
+    finally:
+        groups.detach()
+    return True
+
+
+def _run(model, groups: EpochGroups, callbacks, first: int, end: int) -> None:
+    """fit's epoch loop, a group's epochs after its one call: each epoch's hooks and logs as
+    fit gives them (the batch hooks once, around the call: one call an epoch)."""
+    model.stop_training = False
+    callbacks.on_train_begin()
+    logs, epoch, last_step = None, first, groups.steps_per_epoch - 1
+    while epoch < end and not model.stop_training:
+        # the first epoch is a call of its own, as in fit (it traces): the clocks' warm-up
+        count = 1 if epoch == first else min(groups.epochs_per_call, end - epoch)
+        for offset in range(count):
+            callbacks.on_epoch_begin(epoch + offset)
+            callbacks.on_train_batch_begin(0)
+            if offset == 0:
+                rows = groups.run(epoch, count)
+            groups.replay(offset)
+            callbacks.on_train_batch_end(last_step, rows[offset][0])
+            logs = {**rows[offset][0], **rows[offset][1]}
+            callbacks.on_epoch_end(epoch + offset, logs)
+            if model.stop_training:
+                break
+        epoch += count
+    callbacks.on_train_end(logs=logs)
+
+
+class EpochGroups:
+    """A held split's epochs in groups, each group in one graph call.
+
+    Args:
+      model: the compiled model fit trains, one call an epoch (`steps_per_execution`).
+      train: the held training stream from fit's first step (an epoch's start).
+      validation: the held validation split, or None.
+      options: the loop's (`epochs_per_call`, `validation_freq`).
+      best: the run's best-weights callback, or None.
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        train: ResidentTrain,
+        validation: HeldEval | None,
+        *,
+        options,
+        best: BestCheckpoint | None,
+    ):
+        self.model, self.validation, self.best = model, validation, best
+        self.epochs_per_call, self.validation_freq = (
+            options.epochs_per_call,
+            options.validation_freq,
+        )
+        self.steps_per_epoch = options.steps_per_epoch
+        self._iterator = iter(train)
+        self._count = self._end_step = 0
+        self._shadows: list[tf.Variable] = []
+        self._run_group: Callable[..., Any] | None = None
+        self._keys: list[str] = []
+
+    def run(self, epoch: int, count: int) -> list[tuple[dict[str, float], dict[str, float]]]:
+        """Epochs `epoch` to `epoch + count` in one call: each one's (training logs,
+        validation logs: `val_*`, empty where it does not validate)."""
+        validate = [  # padded to the longest group: one trace serves every group
+            self.validation is not None and offset < count and self._validates(epoch + offset)
+            for offset in range(self.epochs_per_call)
+        ]
+        first_steps = self.steps_per_epoch
+        if self._run_group is None:
+            self._build()  # runs the first step: it builds the metrics, outside the group's loop
+            first_steps -= 1
+        best = math.nan if self.best is None or self.best.best is None else self.best.best
+        results = self._run_group(
+            tf.constant(count),
+            tf.constant(first_steps),
+            tf.constant(validate),
+            tf.constant(best, tf.float32),
+        ).numpy()
+        self._count = count
+        self._end_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        return [
+            (
+                self._logs(results[0, offset]),
+                self._logs(results[1, offset], "val_") if validate[offset] else {},
+            )
+            for offset in range(count)
+        ]
+
+    def replay(self, offset: int) -> None:
+        """The callbacks see the end of the group's epoch `offset` (the model is at its last's)."""
+        ahead = (self._count - 1 - offset) * self.steps_per_epoch
+        backup.replaying(self.model, self._end_step - ahead, ahead)
+
+    @contextlib.contextmanager
+    def best_weights(self) -> Iterator[None]:
+        """The model holds the best epoch's weights inside (BestCheckpoint saves them)."""
+        kept = [tf.identity(w) for w in self.model.weights]
+        for weight, shadow in zip(self.model.weights, self._shadows, strict=True):
+            weight.assign(shadow)
+        try:
+            yield
+        finally:
+            for weight, value in zip(self.model.weights, kept, strict=True):
+                weight.assign(value)
+
+    def detach(self) -> None:
+        backup.replaying(self.model, None)
+        if self.best is not None:
+            self.best.best_weights = None
+
+    def _validates(self, epoch: int) -> bool:
+        return (epoch + 1) % self.validation_freq == 0  # as Keras' `_should_eval`
+
+    def _logs(self, row, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{key}": float(value) for key, value in zip(self._keys, row, strict=True)}
+
+    def _build(self) -> None:
+        model = self.model
+        step = model.train_step
+        clock = getattr(step, "_tfrecipe_clock", None)
+        if clock is not None:  # the input clock stamps the reads itself, not the step's edges
+            step = step.__wrapped_step__
+        reads, one_step = Reads(clock), resident_fit.on_replicas(model, step)
+        read = functools.partial(next, self._iterator)
+        model.reset_metrics()  # as fit does at an epoch's start (no-op before they are built)
+        tf.function(lambda: reads.steps(read, one_step, None))()
+        self._keys = sorted(model.get_metrics_result())
+        with tf.device("/CPU:0"):  # (training, validation) x epoch x metric
+            self._results = tf.Variable(tf.zeros([2, self.epochs_per_call, len(self._keys)]))
+        if self.best is not None:
+            with model.distribute_strategy.scope():
+                self._shadows = [tf.Variable(w, trainable=False) for w in model.weights]
+            self.best.best_weights = self.best_weights
+        self._run_group = self._group_function(reads, read, one_step)
+
+    def _group_function(self, reads, read, one_step):
+        model, steps_per_epoch, keys = self.model, self.steps_per_epoch, self._keys
+        held = None if self.validation is None else self.validation.held
+        test_step = resident_fit.test_step(model)
+        track = _Tracker(model, self.best, self._shadows)
+
+        def keep(split: int, index):
+            results = model.get_metrics_result()
+            row = tf.stack([tf.cast(results[key], tf.float32) for key in keys])
+            self._results.scatter_nd_update([[split, index]], [row])
+            return results
+
+        def evaluate():
+            model.reset_metrics()
+            batches = held.layout.steps_per_pass
+            if batches <= _UNROLLED:  # a loop of 1 batch cost 0.2 ms an epoch (wine)
+                for index in range(batches):
+                    test_step(held.batch_in_order(tf.constant(index)))
+                return
+            for index in tf.range(batches):
+                test_step(held.batch_in_order(index))
+
+        @tf.function
+        def run_group(count, first_steps, validate, best):
+            for index in tf.range(count):
+                if index > 0 or first_steps == steps_per_epoch:
+                    model.reset_metrics()
+                reads.steps(read, one_step, tf.where(index > 0, steps_per_epoch, first_steps))
+                best = track(best, keep(0, index), validation=False)
+                if held is not None and validate[index]:
+                    evaluate()
+                    best = track(best, keep(1, index), validation=True)
+            return tf.identity(self._results)
+
+        return run_group
+
+
+class _Tracker:
+    """In the graph, after an epoch's training or validation: where the monitored value beats
+    `best` (the first of equals stays), the model's weights copied to `shadows`."""
+
+    def __init__(self, model, best: BestCheckpoint | None, shadows):
+        self.model, self.shadows = model, shadows
+        self.key, self.validation, self.better = None, False, None
+        if best is not None:
+            self.validation = best.monitor.startswith("val_")
+            self.key = best.monitor[4:] if self.validation else best.monitor
+            self.better = tf.greater if best.mode == "max" else tf.less
+
+    def __call__(self, best, results, *, validation: bool):
+        if self.key is None or validation != self.validation or self.key not in results:
+            return best  # not logged: BestCheckpoint never scores it either
+        value = tf.cast(results[self.key], tf.float32)
+        improved = tf.math.is_finite(value) & (tf.math.is_nan(best) | self.better(value, best))
+        if improved:
+            for shadow, weight in zip(self.shadows, self.model.weights, strict=True):
+                shadow.assign(tf.convert_to_tensor(weight))
+        return tf.where(improved, value, best)
