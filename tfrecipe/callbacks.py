@@ -20,7 +20,7 @@ from tfrecipe.config import schema
 from tfrecipe.config.grants import NO_GRANTS, Grants
 from tfrecipe.config.instantiate import instantiate
 from tfrecipe.fault import disk
-from tfrecipe.fault.backup import StepCounter, crossed, current_step
+from tfrecipe.fault.backup import StepCounter, crossed, current_step, steps_ahead
 from tfrecipe.models.export import export_model
 from tfrecipe.optim import averaged_weights, current_learning_rate
 from tfrecipe.perf.profiler import StepProfiler
@@ -49,6 +49,11 @@ class Throughput(keras.callbacks.Callback):
         self._last = self._start
         self._steps = 0
         self._first_batch_end = None
+
+    def validated_inside(self, seconds: float) -> None:
+        """The epoch's call also validated for `seconds` (a group's, tfrecipe.loops.epoch_groups):
+        not training time."""
+        self._start += seconds
 
     def on_train_batch_end(self, batch, logs=None):
         self._last = time.perf_counter()
@@ -79,7 +84,8 @@ class Throughput(keras.callbacks.Callback):
 
 class EpochHistory(keras.callbacks.Callback):
     """Keeps one row of logs per epoch (validation metrics only where validation ran) and
-    rewrites history.csv after each epoch, so an interrupted run keeps its history."""
+    rewrites history.csv after each epoch (after a group's last, several epochs per call), so an
+    interrupted run keeps its history."""
 
     reads_logs_only = True
 
@@ -91,7 +97,11 @@ class EpochHistory(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
         self.rows.append(row)
-        self._write()
+        if not steps_ahead(self.model):  # a group of epochs in one call: at its last epoch
+            self._write()
+
+    def on_train_end(self, logs=None):
+        self._write()  # a group stopped before its last epoch (a NaN, a pruned trial)
 
     def keep(self, epochs: int) -> None:
         """Forgets the epochs after the first `epochs` (a rollback trains them again)."""
@@ -221,8 +231,9 @@ class BestCheckpoint(keras.callbacks.Callback):
     saved. A resumed run starts from the best value its earlier epochs logged (Keras' checkpoint
     would start from scratch and overwrite the file with a worse epoch, keras#17012); with
     `optimizer.ema` it saves the averaged weights, which the monitored validation scored.
-    Under a group of epochs in one call the model is ahead of the epoch: `best_weights` (set by
-    tfrecipe.loops.epoch_groups) puts the best epoch's weights in while it saves."""
+    Under a group of epochs in one call (tfrecipe.loops.epoch_groups) the model is ahead of the
+    epoch: the group's best is saved once, at its last epoch, from the best epoch's weights
+    (`best_weights` puts them in while it saves)."""
 
     reads_logs_only = True
 
@@ -230,15 +241,24 @@ class BestCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.path, self.monitor, self.best, self.mode = path, monitor, best_so_far, mode
         self.best_weights: Callable[[], contextlib.AbstractContextManager] | None = None
+        self._unsaved = False
         self._better = operator.gt if mode == "max" else operator.lt
 
     def on_epoch_end(self, epoch, logs=None):
         current = (logs or {}).get(self.monitor)
-        if current is None or not math.isfinite(current):
-            return
-        if self.best is not None and not self._better(current, self.best):
-            return
-        self.best = float(current)
+        if current is not None and math.isfinite(current):
+            if self.best is None or self._better(current, self.best):
+                self.best, self._unsaved = float(current), True
+        # a group of epochs in one call saves its best once, at its last epoch
+        if self._unsaved and not steps_ahead(self.model):
+            self._save()
+
+    def on_train_end(self, logs=None):
+        if self._unsaved:  # a group stopped before its last epoch: the best it trained
+            self._save()
+
+    def _save(self) -> None:
+        self._unsaved = False
         # the new file is written beside the old one: a disk without room for it raises ENOSPC
         # here (fault/disk.py), where h5py would crash the process
         disk.check_room(self.path.parent, disk.weights_bytes(self.model))

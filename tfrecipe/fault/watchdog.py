@@ -76,6 +76,8 @@ class StallWatchdog(keras.callbacks.Callback):
       exit: what ends the process (os._exit: the main thread is stuck; a test passes its own).
     """
 
+    reads_logs_only = True  # may watch a group of epochs in one call (loops.epoch_groups)
+
     def __init__(
         self, *, timeout: float, task: str, home: rundir.RunFiles, chief: bool, exit=os._exit
     ) -> None:

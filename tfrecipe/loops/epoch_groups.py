@@ -172,9 +172,12 @@ def _run(model, groups: EpochGroups, callbacks, first: int, end: int) -> None:
             callbacks.on_epoch_begin(epoch + offset)
             callbacks.on_train_batch_begin(0)
             if offset == 0:
-                rows = groups.run(epoch, count)
+                rows, validated = groups.run(epoch, count)
             groups.replay(offset)
             callbacks.on_train_batch_end(last_step, rows[offset][0])
+            if offset == 0:  # the clocks count training: the group's validation is not
+                for callback in _flattened(callbacks.callbacks):
+                    getattr(callback, "validated_inside", lambda _: None)(validated)
             logs = {**rows[offset][0], **rows[offset][1]}
             callbacks.on_epoch_end(epoch + offset, logs)
             if model.stop_training:
@@ -215,9 +218,10 @@ class EpochGroups:
         self._run_group: Callable[..., Any] | None = None
         self._keys: list[str] = []
 
-    def run(self, epoch: int, count: int) -> list[tuple[dict[str, float], dict[str, float]]]:
+    def run(self, epoch: int, count: int) -> tuple[list[tuple[dict, dict]], float]:
         """Epochs `epoch` to `epoch + count` in one call: each one's (training logs,
-        validation logs: `val_*`, empty where it does not validate)."""
+        validation logs: `val_*`, empty where it does not validate), and the seconds the call
+        validated (stamped in the graph; 0 without the input clock's stamps)."""
         validate = [  # padded to the longest group: one trace serves every group
             self.validation is not None and offset < count and self._validates(epoch + offset)
             for offset in range(self.epochs_per_call)
@@ -227,21 +231,23 @@ class EpochGroups:
             self._build()  # runs the first step: it builds the metrics, outside the group's loop
             first_steps -= 1
         best = math.nan if self.best is None or self.best.best is None else self.best.best
-        results = self._run_group(
+        results, validated = self._run_group(
             tf.constant(count),
             tf.constant(first_steps),
             tf.constant(validate),
             tf.constant(best, tf.float32),
-        ).numpy()
+        )
+        results = results.numpy()
         self._count = count
         self._end_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        return [
+        rows = [
             (
                 self._logs(results[0, offset]),
                 self._logs(results[1, offset], "val_") if validate[offset] else {},
             )
             for offset in range(count)
         ]
+        return rows, float(validated)
 
     def replay(self, offset: int) -> None:
         """The callbacks see the end of the group's epoch `offset` (the model is at its last's)."""
@@ -314,15 +320,20 @@ class EpochGroups:
 
         @tf.function
         def run_group(count, first_steps, validate, best):
+            validated = tf.constant(0.0, tf.float64)
             for index in tf.range(count):
                 if index > 0 or first_steps == steps_per_epoch:
                     model.reset_metrics()
                 reads.steps(read, one_step, tf.where(index > 0, steps_per_epoch, first_steps))
-                best = track(best, keep(0, index), validation=False)
+                trained = keep(0, index)
+                best = track(best, trained, validation=False)
                 if held is not None and validate[index]:
+                    began = reads.now(after=trained)
                     evaluate()
-                    best = track(best, keep(1, index), validation=True)
-            return tf.identity(self._results)
+                    results = keep(1, index)
+                    validated += reads.now(after=results) - began
+                    best = track(best, results, validation=True)
+            return tf.identity(self._results), validated
 
         return run_group
 

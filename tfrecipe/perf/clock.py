@@ -333,6 +333,14 @@ class StepClock(keras.callbacks.Callback):
             # the first epoch's first call: where a single epoch's steady state starts
             self._epoch_first = (self._epoch_seconds, self._wait())
 
+    def validated_inside(self, seconds: float) -> None:
+        """The last call also validated for `seconds` (a group's, tfrecipe.loops.epoch_groups):
+        validation's time, not the call's."""
+        epoch, steps, call = self.calls[-1]
+        self.calls[-1] = (epoch, steps, call - seconds)
+        self._epoch_seconds -= seconds
+        self._validation_seconds += seconds
+
     def on_epoch_end(self, epoch, logs=None):
         wait = self._last_wait = self._wait()
         self._epoch_training.append((epoch, self._epoch_seconds, _minus(wait, self._epoch_wait)))

@@ -313,6 +313,8 @@ class MlflowEpochLogger(keras.callbacks.Callback):
     """Logs each epoch's history row (history.csv's, so both hold the same numbers): it runs
     after `EpochHistory` in the callback list."""
 
+    reads_logs_only = True  # may watch a group of epochs in one call (loops.epoch_groups)
+
     def __init__(self, tracker: MlflowTracker, rows: Callable[[], list[dict[str, float]]]):
         super().__init__()
         self.tracker, self.rows = tracker, rows

@@ -20,6 +20,8 @@ class TrialReporter(keras.callbacks.Callback):
     at step = epochs trained; stops training at this epoch's end when the pruner says so (not
     after the last epoch: a trial that trained to its end completed, and may win)."""
 
+    reads_logs_only = True  # may watch a group of epochs in one call (loops.epoch_groups)
+
     def __init__(self, handle: TrialHandle, objective: str, epochs: int | None = None):
         super().__init__()
         import optuna
