@@ -246,9 +246,9 @@ class BestCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         current = (logs or {}).get(self.monitor)
-        if current is not None and math.isfinite(current):
-            if self.best is None or self._better(current, self.best):
-                self.best, self._unsaved = float(current), True
+        scored = current is not None and math.isfinite(current)
+        if scored and (self.best is None or self._better(current, self.best)):
+            self.best, self._unsaved = float(current), True
         # a group of epochs in one call saves its best once, at its last epoch
         if self._unsaved and not steps_ahead(self.model):
             self._save()
