@@ -42,8 +42,6 @@ from tfrecipe.perf.clock import Reads
 # `auto`: as many epochs per call as make about this many steps (fewer where the run has fewer
 # epochs left). Measured on wine (8 steps an epoch): docs/benchmarks.md, "A fourteenth pass".
 GROUP_STEPS = 128
-# An evaluation split of at most this many batches is evaluated without a graph loop.
-_UNROLLED = 4
 
 # Keras' callbacks that read only an epoch's logs (tfrecipe's say so: `reads_logs_only`, the
 # logs, the step counter `backup.current_step` and BestCheckpoint's best weights).
@@ -296,27 +294,35 @@ class EpochGroups:
             self.best.best_weights = self.best_weights
         self._run_group = self._group_function(reads, read, one_step)
 
+    @tf.autograph.experimental.do_not_convert
+    def _keep(self, split: int, index: tf.Tensor) -> dict[str, tf.Tensor]:
+        """In the graph: the metrics' results after epoch `index`'s training (`split` 0) or
+        validation (1), kept for its logs."""
+        results = self.model.get_metrics_result()
+        row = tf.stack([tf.cast(results[key], tf.float32) for key in self._keys])
+        self._results.scatter_nd_update([[split, index]], [row])
+        return results
+
     def _group_function(self, reads, read, one_step):
-        model, steps_per_epoch, keys = self.model, self.steps_per_epoch, self._keys
+        model, steps_per_epoch = self.model, self.steps_per_epoch
         held = None if self.validation is None else self.validation.held
         test_step = resident_fit.test_step(model)
         track = _Tracker(model, self.best, self._shadows)
 
-        def keep(split: int, index):
-            results = model.get_metrics_result()
-            row = tf.stack([tf.cast(results[key], tf.float32) for key in keys])
-            self._results.scatter_nd_update([[split, index]], [row])
-            return results
-
-        def evaluate():
+        def evaluate(index, trained, best, validated):
+            """The held validation split's metrics after epoch `index`, timed."""
+            began = reads.now(after=trained)
             model.reset_metrics()
-            batches = held.layout.steps_per_pass
-            if batches <= _UNROLLED:  # a loop of 1 batch cost 0.2 ms an epoch (wine)
-                for index in range(batches):
-                    test_step(held.batch_in_order(tf.constant(index)))
-                return
-            for index in tf.range(batches):
-                test_step(held.batch_in_order(index))
+            if held.layout.steps_per_pass == 1:  # a loop of 1 batch cost 0.2 ms an epoch (wine)
+                test_step(held.batch_in_order(tf.constant(0)))
+            else:
+                for batch in tf.range(held.layout.steps_per_pass):
+                    test_step(held.batch_in_order(batch))
+            results = self._keep(1, index)
+            validated += reads.now(after=results) - began
+            return track(best, results, validation=True), validated
+
+        every_epoch = self.validation_freq == 1  # no cond: validation in the loop's body itself
 
         @tf.function
         def run_group(count, first_steps, validate, best):
@@ -325,14 +331,10 @@ class EpochGroups:
                 if index > 0 or first_steps == steps_per_epoch:
                     model.reset_metrics()
                 reads.steps(read, one_step, tf.where(index > 0, steps_per_epoch, first_steps))
-                trained = keep(0, index)
+                trained = self._keep(0, index)
                 best = track(best, trained, validation=False)
-                if held is not None and validate[index]:
-                    began = reads.now(after=trained)
-                    evaluate()
-                    results = keep(1, index)
-                    validated += reads.now(after=results) - began
-                    best = track(best, results, validation=True)
+                if (held is not None and every_epoch) or (held is not None and validate[index]):
+                    best, validated = evaluate(index, trained, best, validated)
             return tf.identity(self._results), validated
 
         return run_group
@@ -350,12 +352,13 @@ class _Tracker:
             self.key = best.monitor[4:] if self.validation else best.monitor
             self.better = tf.greater if best.mode == "max" else tf.less
 
+    @tf.autograph.experimental.do_not_convert  # plain TF: converting it cost tracing time
     def __call__(self, best, results, *, validation: bool):
         if self.key is None or validation != self.validation or self.key not in results:
             return best  # not logged: BestCheckpoint never scores it either
         value = tf.cast(results[self.key], tf.float32)
         improved = tf.math.is_finite(value) & (tf.math.is_nan(best) | self.better(value, best))
-        if improved:
-            for shadow, weight in zip(self.shadows, self.model.weights, strict=True):
-                shadow.assign(tf.convert_to_tensor(weight))
+        for shadow, weight in zip(self.shadows, self.model.weights, strict=True):
+            # no cond: each one's branch graphs made tracing the group 0.1-0.2 s longer
+            shadow.assign(tf.where(improved, tf.convert_to_tensor(weight), shadow))
         return tf.where(improved, value, best)
