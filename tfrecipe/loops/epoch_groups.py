@@ -1,24 +1,26 @@
 """Several epochs in one call (`batching.epochs_per_call`): fit on a held training split whose
 epochs are a few short steps.
 
-fit calls its train function at least once per epoch, and each call costs 0.5-1.2 ms besides its
-steps (docs/benchmarks.md, "An eleventh pass"): a wine or breast-cancer epoch of 8-12 steps of
-0.1-0.2 ms pays more for its call than for its steps. Here fit still runs every epoch, with every
-callback and validation, but the first epoch of each group of N runs the group's N epochs in one
-graph call: each epoch's steps on the held split (as tfrecipe.loops.resident_fit runs them), its
-metrics' states kept, the held validation split evaluated where fit would validate, its metrics'
-states kept, and the weights of the best epoch by `callbacks.model_checkpoint`'s monitor kept
-beside the model's. The group's other epochs then only replay: each of fit's calls of the train
-or test function puts its epoch's metric states back, so fit reads, logs and hands its callbacks
-exactly what an epoch of its own would have.
+Keras' fit calls its train function at least once an epoch, and each call costs 0.5-1.2 ms
+besides its steps, its epoch's edges as much again (docs/benchmarks.md, "An eleventh pass"): a
+wine or breast-cancer epoch of 8-12 steps of 0.1-0.2 ms pays more for them than for its steps.
+Here one graph call runs a group of epochs: for each, its steps on the held split (Keras' own
+`train_step`, as tfrecipe.loops.resident_fit runs it), its training metrics' results kept, the
+held validation split evaluated with Keras' own `test_step` where fit would validate, its
+results kept, and where `callbacks.model_checkpoint`'s monitor beats the best so far the model's
+weights copied beside it. Then fit's epoch loop, run here as the custom loop runs it (a
+`CallbackList` with Keras' History and progress bar), hands each epoch of the group to the
+callbacks with its own logs: `on_epoch_begin`, the batch hooks once around the epoch, and
+`on_epoch_end`. The run's first epoch is a call of its own (it traces: the clocks' warm-up).
 
-While a group replays, the model is ahead of the epoch its callbacks see: `backup.current_step`
-counts the steps it is ahead back (`steps_ahead`), the backups (a preemption's too) wait for the
-group's last epoch end, and the best-weights file is written from the best epoch's weights. Only
-callbacks known to read nothing but logs, steps and those weights may watch a group (`blocker`
-names the first that may not); any other (early stopping, periodic exports, EMA's swaps,
-periodic backups, your own) keeps one epoch per call. A stop in the middle of a group (a NaN
-loss) ends fit at that epoch with the group's last weights.
+While a group is handed over, the model is ahead of the epoch its callbacks see:
+`backup.current_step` says the epoch's step (`backup.replaying`), no backup is taken before the
+group's last epoch end (a preemption's neither), history.csv and best.weights.h5 are written
+there, the latter from the best epoch's weights (`EpochGroups.best_weights`). Only callbacks
+known to read nothing but logs, that step and those weights may watch a group (`blocker` names
+the first that may not); any other (early stopping, periodic exports, EMA's swaps, periodic
+backups, your own) keeps one epoch per call. A stop inside a group (a NaN loss, a pruned trial)
+ends training at that epoch with the model at the group's end.
 """
 
 from __future__ import annotations
@@ -205,10 +207,8 @@ class EpochGroups:
         best: BestCheckpoint | None,
     ):
         self.model, self.validation, self.best = model, validation, best
-        self.epochs_per_call, self.validation_freq = (
-            options.epochs_per_call,
-            options.validation_freq,
-        )
+        self.epochs_per_call = options.epochs_per_call
+        self.validation_freq = options.validation_freq
         self.steps_per_epoch = options.steps_per_epoch
         self._iterator = iter(train)
         self._count = self._end_step = 0
