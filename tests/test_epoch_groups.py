@@ -93,10 +93,17 @@ def test_a_group_a_callback_could_tell_apart_is_refused(cli, tmp_path):
 
 def _command(run_dir: Path, epochs: int) -> list[str]:
     return [
-        sys.executable, "-m", "tfrecipe", "model=mlp", f"loop.epochs={epochs}",
-        "loop.steps_per_epoch=3", "loop.verbose=0", "logger.csv.every_n_steps=3",
-        "batching.epochs_per_call=20", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "tfrecipe",
+        "model=mlp",
+        f"loop.epochs={epochs}",
+        "loop.steps_per_epoch=3",
+        "loop.verbose=0",
+        "logger.csv.every_n_steps=3",
+        "batching.epochs_per_call=20",
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 @pytest.mark.slow
@@ -104,9 +111,12 @@ def test_a_preemption_inside_a_group_saves_at_its_end_and_resumes_losing_nothing
     epochs = 400
     run_dir, whole_dir = tmp_path / "run", tmp_path / "whole"
     process = subprocess.Popen(
-        _command(run_dir, epochs), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        _command(run_dir, epochs),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 120
         steps = run_dir / "steps.csv"

@@ -291,10 +291,11 @@ def _train_epoch(
             break
 
 
-def _callback_list(
+def callback_list(
     callbacks: Sequence[keras.callbacks.Callback], model: keras.Model, options: LoopOptions
 ) -> keras.callbacks.CallbackList:
-    """The run's callbacks with a History, and a progress bar unless `options.verbose` is 0."""
+    """The run's callbacks with a History, and a progress bar unless `options.verbose` is 0
+    (fit's list, for a loop that runs fit's epochs itself: this one, epoch_groups')."""
     return keras.callbacks.CallbackList(
         callbacks,
         add_history=True,
@@ -319,7 +320,7 @@ def run(
     validate = None
     if validation_data is not None:
         validate = _evaluator(model, make, steps_per_loop=options.steps_per_loop)
-    callbacks = _callback_list(callbacks, model, options)
+    callbacks = callback_list(callbacks, model, options)
     model.stop_training = False
     iterator = iter(train_data)  # one iterator for the whole run: epochs continue the stream
     callbacks.on_train_begin()

@@ -38,7 +38,7 @@ from tfrecipe.callbacks import BestCheckpoint
 from tfrecipe.data.resident import HeldEval, ResidentTrain
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import backup
-from tfrecipe.loops import resident_fit
+from tfrecipe.loops import custom, resident_fit
 from tfrecipe.perf.clock import Reads
 
 # `auto`: as many epochs per call as make about this many steps (fewer where the run has fewer
@@ -145,17 +145,8 @@ def fit(
         if hasattr(callback, "epochs_per_call"):  # the clocks: a call's time is its group's
             callback.epochs_per_call = options.epochs_per_call
     groups = EpochGroups(model, data, validation, options=options, best=best)
-    listed = keras.callbacks.CallbackList(
-        callbacks,
-        add_history=True,
-        add_progbar=options.verbose != 0,
-        verbose=options.verbose,
-        epochs=options.epochs,
-        steps=options.steps_per_epoch,
-        model=model,
-    )
     try:
-        _run(model, groups, listed, *epochs)
+        _run(model, groups, custom.callback_list(callbacks, model, options), *epochs)
     finally:
         groups.detach()
     return True

@@ -86,8 +86,8 @@ def with_epoch_groups(
     """`options` with the epochs per call `batching.epochs_per_call` gets under the run's
     callbacks (tfrecipe.loops.epoch_groups); summary.json's `epochs_per_call` says how many and
     why."""
-    setting, callbacks = built.batches.batching.epochs_per_call, [*monitors.callbacks]
-    callbacks += protected.callbacks
+    setting = built.batches.batching.epochs_per_call
+    callbacks = [*monitors.callbacks, *protected.callbacks]  # as train_model runs them
     count, why = epoch_groups.choose(setting, callbacks, built.data, options, loop=ctx.plan.loop)
     summary.update(epochs_per_call={"epochs": count, "why": why})
     return dataclasses.replace(options, epochs_per_call=count)
