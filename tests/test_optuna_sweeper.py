@@ -428,3 +428,49 @@ def test_n_jobs_workers_never_wait_for_each_others_trials(tmp_path):
     workers = {t.user_attrs["tfrecipe_worker"] for t in trials}
     assert len(workers) == 2  # this process and the one it started, each asking for the next
     assert output.count("sweep: 3 jobs (3 completed)") == 1  # one report, by the sweep's process
+
+
+def _waiting_on(path: Path) -> bool:
+    """Whether a process waits for a `flock` on `path` (a blocked lock in /proc/locks)."""
+    inode = f":{path.stat().st_ino} "
+    return any(
+        "->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines()
+    )
+
+
+@pytest.mark.heavy  # starts a process
+def test_a_worker_counts_the_trials_only_after_another_has_asked_for_its_own(tmp_path):
+    """Two workers each seeing the last trial left must not both ask for it (4 trials of 3 once
+    came out of SLURM array tasks): counting and asking happen under the study's ask lock."""
+    from tfrecipe.cli import optuna_lease
+    from tfrecipe.tracking.optuna_trial import open_storage
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="tfrecipe", storage=open_storage(storage))
+    command = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1"]
+    command += [f"hydra.sweeper.storage={storage}", "optimizer.learning_rate=interval(0.001,0.01)"]
+    command += [*TRIAL, f"hydra.sweep.dir={tmp_path / 'sw'}"]
+    leases = optuna_lease.lease_dir(storage)
+    with optuna_lease.asking(leases):  # another worker, about to ask for the last trial
+        sweep = _start(command, tmp_path)
+        _wait_until(lambda: _waiting_on(leases / optuna_lease.ASK_LOCK), sweep)
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    study.tell(trial, 1.0)  # ... and ran it
+    output = sweep.communicate(timeout=600)[0]
+    assert sweep.returncode == 0, output[-3000:]
+    assert _states(storage) == ["COMPLETE"]  # the budget's one trial: nothing more asked
+    assert not any(p.name.isdigit() for p in (tmp_path / "sw").iterdir())  # nor run
+
+
+def test_on_a_database_server_a_trial_asked_past_the_budget_is_dropped_unrun(tmp_path):
+    """No file to lock there: a worker that asked at once with another counts the trials asked
+    before its own (failed ones aside) and drops its trial where they fill the budget."""
+    from tfrecipe.cli.optuna_study import _ahead
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    x = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    study.tell(study.ask(x), 1.0)
+    study.tell(study.ask(x), state=optuna.trial.TrialState.FAIL)  # retried: not counted
+    running, mine = study.ask(x), study.ask(x)
+    assert _ahead(study, mine) == 2  # trial 3 comes after 2 that count: n_trials=2 drops it
+    assert _ahead(study, running) == 1

@@ -21,6 +21,8 @@ from pathlib import Path
 
 # Beside the study's file: FILE.trials/<trial id>, one empty file per running trial.
 SUFFIX = ".trials"
+# In that folder: the lock a worker holds while it counts the trials and asks for the next.
+ASK_LOCK = "ask"
 
 
 def lease_dir(storage_url: str) -> Path | None:
@@ -79,5 +81,24 @@ def worker_gone(folder: Path | None, trial_id: int) -> bool | None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return True
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def asking(folder: Path | None) -> Iterator[None]:
+    """One worker at a time counts the study's trials and asks for the next while the block
+    runs (an exclusive `flock` on FILE.trials/ask): two workers that each see one trial left
+    would otherwise both ask for it. Nothing for a database server, which has no file to lock
+    (cli.optuna_study then drops a surplus trial unrun)."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(folder / ASK_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # no locks here: as without the file
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(descriptor)

@@ -45,6 +45,9 @@ DEFAULT_STUDY = "tfrecipe"
 STUDY_FILE = "study.db"
 # A trial's user attribute: the worker running it (host:pid), to fail it once that process died.
 WORKER_ATTR = "tfrecipe_worker"
+# A trial's user attribute: asked past n_trials by a worker racing another (a database server,
+# where no lock orders the asking), and failed unrun.
+SURPLUS_ATTR = "tfrecipe_surplus"
 # A trial backs up its training state (every epoch's end), so that its retry resumes where a
 # killed one stopped; your `callbacks.backup.enabled=false` wins.
 TRIAL_BACKUPS = "callbacks.backup.enabled=true"
@@ -199,25 +202,44 @@ class _TrialLoop:
         self.failures = 0
 
     def run(self) -> None:
-        budget = self.owner.budget
         while True:
+            with contextlib.ExitStack() as lease:  # held until the trial is told
+                trial = self._next(lease)
+                if trial is None:
+                    return
+                self._run_one(trial)
+
+    def _next(self, lease: contextlib.ExitStack):
+        """The next trial, its lease taken into `lease` (None: the study has its trials, or too
+        many of this process failed). One worker at a time counts and asks (optuna_lease.asking)
+        where the study is a file; on a database server a trial asked past the budget is
+        dropped unrun."""
+        import optuna
+
+        budget = self.owner.budget
+        with optuna_lease.asking(self.owner.leases):
             _fail_dead_trials(self.study, self.owner.leases)
             if _finished(self.study) + _running(self.study) >= budget.n_trials:
-                return
+                return None
             if self.failures > budget.max_failures:
                 log.error(
                     "optuna: %d trial(s) failed (max_failure_rate allows %d): stopping",
                     self.failures,
                     budget.max_failures,
                 )
-                return
-            self._run_one()
+                return None
+            with warnings.catch_warnings():  # the heartbeat is ours (_heartbeat), not optimize's
+                warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+                trial = self.study.ask(self.space.distributions)
+            trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{os.getpid()}")
+            lease.enter_context(optuna_lease.held(self.owner.leases, trial._trial_id))
+        if _ahead(self.study, trial) >= budget.n_trials:  # another worker asked at once
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            _told(self.study, trial, state=optuna.trial.TrialState.FAIL)
+            return None
+        return trial
 
-    def _run_one(self) -> None:
-        with warnings.catch_warnings():  # the heartbeat is ours (_heartbeat), not optimize's
-            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
-            trial = self.study.ask(self.space.distributions)
-        trial.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{os.getpid()}")
+    def _run_one(self, trial) -> None:
         if self.owner.extend is not None:
             self.owner.extend(self.owner.config, trial)
         # A retry (RetryFailedTrialCallback) runs in the run dir of the trial it retries.
@@ -225,14 +247,13 @@ class _TrialLoop:
             "failed_trial", trial.number
         )
         overrides = self.space.overrides(trial.params)
-        with optuna_lease.held(self.owner.leases, trial._trial_id):  # until it is told
-            try:
-                with _heartbeat(self.study, trial), _trial_env(self.owner.trial_handle(trial)):
-                    [result] = self.owner.launcher.launch([overrides], initial_job_idx=number)
-            except BaseException:  # stopped (SIGTERM, Ctrl-C): failed, to be resumed by a retry
-                _fail_and_retry(self.study, trial._trial_id)
-                raise
-            self._tell(trial, result)
+        try:
+            with _heartbeat(self.study, trial), _trial_env(self.owner.trial_handle(trial)):
+                [result] = self.owner.launcher.launch([overrides], initial_job_idx=number)
+        except BaseException:  # stopped (SIGTERM, Ctrl-C): failed, to be resumed by a retry
+            _fail_and_retry(self.study, trial._trial_id)
+            raise
+        self._tell(trial, result)
 
     def _tell(self, trial, result) -> None:
         import optuna
@@ -283,6 +304,16 @@ def _finished(study) -> int:
 
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _ahead(study, trial) -> int:
+    """How many trials asked before `trial` count toward the budget (finished or running)."""
+    import optuna
+
+    state = optuna.trial.TrialState
+    counted = (state.COMPLETE, state.PRUNED, state.RUNNING)
+    trials = study.get_trials(deepcopy=False, states=counted)
+    return sum(t.number < trial.number for t in trials)
 
 
 def _running(study) -> int:
