@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.files",
         "tfrecipe.reading",
         "tfrecipe.compat",
+        "tfrecipe.graph",
         "tfrecipe.config.command_line",
         "tfrecipe.config.trust",
         "tfrecipe.config.secrets",

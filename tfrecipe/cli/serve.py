@@ -140,7 +140,7 @@ def main(args: list[str]) -> None:
     import tensorflow as tf
 
     # One graph for every batch size (predict_on_batch traces each new size again: 9 ms a row)
-    call = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    call = tf.function(lambda x: model(x, training=False), reduce_retracing=True, autograph=False)
 
     def outputs(features) -> np.ndarray:
         return np.asarray(call(predict.model_inputs(features, normalize)))

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tfrecipe import graph
+
 
 def input_shard(strategy: tf.distribute.Strategy) -> tuple[int, int]:
     """(this worker's index, number of workers) among those that read input: the chief first
@@ -108,7 +110,9 @@ def distribute(
 def _finished(dataset: tf.data.Dataset, batch_map: Callable | None, *, cache: bool):
     """Each batch through `batch_map` (vectorized), the results held in memory with `cache`."""
     if batch_map is not None:
-        dataset = dataset.map(batch_map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        dataset = dataset.map(
+            graph.plain(batch_map), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
     return dataset.cache() if cache else dataset
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import reading
+from tfrecipe import graph, reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.listing import folder_files
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
@@ -89,7 +89,7 @@ def _images(
     height, width = image_size
     dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
     return dataset.map(
-        lambda file, label: (_load_image(file, channels, height, width), label),
+        graph.plain(lambda file, label: (_load_image(file, channels, height, width), label)),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 

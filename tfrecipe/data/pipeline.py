@@ -109,8 +109,10 @@ def _augmented(dataset, options: PipelineOptions, *, seed: int):
         if options.num_parallel_calls == "autotune"
         else (options.num_parallel_calls)
     )
+    from tfrecipe.graph import plain
+
     return tf.data.Dataset.zip(dataset, seeds).map(
-        lambda example, seed: (augment_image(example[0], seed, options), example[1]),
+        plain(lambda example, seed: (augment_image(example[0], seed, options), example[1])),
         num_parallel_calls=parallel,
         deterministic=True,
     )
@@ -131,8 +133,10 @@ def shuffle_rows(chunks, window: int, *, seed: int):
         )
         return tf.nest.map_structure(lambda column: tf.gather(column, order), rows)
 
+    from tfrecipe.graph import plain
+
     return tf.data.Dataset.zip(chunks.rebatch(window), seeds).map(
-        permute, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        plain(permute), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
 
 
@@ -161,7 +165,9 @@ def batch_transform(options: PipelineOptions):
         # Class ids as int32; float targets (regression, multi-hot) keep their values.
         return tf.cast(y, tf.int32) if y.dtype.is_integer or y.dtype.is_bool else y
 
-    return lambda x, y: (normalize(x), labels(y))
+    from tfrecipe.graph import plain
+
+    return plain(lambda x, y: (normalize(x), labels(y)))
 
 
 def _require_images(shape, options: PipelineOptions) -> None:

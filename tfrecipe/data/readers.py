@@ -429,6 +429,8 @@ class Records:
     def batches(self, batch_size: int) -> Iterator[Batch]:
         import tensorflow as tf
 
+        from tfrecipe import graph
+
         feature = {
             "image": tf.io.FixedLenFeature([], tf.string),
             "float": tf.io.FixedLenFeature(self.shape, tf.float32),
@@ -443,7 +445,9 @@ class Records:
 
         for file in self.files:
             records = tf.data.TFRecordDataset(str(file)).map(
-                lambda r: decode(tf.io.parse_single_example(r, {self.key: feature})[self.key])
+                graph.plain(
+                    lambda r: decode(tf.io.parse_single_example(r, {self.key: feature})[self.key])
+                )
             )
             start = 0
             try:

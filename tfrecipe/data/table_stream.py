@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
+from tfrecipe import graph
 from tfrecipe.data import table_files, table_stats
 from tfrecipe.data.table_files import Table
 from tfrecipe.data.table_stats import Columns, Layout, TableStats
@@ -60,7 +61,7 @@ def split_dataset(
                 output_signature=signature,
             )
         )
-    return chunks.map(_decode_categories)
+    return chunks.map(graph.plain(_decode_categories))
 
 
 def _decode_categories(features, targets):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import reading
+from tfrecipe import graph, reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.listing import folder_files
 from tfrecipe.data.splits import DatasetInfo, Splits, split_indices
@@ -73,7 +73,7 @@ def _texts(files: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> tf.dat
     dataset = tf.data.Dataset.from_tensor_slices((files[indices], labels[indices]))
     # Read lazily (a corpus may be large); the pipeline's cache keeps what was read.
     return dataset.map(
-        lambda file, label: (tf.io.read_file(file), label),
+        graph.plain(lambda file, label: (tf.io.read_file(file), label)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )

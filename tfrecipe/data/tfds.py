@@ -113,7 +113,9 @@ def _read(builder, name: str, split: str, data_dir: str | None, feature_key: str
         raise ValueError(_not_prepared(name, data_dir)) from None
     except (ValueError, KeyError) as error:  # an unknown split or bad slice
         raise ValueError(f"dataset {name!r}: cannot read split={split!r} ({error})") from None
-    return dataset.map(lambda example: (example[feature_key], example[label_key]))
+    from tfrecipe.graph import plain
+
+    return dataset.map(plain(lambda example: (example[feature_key], example[label_key])))
 
 
 def _not_prepared(name: str, data_dir: str | None) -> str:

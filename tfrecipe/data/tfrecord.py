@@ -19,7 +19,7 @@ from typing import Literal
 
 import tensorflow as tf
 
-from tfrecipe import reading
+from tfrecipe import graph, reading
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits
 from tfrecipe.data.values import check_finite_array
@@ -145,7 +145,9 @@ def _glob(key: str, pattern: str | Sequence[str]) -> list[str]:
 
 def _check_file(path: str, spec: _Spec, images_to_decode: int) -> int:
     """Reads and parses every record of `path`; returns how many there are."""
-    records = tf.data.TFRecordDataset(path).map(spec.parse, num_parallel_calls=tf.data.AUTOTUNE)
+    records = tf.data.TFRecordDataset(path).map(
+        graph.plain(spec.parse), num_parallel_calls=tf.data.AUTOTUNE
+    )
     count = 0
     try:
         for batch in records.batch(4096):
@@ -179,5 +181,5 @@ def _read(files: list[str], spec: _Spec, count: int) -> tf.data.Dataset:
     # The count the check read: a reader's cardinality is unknown, and Keras, finding the end of
     # a validation set it cannot count, warns "Your input ran out of data" every run. (Sharding
     # across workers drops this assertion with the files it leaves out.)
-    examples = records.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    examples = records.map(graph.plain(example), num_parallel_calls=tf.data.AUTOTUNE)
     return examples.apply(tf.data.experimental.assert_cardinality(count))

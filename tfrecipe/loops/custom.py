@@ -39,7 +39,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe import optim
+from tfrecipe import graph, optim
 from tfrecipe.data.resident import HeldEval, HeldSplit
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops.objective import Objective
@@ -100,7 +100,7 @@ def _own_function(model: keras.Model) -> Callable[[Callable], Callable]:
     (Keras turns it on for a model on a GPU without a strategy) XLA compiles it, as in fit, and
     the loop around it stays a plain graph."""
     return lambda step: tf.function(
-        step, jit_compile=bool(model.jit_compile), reduce_retracing=True
+        step, jit_compile=bool(model.jit_compile), reduce_retracing=True, autograph=False
     )
 
 
@@ -125,7 +125,7 @@ def _make_train_function(
         strategy.run(replica_step, args=(batches, global_examples))
         return global_examples  # an output: the end stamp waits for the call, and all it did
 
-    @tf.function  # traced once with a tensor (the loop) and once with None (a step, no loop)
+    @tf.function(autograph=False)  # traced with a tensor (the loop), and None (a step alone)
     def run_steps(iterator, num_steps: tf.Tensor | None):
         reads.steps(functools.partial(_read, iterator, accumulation), step, num_steps)
         return objective.results()
@@ -165,16 +165,16 @@ def _make_test_function(
     """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
     batches in one call; fewer when the (finite) data ends."""
 
-    @tf.function
+    @tf.function(autograph=False)
     def test_steps(iterator, num_steps):
-        batches = tf.constant(0)
-        for _ in tf.range(num_steps):
+        def one(batches):  # the next batch, if the data have one: (ended, batches run)
             batch = iterator.get_next_as_optional()
-            if not batch.has_value():
-                break
-            step(batch.get_value())
-            batches += 1
-        return batches, objective.results()
+            ran = tf.cond(
+                batch.has_value(), lambda: _ran(step(batch.get_value())), lambda: tf.constant(0)
+            )
+            return ran == 0, batches + ran
+
+        return graph.until(num_steps, one, tf.constant(0)), objective.results()
 
     return test_steps
 
@@ -184,13 +184,23 @@ def _held_test_function(
 ) -> Callable[[], dict[str, tf.Tensor]]:
     """`test_all() -> metric results`: every batch of a held split, in order, in one call."""
 
-    @tf.function
+    @tf.function(autograph=False)
     def test_all():
-        for index in tf.range(held.layout.steps_per_pass):
-            step(held.batch_in_order(index))
+        graph.repeat(
+            held.layout.steps_per_pass,
+            lambda index, ran: ran + _ran(step(held.batch_in_order(index))),
+            tf.constant(0),
+        )
         return objective.results()
 
     return test_all
+
+
+def _ran(outputs: Any) -> tf.Tensor:
+    """1, once a step's `outputs` (none: its call) are done."""
+    done = [t for t in tf.nest.flatten(outputs, expand_composites=True) if t is not None]
+    with tf.control_dependencies(done):
+        return tf.constant(1)
 
 
 def _num_batches(data: Any) -> int | None:

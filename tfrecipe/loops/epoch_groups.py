@@ -34,6 +34,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfrecipe import graph
 from tfrecipe.callbacks import BestCheckpoint
 from tfrecipe.data.resident import HeldEval, ResidentTrain
 from tfrecipe.errors import ConfigError
@@ -277,7 +278,7 @@ class EpochGroups:
         reads, one_step = Reads(clock), resident_fit.on_replicas(model, step)
         read = functools.partial(next, self._iterator)
         model.reset_metrics()  # as fit does at an epoch's start (no-op before they are built)
-        tf.function(lambda: reads.steps(read, one_step, None))()
+        tf.function(lambda: reads.steps(read, one_step, None), autograph=False)()
         self._keys = sorted(model.get_metrics_result())
         with tf.device("/CPU:0"):  # (training, validation) x epoch x metric
             self._results = tf.Variable(tf.zeros([2, self.epochs_per_call, len(self._keys)]))
@@ -306,28 +307,32 @@ class EpochGroups:
             """The held validation split's metrics after epoch `index`, timed."""
             began = reads.now(after=trained)
             model.reset_metrics()
-            if held.layout.steps_per_pass == 1:  # a loop of 1 batch cost 0.2 ms an epoch (wine)
-                test_step(held.batch_in_order(tf.constant(0)))
-            else:
-                for batch in tf.range(held.layout.steps_per_pass):
-                    test_step(held.batch_in_order(batch))
+            resident_fit.in_order(held, test_step)
             results = self._keep(1, index)
             validated += reads.now(after=results) - began
             return track(best, results, validation=True), validated
 
-        every_epoch = self.validation_freq == 1  # no cond: validation in the loop's body itself
-
-        @tf.function
+        @tf.function(autograph=False)
         def run_group(count, first_steps, validate, best):
-            validated = tf.constant(0.0, tf.float64)
-            for index in tf.range(count):
-                if index > 0 or first_steps == steps_per_epoch:
-                    model.reset_metrics()
+            def run(index, state):
+                best, validated = state
+                started = (index > 0) | (first_steps == steps_per_epoch)  # not the run's 1st step
+                tf.cond(started, model.reset_metrics, lambda: None)  # fit's, at an epoch's start
                 reads.steps(read, one_step, tf.where(index > 0, steps_per_epoch, first_steps))
                 trained = self._keep(0, index)
                 best = track(best, trained, validation=False)
-                if (held is not None and every_epoch) or (held is not None and validate[index]):
-                    best, validated = evaluate(index, trained, best, validated)
+                if held is None:
+                    return best, validated
+                if self.validation_freq == 1:  # no cond: validation in the loop's body itself
+                    return evaluate(index, trained, best, validated)
+                return tf.cond(
+                    validate[index],
+                    lambda: evaluate(index, trained, best, validated),
+                    lambda: (best, validated),
+                )
+
+            state = (best, tf.constant(0.0, tf.float64))
+            _, validated = graph.repeat(count, run, state)
             return tf.identity(self._results), validated
 
         return run_group

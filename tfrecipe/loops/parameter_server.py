@@ -76,11 +76,11 @@ def _make_train_step(
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_step(iterator):
         return strategy.run(replica_step, args=(own_batch(iterator, workers),))
 
-    @tf.function
+    @tf.function(autograph=False)
     def fed_step(batch):
         return strategy.run(replica_step, args=(batch,))
 
@@ -164,7 +164,7 @@ class _Evaluator:
     def __init__(self, model: keras.Model, make: objectives.MakeObjective):
         self.objective = objectives.build(model, make, distributed=False)
         self.model = weakref.ref(model)  # the cache must not keep the model alive
-        self.step = tf.function(self._step, reduce_retracing=True)
+        self.step = tf.function(self._step, reduce_retracing=True, autograph=False)
 
     def _step(self, batch):
         self.objective.test_batch(self.model(), batch)

@@ -60,7 +60,9 @@ def _build_model(spec: schema.Target, splits, *, task: schema.Task, grants: Gran
     options = {key: node.pop(key, None) for key in schema.MODEL_OPTIONS}
     extra = {}
     if "train_features" in parameters:
-        extra["train_features"] = splits.train.map(lambda features, _: features)
+        from tfrecipe.graph import plain
+
+        extra["train_features"] = splits.train.map(plain(lambda features, _: features))
     inputs = encoded = None
     if splits.preprocessing is not None:
         inputs, encoded = splits.preprocessing(splits.train)

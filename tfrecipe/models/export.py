@@ -473,7 +473,9 @@ def _feature_batches(
 
     normalize = batch_transform(options)
     batches = batch(dataset, batch_size, chunks=chunks).take(-(-limit // batch_size))
-    return list(batches.map(lambda x, y: normalize(x, y)[0]).as_numpy_iterator())
+    from tfrecipe.graph import plain
+
+    return list(batches.map(plain(lambda x, y: normalize(x, y)[0])).as_numpy_iterator())
 
 
 def _scorer(dataset, options, *, task, batch_size: int, chunks: bool = False):

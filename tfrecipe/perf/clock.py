@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import compat
+from tfrecipe import compat, graph
 
 
 class InputClock:
@@ -118,11 +118,15 @@ class Reads:
         ended = self.now()
         batch, ready = self.next(read, after=ended)
         if count is not None:
-            for _ in tf.range(count - 1):
+
+            def one(_, state):
+                ended, batch, ready = state
                 self.waited(ready, ended)
                 upcoming = read()  # read while the step runs: no stamp orders it after
                 ended = self.now(after=step(batch))
-                batch, ready = upcoming, self.now(after=upcoming)  # below `ended`
+                return ended, upcoming, self.now(after=upcoming)  # below `ended`
+
+            ended, batch, ready = graph.repeat(count - 1, one, (ended, batch, ready))
         self.waited(ready, ended)
         return step(batch)
 
@@ -169,7 +173,7 @@ def time_train_step(model: keras.Model, clock: InputClock) -> bool:
         return True
     compiled = step
     if model.jit_compile:
-        compiled = tf.function(step, jit_compile=True, reduce_retracing=True)
+        compiled = tf.function(step, jit_compile=True, reduce_retracing=True, autograph=False)
         _train_function_without_xla(model)
 
     def timed_step(data):

@@ -145,7 +145,7 @@ def calibrate(dtype: str) -> float:
             for i in range(side_by_side)
         ]
 
-    @tf.function
+    @tf.function(autograph=False)
     def matmuls(a, bs):
         return tf.add_n([tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)) for b in bs])
 

@@ -23,7 +23,9 @@ def training_targets(train: tf.data.Dataset, *, chunks: bool = False) -> np.ndar
     """The training split's targets (labels only, read once, in large batches), for statistics
     every dataset can give: in-memory arrays, TFDS, files, streamed tables (`chunks`: elements
     are chunks of rows)."""
-    targets = train.map(lambda *example: example[1])
+    from tfrecipe.graph import plain
+
+    targets = train.map(plain(lambda *example: example[1]))
     targets = targets.rebatch(8192) if chunks else targets.batch(8192)
     batches = [batch.numpy() for batch in targets]
     return np.concatenate(batches) if batches else np.zeros((0,), "float32")

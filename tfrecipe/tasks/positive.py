@@ -58,8 +58,10 @@ def orient(task: TaskConfig, splits: Splits, *, dataset: str) -> Splits:
 def _swapped(splits: Splits, names: tuple[str, ...]) -> Splits:
     """Class 0 becomes 1 and 1 becomes 0, in every split and in the dataset's description."""
 
+    from tfrecipe.graph import plain
+
     def swap(dataset):
-        return None if dataset is None else dataset.map(lambda x, y: (x, 1 - y))
+        return None if dataset is None else dataset.map(plain(lambda x, y: (x, 1 - y)))
 
     info = dataclasses.replace(
         splits.info,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from tfrecipe import tasks
+from tfrecipe import graph, tasks
 from tfrecipe.config import schema
 from tfrecipe.data import resident
 from tfrecipe.data.distribute import Feed, input_shard
@@ -243,7 +243,9 @@ class _Placement:
         if self.premap is None:
             return dataset
         # vectorized, in chunks: the map is written for batches (the values are the same)
-        mapped = dataset.batch(1024).map(self.premap, num_parallel_calls=tf.data.AUTOTUNE)
+        mapped = dataset.batch(1024).map(
+            graph.plain(self.premap), num_parallel_calls=tf.data.AUTOTUNE
+        )
         return mapped.unbatch()
 
 

@@ -1,0 +1,52 @@
+"""tfrecipe's graph functions are plain TensorFlow: traced with `autograph=False`, their loops
+`tf.while_loop`s written out (`repeat`, `until`), their branches `tf.cond`s.
+
+Autograph rewrites every Python function a `tf.function` calls, from its source, before tracing
+it: 20-120 ms a function on the 2-core Xeon of docs/benchmarks.md, 0.6-0.7 s of a held or
+custom-loop run's first call, more than the digits MLP's training epochs after it (a fifteenth
+pass). Keras' own steps are not converted (autograph leaves the `keras` package alone), nor are
+tf.data's maps here (`plain`). tests/test_graph.py holds every loop and map to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import tensorflow as tf
+
+State = TypeVar("State")
+
+
+def plain(function: Callable) -> Callable:
+    """`function` traced as it is where TensorFlow would convert it (a tf.data map's)."""
+    return tf.autograph.experimental.do_not_convert(function)
+
+
+def repeat(count: Any, body: Callable[[tf.Tensor, State], State], state: State) -> State:
+    """`state = body(index, state)` for each index in [0, count) in a graph loop (`count` a
+    tensor or an int), as autograph stages `for index in tf.range(count)`; the last state."""
+    count = tf.cast(count, tf.int32)
+    _, state = tf.while_loop(
+        lambda index, _: index < count,
+        lambda index, state: (index + 1, body(index, state)),
+        (tf.constant(0), state),
+    )
+    return state
+
+
+def until(count: Any, body: Callable[[State], tuple[tf.Tensor, State]], state: State) -> State:
+    """`done, state = body(state)` up to `count` times, stopping once `done` is true (a
+    finite iterator's end); the last state."""
+
+    def step(index, done, state):
+        done, state = body(state)
+        return index + 1, done, state
+
+    count = tf.cast(count, tf.int32)
+    _, _, state = tf.while_loop(
+        lambda index, done, _: (index < count) & tf.logical_not(done),
+        step,
+        (tf.constant(0), tf.constant(False), state),
+    )
+    return state
