@@ -218,16 +218,11 @@ class EpochGroups:
             self.validation is not None and offset < count and self._validates(epoch + offset)
             for offset in range(self.epochs_per_call)
         ]
-        first_steps = self.steps_per_epoch
         if self._run_group is None:
-            self._build()  # runs the first step: it builds the metrics, outside the group's loop
-            first_steps -= 1
+            self._build()
         best = math.nan if self.best is None or self.best.best is None else self.best.best
         results, validated = self._run_group(
-            tf.constant(count),
-            tf.constant(first_steps),
-            tf.constant(validate),
-            tf.constant(best, tf.float32),
+            tf.constant(count), tf.constant(validate), tf.constant(best, tf.float32)
         )
         results = results.numpy()
         self._count = count
@@ -277,8 +272,7 @@ class EpochGroups:
             step = step.__wrapped_step__
         reads, one_step = Reads(clock), resident_fit.on_replicas(model, step)
         read = functools.partial(next, self._iterator)
-        model.reset_metrics()  # as fit does at an epoch's start (no-op before they are built)
-        tf.function(lambda: reads.steps(read, one_step, None), autograph=False)()
+        resident_fit.build_metrics(reads, read, one_step)
         self._keys = sorted(model.get_metrics_result())
         with tf.device("/CPU:0"):  # (training, validation) x epoch x metric
             self._results = tf.Variable(tf.zeros([2, self.epochs_per_call, len(self._keys)]))
@@ -313,12 +307,11 @@ class EpochGroups:
             return track(best, results, validation=True), validated
 
         @tf.function(autograph=False)
-        def run_group(count, first_steps, validate, best):
+        def run_group(count, validate, best):
             def run(index, state):
                 best, validated = state
-                started = (index > 0) | (first_steps == steps_per_epoch)  # not the run's 1st step
-                tf.cond(started, model.reset_metrics, lambda: None)  # fit's, at an epoch's start
-                reads.steps(read, one_step, tf.where(index > 0, steps_per_epoch, first_steps))
+                model.reset_metrics()  # as fit does at an epoch's start
+                reads.steps(read, one_step, steps_per_epoch)
                 trained = self._keep(0, index)
                 best = track(best, trained, validation=False)
                 if held is None:
