@@ -5,7 +5,7 @@ Keras' TF trainer calls its iterator's `get_next` once per step, also inside a
 step. With a held split fit gets a stand-in dataset (the stream's first batch, repeated: fit
 builds from its spec and never reads it) and `model.train_function` is ours: each call runs
 `model.steps_per_execution` steps of Keras' own `model.train_step` (the clocked one, where the
-input clock wraps it) in a `tf.range` loop, each on the next batch gathered from the held split
+input clock wraps it) in a graph loop, each on the next batch gathered from the held split
 in the graph. Everything else is fit's: epochs, callbacks at each call's edges, metrics, logs,
 validation; the step counter the gather reads is the stream's (`ResidentTrain.start`: a restored
 run continues at its step).
