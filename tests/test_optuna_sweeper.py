@@ -441,7 +441,9 @@ def _waiting_on(path: Path) -> bool:
 @pytest.mark.heavy  # starts a process
 def test_a_worker_counts_the_trials_only_after_another_has_asked_for_its_own(tmp_path):
     """Two workers each seeing the last trial left must not both ask for it (4 trials of 3 once
-    came out of SLURM array tasks): counting and asking happen under the study's ask lock."""
+    came out of SLURM array tasks): counting and asking happen under the study's ask lock, and
+    the count is one read (the other worker's trial finishes while it is counted: this test's
+    tell, which once fell between a read of the finished trials and one of the running)."""
     from tfrecipe.cli import optuna_lease
     from tfrecipe.tracking.optuna_trial import open_storage
 
@@ -459,7 +461,8 @@ def test_a_worker_counts_the_trials_only_after_another_has_asked_for_its_own(tmp
     output = sweep.communicate(timeout=600)[0]
     assert sweep.returncode == 0, output[-3000:]
     assert _states(storage) == ["COMPLETE"]  # the budget's one trial: nothing more asked
-    assert not any(p.name.isdigit() for p in (tmp_path / "sw").iterdir())  # nor run
+    sweep_dir = tmp_path / "sw"  # nor run (a sweep that ran nothing may not have made it)
+    assert not sweep_dir.exists() or not any(p.name.isdigit() for p in sweep_dir.iterdir())
 
 
 def test_on_a_database_server_a_trial_asked_past_the_budget_is_dropped_unrun(tmp_path):

@@ -219,7 +219,7 @@ class _TrialLoop:
         budget = self.owner.budget
         with optuna_lease.asking(self.owner.leases):
             _fail_dead_trials(self.study, self.owner.leases)
-            if _finished(self.study) + _running(self.study) >= budget.n_trials:
+            if _counted(self.study) >= budget.n_trials:
                 return None
             if self.failures > budget.max_failures:
                 log.error(
@@ -316,10 +316,15 @@ def _ahead(study, trial) -> int:
     return sum(t.number < trial.number for t in trials)
 
 
-def _running(study) -> int:
+def _counted(study) -> int:
+    """The trials that count toward the budget (finished or running), in one read: a trial that
+    finished between a read of the finished ones and a read of the running ones was in neither
+    (a worker then asked for one trial too many)."""
     import optuna
 
-    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+    state = optuna.trial.TrialState
+    counted = (state.COMPLETE, state.PRUNED, state.RUNNING)
+    return len(study.get_trials(deepcopy=False, states=counted))
 
 
 def _fail_dead_trials(study, leases: Path | None) -> None:
