@@ -308,23 +308,21 @@ def _finished(study) -> int:
 
 def _ahead(study, trial) -> int:
     """How many trials asked before `trial` count toward the budget (finished or running)."""
-    import optuna
-
-    state = optuna.trial.TrialState
-    counted = (state.COMPLETE, state.PRUNED, state.RUNNING)
-    trials = study.get_trials(deepcopy=False, states=counted)
-    return sum(t.number < trial.number for t in trials)
+    return sum(t.number < trial.number for t in _counting(study))
 
 
 def _counted(study) -> int:
     """The trials that count toward the budget (finished or running), in one read: a trial that
     finished between a read of the finished ones and a read of the running ones was in neither
     (a worker then asked for one trial too many)."""
+    return len(_counting(study))
+
+
+def _counting(study) -> list:
     import optuna
 
     state = optuna.trial.TrialState
-    counted = (state.COMPLETE, state.PRUNED, state.RUNNING)
-    return len(study.get_trials(deepcopy=False, states=counted))
+    return study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED, state.RUNNING))
 
 
 def _fail_dead_trials(study, leases: Path | None) -> None:
