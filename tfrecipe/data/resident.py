@@ -98,7 +98,6 @@ class HeldSplit:
             self._order_pass = tf.Variable(-1, dtype=tf.int64, trainable=False, name="pass")
         self._seed = tf.constant(layout.seed, tf.int64)
 
-    @tf.autograph.experimental.do_not_convert  # plain TF: converting it cost tracing time
     def order(self, pass_: tf.Tensor) -> tf.Tensor:
         """The permutation of pass `pass_` (drawn once per pass, then read)."""
 
@@ -113,7 +112,6 @@ class HeldSplit:
         with tf.device("/CPU:0"):
             return tf.cond(tf.equal(pass_, self._order_pass), self._order.read_value, drawn)
 
-    @tf.autograph.experimental.do_not_convert
     def indices(self, step: tf.Tensor) -> tf.Tensor:
         """The rows of global micro-batch `step` of the endless stream."""
         step = tf.cast(step, tf.int64)
@@ -121,13 +119,11 @@ class HeldSplit:
         first = tf.cast(index, tf.int32) * self.layout.global_batch
         return self.order(pass_)[first : first + self.layout.global_batch]
 
-    @tf.autograph.experimental.do_not_convert
     def batch_at(self, step: tf.Tensor) -> Any:
         """Global micro-batch `step`, split over the replicas (each gathers its share)."""
         seed = tf.stack([self._seed + 1, tf.cast(step, tf.int64)])
         return self._spread(self.indices(step), seed)
 
-    @tf.autograph.experimental.do_not_convert
     def batch_in_order(self, index: tf.Tensor) -> Any:
         """Batch `index` of the split in its order (evaluation: no permutation, the last batch
         short), split over the replicas as tf.distribute splits a streamed batch."""
@@ -135,7 +131,6 @@ class HeldSplit:
         indices = tf.range(first, tf.minimum(first + self.layout.global_batch, self.num_rows))
         return self._spread(indices, tf.stack([self._seed + 1, tf.cast(index, tf.int64)]))
 
-    @tf.autograph.experimental.do_not_convert
     def _spread(self, indices: tf.Tensor, seed: tf.Tensor) -> Any:
         if len(self.devices) == 1:
             return self._gather(self.devices[0], indices, seed, 0, 1)
@@ -146,7 +141,6 @@ class HeldSplit:
 
         return self.strategy.experimental_distribute_values_from_function(replica_batch)
 
-    @tf.autograph.experimental.do_not_convert
     def _gather(self, device, indices, seed, replica: int, replicas: int):
         with tf.device(device):
             seeds = None
@@ -174,7 +168,6 @@ class ResidentIterator:
     def __iter__(self):
         return self
 
-    @tf.autograph.experimental.do_not_convert
     def __next__(self) -> Any:
         step = self.position.assign_add(1) - 1
         return self.held.batch_at(step)

@@ -26,7 +26,6 @@ ends training at that epoch with the model at the group's end.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,7 +39,6 @@ from tfrecipe.data.resident import HeldEval, ResidentTrain
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import backup
 from tfrecipe.loops import custom, resident_fit
-from tfrecipe.perf.clock import Reads
 
 # `auto`: as many epochs per call as make about this many steps (fewer where the run has fewer
 # epochs left). Wine (8 steps an epoch, 200 epochs, medians of 3 runs) trained at 64k examples/s
@@ -266,12 +264,7 @@ class EpochGroups:
 
     def _build(self) -> None:
         model = self.model
-        step = model.train_step
-        clock = getattr(step, "_tfrecipe_clock", None)
-        if clock is not None:  # the input clock stamps the reads itself, not the step's edges
-            step = step.__wrapped_step__
-        reads, one_step = Reads(clock), resident_fit.on_replicas(model, step)
-        read = functools.partial(next, self._iterator)
+        reads, read, one_step = resident_fit.held_steps(model, self._iterator)
         resident_fit.build_metrics(reads, read, one_step)
         self._keys = sorted(model.get_metrics_result())
         with tf.device("/CPU:0"):  # (training, validation) x epoch x metric
@@ -282,7 +275,6 @@ class EpochGroups:
             self.best.best_weights = self.best_weights
         self._run_group = self._group_function(reads, read, one_step)
 
-    @tf.autograph.experimental.do_not_convert
     def _keep(self, split: int, index: tf.Tensor) -> dict[str, tf.Tensor]:
         """In the graph: the metrics' results after epoch `index`'s training (`split` 0) or
         validation (1), kept for its logs."""
@@ -343,7 +335,6 @@ class _Tracker:
             self.key = best.monitor[4:] if self.validation else best.monitor
             self.better = tf.greater if best.mode == "max" else tf.less
 
-    @tf.autograph.experimental.do_not_convert  # plain TF: converting it cost tracing time
     def __call__(self, best, results, *, validation: bool):
         if self.key is None or validation != self.validation or self.key not in results:
             return best  # not logged: BestCheckpoint never scores it either

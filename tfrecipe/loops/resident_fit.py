@@ -116,12 +116,8 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     is gathered while the step before it runs (`Reads.steps`; docs/benchmarks.md, "A twelfth
     pass": 4-11% off a held dense job's step): the held split is read-only, and the reads
     advance the stream's counter in order."""
-    step, steps = model.train_step, int(model.steps_per_execution)
-    clock = getattr(step, "_tfrecipe_clock", None)
-    if clock is not None:  # the input clock stamps the reads itself, not the step's edges
-        step = step.__wrapped_step__
-    reads, one_step = Reads(clock), on_replicas(model, step)
-    read = functools.partial(next, iterator)
+    steps = int(model.steps_per_execution)
+    reads, read, one_step = held_steps(model, iterator)
 
     @tf.function(autograph=False)
     def run_steps(count):  # every step inside the loop: one beside it cost 6 ms a call (tables)
@@ -134,6 +130,19 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
 
     train_function.traces = run_steps.experimental_get_tracing_count  # the loop's, for tests
     return train_function
+
+
+def held_steps(
+    model: keras.Model, iterator: ResidentIterator
+) -> tuple[Reads, Callable[[], Any], Callable[[Any], Any]]:
+    """(reads, read, one_step) for Keras' own `train_step` on `iterator`'s batches: the step on
+    every replica, and the reads stamped where the input clock wraps the step (it then stamps
+    the reads itself, not the step's edges)."""
+    step = model.train_step
+    clock = getattr(step, "_tfrecipe_clock", None)
+    if clock is not None:
+        step = step.__wrapped_step__
+    return Reads(clock), functools.partial(next, iterator), on_replicas(model, step)
 
 
 def build_metrics(reads: Reads, read: Callable[[], Any], one_step: Callable[[Any], Any]) -> None:

@@ -74,7 +74,6 @@ class InputClock:
             self.busy.assign_add(tf.timestamp() - arrived)
         return outputs
 
-    @tf.autograph.experimental.do_not_convert  # plain TF: converting it cost tracing time
     def add_wait(self, seconds: tf.Tensor) -> None:
         """Adds `seconds` of waiting to every local replica's sum (cross-replica context: one
         read feeds all replicas; `Reads` sets `measuring = "waited"`)."""
@@ -130,7 +129,6 @@ class Reads:
         self.waited(ready, ended)
         return step(batch)
 
-    @tf.autograph.experimental.do_not_convert
     def now(self, after: Any = ()) -> tf.Tensor:
         """A stamp taken once `after` (a step's outputs: its call, and all it changed) is done."""
         if self.clock is None:
@@ -138,7 +136,6 @@ class Reads:
         with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
             return tf.timestamp()
 
-    @tf.autograph.experimental.do_not_convert
     def next(self, read: Callable[[], Any], after: tf.Tensor) -> tuple[Any, tf.Tensor]:
         """`read()` (the next batch), made once `after` is there, and the stamp of its arrival."""
         if self.clock is None:
@@ -147,7 +144,6 @@ class Reads:
             batch = read()
         return batch, self.now(after=batch)
 
-    @tf.autograph.experimental.do_not_convert
     def waited(self, ready: tf.Tensor, ended: tf.Tensor) -> None:
         """Adds a step's wait: its batch's arrival after the last step's end, if later."""
         if self.clock is not None:
