@@ -53,6 +53,15 @@ PRIVATE_NAMES = [
         ["model", "filepath", "max_shard_size", "objects_to_skip"],
     ),
     ("keras.src.losses.loss", "unscale_loss_for_distribution", ["value"]),
+    # weights_file: Keras' own walk of save_weights, into its own stores
+    (
+        "keras.src.saving.saving_lib",
+        "_save_state",
+        ["saveable", "weights_store", "assets_store", "inner_path", "visited_saveables"],
+    ),
+    ("keras.src.saving.saving_lib", "H5IOStore", ["path_or_io", "archive", "mode"]),
+    ("keras.src.saving.saving_lib", "H5IOStore.make", ["self", "path", "metadata"]),
+    ("keras.src.saving.saving_lib", "NpzIOStore.make", ["self", "path", "metadata"]),
     (
         "keras.src.trainers.data_adapters.data_adapter_utils",
         "unpack_x_y_sample_weight",

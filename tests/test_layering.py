@@ -31,9 +31,11 @@ LAYERS: list[tuple[str, ...]] = [
         "tfrecipe.config.__init__",
     ),
     # the run dir: its files, how a run ends, the dtype policy; what each export format (a file
-    # of the run dir) can carry; where XLA keeps compiled programs (outside run dirs)
+    # of the run dir) can carry; where XLA keeps compiled programs (outside run dirs); a weights
+    # file written beside training
     (
         "tfrecipe.rundir",
+        "tfrecipe.weights_file",
         "tfrecipe.outcome",
         "tfrecipe.precision",
         "tfrecipe.config.export_limits",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
@@ -10,8 +9,9 @@ import operator
 import os
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import keras
 
@@ -22,10 +22,11 @@ from tfrecipe.config.instantiate import instantiate
 from tfrecipe.fault import disk
 from tfrecipe.fault.backup import StepCounter, crossed, current_step, steps_ahead
 from tfrecipe.models.export import export_model
-from tfrecipe.optim import averaged_weights, current_learning_rate
+from tfrecipe.optim import averages, current_learning_rate
 from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.rundir import RunFiles
 from tfrecipe.tasks import best_row
+from tfrecipe.weights_file import WeightsWriter
 
 
 class Throughput(keras.callbacks.Callback):
@@ -231,18 +232,21 @@ class BestCheckpoint(keras.callbacks.Callback):
     saved. A resumed run starts from the best value its earlier epochs logged (Keras' checkpoint
     would start from scratch and overwrite the file with a worse epoch, keras#17012); with
     `optimizer.ema` it saves the averaged weights, which the monitored validation scored.
+    A save reads the weights and a thread writes the file (tfrecipe.weights_file: the training
+    does not wait on the disk); the last one is on disk when training ends.
     Under a group of epochs in one call (tfrecipe.loops.epoch_groups) the model is ahead of the
     epoch: the group's best is saved once, at its last epoch, from the best epoch's weights
-    (`best_weights` puts them in while it saves)."""
+    (`held_best`: the variables holding them, by the id of the model's weight they copy)."""
 
     reads_logs_only = True
 
     def __init__(self, path: Path, *, monitor: str, mode: str, best_so_far: float | None):
         super().__init__()
         self.path, self.monitor, self.best, self.mode = path, monitor, best_so_far, mode
-        self.best_weights: Callable[[], contextlib.AbstractContextManager] | None = None
+        self.held_best: Mapping[int, Any] | None = None
         self._unsaved = False
         self._better = operator.gt if mode == "max" else operator.lt
+        self._writer: WeightsWriter | None = None
 
     def on_epoch_end(self, epoch, logs=None):
         current = (logs or {}).get(self.monitor)
@@ -256,15 +260,17 @@ class BestCheckpoint(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self._unsaved:  # a group stopped before its last epoch: the best it trained
             self._save()
+        if self._writer is not None:
+            self._writer.wait()
 
     def _save(self) -> None:
         self._unsaved = False
         # the new file is written beside the old one: a disk without room for it raises ENOSPC
         # here (fault/disk.py), where h5py would crash the process
         disk.check_room(self.path.parent, disk.weights_bytes(self.model))
-        held_best = self.best_weights() if self.best_weights else contextlib.nullcontext()
-        with averaged_weights(self.model), held_best:
-            files.write_weights(self.model, self.path)
+        if self._writer is None or self._writer.model is not self.model:
+            self._writer = WeightsWriter(self.model, self.path)
+        self._writer.save({**averages(self.model), **(self.held_best or {})})
 
 
 def build_callbacks(

@@ -10,21 +10,7 @@ module relies on in seconds, so an upgrade says at once what to revisit.
 Checked on Keras 3.15.1 and TensorFlow 2.21.0 (pyproject.toml allows TensorFlow >=2.21,<2.22 and
 Keras >=3.10,<4; the `Model.fit` fixes are installed only for `BROKEN_KERAS`, >=3.0,<3.16).
 
-What uses what:
-- `fix_fit_under_strategy`, `fix_multi_worker_fit`: Keras' `TensorFlowTrainer._maybe_symbolic_build`,
-  `.train_step`, `trainer.reduce_per_replica` (replaced), `keras.src` helpers, TensorFlow's
-  `PerReplicaSpec`, `strategy.extended._in_multi_worker_mode()`.
-- `fix_shared_variable_increments`: Keras' TensorFlow `Variable.assign_add`/`assign_sub`
-  (replaced), TensorFlow's `AggregatingVariable` and `CachingVariable`.
-- `flatten_layers`, `seed_generators`: the layers of a model and their seed generators (the
-  backup's random state; fault/backup.py).
-- `after_skipped_step`: the float16 step LossScaleOptimizer skips (optim.py counts it).
-- `learning_rate_setting`: an optimizer's schedule itself, not its value (optim.py, rollbacks).
-- `disable_op_determinism`: the half TensorFlow does not export (train.py).
-- `set_collective_key_base`: MirroredStrategy's collective keys (distribute/strategy.py).
-- `cache_saving_skipsets`: Keras' `saving_lib.get_attr_skipset`, cached (saves and loads).
-- `stop_preemption_watchers`: PreemptionCheckpointHandler's threads (fault/preemption.py).
-- `tracing_seconds`: TensorFlow's tracing counter (perf/clock.py: the first calls' tracing).
+Each function's docstring says what it is for and who calls it.
 
 Hydra's private names stay at their call sites (the command line imports them without
 TensorFlow); tests/test_compat.py lists and checks them too.
@@ -497,3 +483,18 @@ def tracing_seconds() -> float:
     module = "tensorflow.python.eager.polymorphic_function.tracing_compilation"
     counter = _private_import(module, "_graph_building_time_counter", user="tracing_seconds")
     return counter.get_cell().value() / 1e6
+
+
+# --- A weights file written off the training thread (tfrecipe/weights_file.py): the walk of
+# `keras.saving.save_weights` into Keras' own stores (`keras.src.saving.saving_lib`, Keras 3.x).
+def saved_weights_walk(model: keras.Model, store: Any, skip: list[Any]) -> None:
+    """`saving_lib._save_state`: each saveable's `save_own_variables` into
+    `store.make(inner_path, metadata=...)`, `store` a `saving_private("NpzIOStore")`."""
+    walk, visited = saving_private("_save_state"), {id(o) for o in skip}
+    walk(model, weights_store=store, assets_store=None, inner_path="", visited_saveables=visited)
+
+
+def saving_private(name: str) -> Any:
+    """`saving_lib.<name>`: the walk, `H5IOStore` (the `.weights.h5` writer), `NpzIOStore`."""
+    lib = _private_import("keras.src.saving", "saving_lib", user="saving_private")
+    return _private(lib, name, user=f"saving_private({name!r})")

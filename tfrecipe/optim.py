@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
+from typing import Any
 
 import keras
 
@@ -89,23 +88,14 @@ def use_averaged_weights(model: keras.Model) -> None:
         keras.optimizers.Optimizer.finalize_variable_values(optimizer, model.trainable_weights)
 
 
-@contextlib.contextmanager
-def averaged_weights(model: keras.Model) -> Iterator[None]:
-    """The moving average of the weights in the model meanwhile (`optimizer.ema`), the raw
-    weights back afterwards; a no-op without EMA or before the optimizer is built."""
+def averages(model: keras.Model) -> dict[int, Any]:
+    """The moving average of each weight (`optimizer.ema`), by the weight's id (what a save of
+    the averaged weights writes in its place); empty without EMA or before the optimizer is
+    built."""
     optimizer = _inner(model.optimizer) if model.optimizer is not None else None
     if optimizer is None or not uses_ema(optimizer) or not optimizer.built:
-        yield
-        return
-    pairs = compat.ema_pairs(optimizer)
-    raw = [keras.ops.convert_to_numpy(variable) for variable, _ in pairs]
-    for variable, average in pairs:
-        variable.assign(keras.ops.convert_to_numpy(average))
-    try:
-        yield
-    finally:
-        for (variable, _), value in zip(pairs, raw, strict=True):
-            variable.assign(value)
+        return {}
+    return {id(variable): average for variable, average in compat.ema_pairs(optimizer)}
 
 
 def count_skipped_steps(

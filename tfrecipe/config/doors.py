@@ -314,7 +314,7 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/* (a received run dir)",
         WRITE,
-        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through files.write_atomic/write_weights/open_log/library_dir (tests/trust/test_run_dir_writes.py)",
+        "files.check_tree when a run takes it (no link out, no FIFO/device); each write through files.write_atomic/write_weights/replace_with (best.weights.h5 from weights_file's thread)/open_log/library_dir (tests/trust/test_run_dir_writes.py)",
     ),
     Door("RUN_DIR/.hydra/config.pickle", IMPORT, "cli.precheck._refuse_rerun (never unpickled)"),
     Door("RUN_DIR/.hydra/overrides.yaml", READ, "reading.read_yaml (compare, sweep report)"),

@@ -16,6 +16,8 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/config/instantiate.py": {"importlib.import_module": "targets that passed the check"},
     "tfrecipe/callbacks.py": {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
+        "self._writer.save": "best.weights.h5: weights_file checks it (files.check_writable) and "
+        "writes it through files.replace_with",
     },
     "tfrecipe/cli/console.py": {
         "subprocess.Popen": "this Python isolated (-I -S) running the fixed _FILTER; no shell",

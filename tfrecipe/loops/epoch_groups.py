@@ -16,7 +16,7 @@ callbacks with its own logs: `on_epoch_begin`, the batch hooks once around the e
 While a group is handed over, the model is ahead of the epoch its callbacks see:
 `backup.current_step` says the epoch's step (`backup.replaying`), no backup is taken before the
 group's last epoch end (a preemption's neither), history.csv and best.weights.h5 are written
-there, the latter from the best epoch's weights (`EpochGroups.best_weights`). Only callbacks
+there, the latter from the best epoch's weights (copied beside the model's: `held_best`). Only callbacks
 known to read nothing but logs, that step and those weights may watch a group (`blocker` names
 the first that may not); any other (early stopping, periodic exports, EMA's swaps, periodic
 backups, your own) keeps one epoch per call. A stop inside a group (a NaN loss, a pruned trial)
@@ -25,7 +25,6 @@ ends training at that epoch with the model at the group's end.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -239,22 +238,10 @@ class EpochGroups:
         ahead = (self._count - 1 - offset) * self.steps_per_epoch
         backup.replaying(self.model, self._end_step - ahead, ahead)
 
-    @contextlib.contextmanager
-    def best_weights(self) -> Iterator[None]:
-        """The model holds the best epoch's weights inside (BestCheckpoint saves them)."""
-        kept = [tf.identity(w) for w in self.model.weights]
-        for weight, shadow in zip(self.model.weights, self._shadows, strict=True):
-            weight.assign(shadow)
-        try:
-            yield
-        finally:
-            for weight, value in zip(self.model.weights, kept, strict=True):
-                weight.assign(value)
-
     def detach(self) -> None:
         backup.replaying(self.model, None)
         if self.best is not None:
-            self.best.best_weights = None
+            self.best.held_best = None
 
     def _validates(self, epoch: int) -> bool:
         return (epoch + 1) % self.validation_freq == 0  # as Keras' `_should_eval`
@@ -272,7 +259,9 @@ class EpochGroups:
         if self.best is not None:
             with model.distribute_strategy.scope():
                 self._shadows = [tf.Variable(w, trainable=False) for w in model.weights]
-            self.best.best_weights = self.best_weights
+            self.best.held_best = {
+                id(w): s for w, s in zip(model.weights, self._shadows, strict=True)
+            }
         self._run_group = self._group_function(reads, read, one_step)
 
     def _keep(self, split: int, index: tf.Tensor) -> dict[str, tf.Tensor]:
