@@ -4,6 +4,7 @@ driver is installed, stay off it (`discover_devices`); every other line shows.""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -25,7 +26,7 @@ def discover_devices() -> None:
     error off the console. Every other line shows, a failed cuInit on a machine with a driver
     too: there it is a real error."""
     _drop_quiet_finders()  # this import is filtered here
-    with _stderr_without(*_hidden_lines()):
+    with _loading():
         import tensorflow as tf
 
         tf.config.list_physical_devices()
@@ -93,12 +94,31 @@ class _QuietLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        with _stderr_without(*_hidden_lines()):
+        with _loading():
             self._loader.exec_module(module)
             module.config.list_physical_devices()
 
     def __getattr__(self, name: str):  # get_resource_reader, is_package, ...: the real loader's
         return getattr(self._loader, name)
+
+
+@contextlib.contextmanager
+def _loading():
+    """While TensorFlow loads: its start-up lines off the console, and no pass of Python's cyclic
+    garbage collector. The import makes objects by the million (modules, op wrappers) that live
+    as long as the process, and each full pass walked them all: 5 passes of 0.09-0.25 s, 0.8 s of
+    the import's 4.4 s on the 2-core Xeon, and Keras' `clear_session` at each run's start another
+    0.2-0.27 s (docs/performance.md). Afterwards what exists is frozen (`gc.freeze`: no pass walks
+    it again) and collection resumes as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with _stderr_without(*_hidden_lines()):
+            yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def _hidden_lines() -> list[re.Pattern[bytes]]:
