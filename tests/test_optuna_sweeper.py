@@ -465,6 +465,28 @@ def test_a_worker_counts_the_trials_only_after_another_has_asked_for_its_own(tmp
     assert not sweep_dir.exists() or not any(p.name.isdigit() for p in sweep_dir.iterdir())
 
 
+@pytest.mark.parametrize("planted", ["study.db.trials", "study.db.trials/ask"])
+def test_a_link_planted_where_the_leases_live_is_refused_in_one_line(cli, tmp_path, planted):
+    """FILE.trials and its ask lock are files the sweep makes and locks: a link in their place
+    (a shared folder's) is refused before any trial is asked, and nothing is written through it."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    if planted == "study.db.trials":
+        (tmp_path / planted).symlink_to(target)
+    else:
+        (tmp_path / "study.db.trials").mkdir()
+        (tmp_path / planted).symlink_to(target / "ask")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    command = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1"]
+    command += [f"hydra.sweeper.storage={storage}", "optimizer.learning_rate=interval(0.001,0.01)"]
+    result = cli(*command, *TRIAL, f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert str(tmp_path / planted) in result.stderr and "link" in result.stderr
+    assert list(target.iterdir()) == []
+    assert _trials(storage) == []
+
+
 def test_on_a_database_server_a_trial_asked_past_the_budget_is_dropped_unrun(tmp_path):
     """No file to lock there: a worker that asked at once with another counts the trials asked
     before its own (failed ones aside) and drops its trial where they fill the budget."""

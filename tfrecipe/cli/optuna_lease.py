@@ -19,6 +19,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from tfrecipe.files import NotOurs
+
 # Beside the study's file: FILE.trials/<trial id>, one empty file per running trial.
 SUFFIX = ".trials"
 # In that folder: the lock a worker holds while it counts the trials and asks for the next.
@@ -47,9 +49,8 @@ def held(folder: Path | None, trial_id: int) -> Iterator[None]:
     if folder is None:
         yield
         return
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / str(trial_id)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    descriptor = _create(path)
     try:
         with contextlib.suppress(OSError):  # no locks here: worker_gone then tells nothing
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,11 +95,26 @@ def asking(folder: Path | None) -> Iterator[None]:
     if folder is None:
         yield
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(folder / ASK_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    descriptor = _create(folder / ASK_LOCK)
     try:
         with contextlib.suppress(OSError):  # no locks here: as without the file
             fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
         os.close(descriptor)
+
+
+def _create(path: Path) -> int:
+    """`path` (a lease, the ask lock) opened for its lock, made if missing with its folder, never
+    through a link: a link or a non-folder in their place is refused in one line (exit 2)."""
+    folder = path.parent
+    problem = None
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        problem = f"{folder}: a link or not a folder, where the sweep keeps its trials' leases"
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            problem = f"{path}: {'a symbolic link' if path.is_symlink() else error.strerror}"
+    raise NotOurs(f"{problem}; tfrecipe writes only files it made, never through a link: remove it")
