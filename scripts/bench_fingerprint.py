@@ -68,8 +68,10 @@ def main() -> None:
             _read_all(paths)  # into the page cache
             took = _best(lambda spec=spec: _take_fresh(spec))
             baseline = _best(lambda paths=paths: _read_all(paths))
-            print(f"{name}: fingerprint {took * 1000:.1f} ms, reading it all (sha256) "
-                  f"{baseline * 1000:.1f} ms, ratio {took / baseline:.3f}")  # fmt: skip
+            print(
+                f"{name}: fingerprint {took * 1000:.1f} ms, reading it all (sha256) "
+                f"{baseline * 1000:.1f} ms, ratio {took / baseline:.3f}"
+            )
 
 
 if __name__ == "__main__":

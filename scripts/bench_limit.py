@@ -207,13 +207,19 @@ def run_job(name: str, overrides: list[str], epochs: int, limit_seconds: float) 
     # Keras' own call and fit need a tf.data input: measured where the run streams its data
     if summary["loop"] == "fit" and not summary["resident"]["resident"]:
         keras_call = keras_call_examples_per_sec(
-            kept["model"], kept["inputs"].train, summary["global_batch_size"],
-            summary["steps_per_execution"], limit_seconds,
-        )  # fmt: skip
+            kept["model"],
+            kept["inputs"].train,
+            summary["global_batch_size"],
+            summary["steps_per_execution"],
+            limit_seconds,
+        )
         keras_fit = keras_fit_examples_per_sec(
-            kept["model"], kept["inputs"], summary["global_batch_size"],
-            summary["steps_per_execution"], summary["epochs_completed"],
-        )  # fmt: skip
+            kept["model"],
+            kept["inputs"],
+            summary["global_batch_size"],
+            summary["steps_per_execution"],
+            summary["epochs_completed"],
+        )
     return {
         "job": name,
         "default_ex_s": round(default, 1),
@@ -274,10 +280,19 @@ def _one_process(name: str, overrides: list[str], options: argparse.Namespace) -
     import subprocess
 
     child = subprocess.run(
-        [sys.executable, __file__, "--one", name, str(options.epochs),
-         str(options.limit_seconds), json.dumps(overrides)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            str(options.epochs),
+            str(options.limit_seconds),
+            json.dumps(overrides),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {"job": name, "failed": child.stderr[-300:]}
 

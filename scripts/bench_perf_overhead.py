@@ -115,12 +115,16 @@ def main() -> None:
         throughput.append(on["examples_per_sec"] / off["examples_per_sec"])
         wall.append(on["wall_time_s"] / off["wall_time_s"])
         end.append(on["overhead_s"] / on["wall_time_s"])
-    print(json.dumps({
-        "throughput_on_over_off": round(statistics.median(throughput), 3),
-        "wall_on_over_off": round(statistics.median(wall), 3),
-        "end_of_run_share": round(statistics.median(end), 4),
-        "ratios": [round(t, 3) for t in throughput],
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "throughput_on_over_off": round(statistics.median(throughput), 3),
+                "wall_on_over_off": round(statistics.median(wall), 3),
+                "end_of_run_share": round(statistics.median(end), 4),
+                "ratios": [round(t, 3) for t in throughput],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,15 @@ def bench_predict(work: Path, rows: int, repeats: int) -> dict:
     from tfrecipe.cli.main import main
 
     run_dir = work / "customers"
-    _train(run_dir, "dataset=csv", f"dataset.path={CUSTOMERS}", "dataset.label=churned",
-           f"dataset.features=[{','.join(COLUMNS)}]", "dataset.categorical=[city,plan]",
-           "task=binary")  # fmt: skip
+    _train(
+        run_dir,
+        "dataset=csv",
+        f"dataset.path={CUSTOMERS}",
+        "dataset.label=churned",
+        f"dataset.features=[{','.join(COLUMNS)}]",
+        "dataset.categorical=[city,plan]",
+        "task=binary",
+    )
     table = work / "rows.csv"
     _generated_csv(table, rows)
     data = pa_csv.read_csv(table)
@@ -67,8 +73,17 @@ def bench_predict(work: Path, rows: int, repeats: int) -> dict:
     ours, theirs = [], []
     for _ in range(repeats):
         started = time.perf_counter()
-        main(["predict", str(run_dir), str(table), "-o", str(work / "out.csv"),
-              "--batch-size", "1024"])  # fmt: skip
+        main(
+            [
+                "predict",
+                str(run_dir),
+                str(table),
+                "-o",
+                str(work / "out.csv"),
+                "--batch-size",
+                "1024",
+            ]
+        )
         ours.append(rows / (time.perf_counter() - started))
         started = time.perf_counter()
         model.predict(columns, batch_size=1024, verbose=0)
@@ -86,8 +101,13 @@ def bench_exports(work: Path) -> dict:
     results = {}
     formats = "export.formats=[keras,saved_model,onnx,litert]"
     for quantize in ("dynamic", "float16", "int8"):
-        summary = _train(work / f"digits-{quantize}", formats, "model.hidden_units=[256]",
-                         "loop.epochs=10", f"export.litert.quantize={quantize}")  # fmt: skip
+        summary = _train(
+            work / f"digits-{quantize}",
+            formats,
+            "model.hidden_units=[256]",
+            "loop.epochs=10",
+            f"export.litert.quantize={quantize}",
+        )
         results[quantize] = summary["exports"]
     return results
 

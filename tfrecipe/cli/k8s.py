@@ -9,6 +9,7 @@ the ReadWriteMany volume claim `tfrecipe-runs`, the headless Service and the ind
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 
 from tfrecipe.errors import ConfigError
@@ -50,10 +51,8 @@ def main(args: list[str]) -> None:
     if bad:
         raise ConfigError(f"k8s: expected key=value overrides, received {' '.join(bad)}")
     shape = Shape(
-        name=options.name, image=options.image, workers=options.workers, ps=options.ps,
-        port=options.port, cpu=options.cpu, memory=options.memory,
-        volume_size=options.volume_size, storage_class=options.storage_class,
-    )  # fmt: skip
+        **{field.name: getattr(options, field.name) for field in dataclasses.fields(Shape)}
+    )
     pod_args = [*options.overrides, "cluster=k8s"]
     run = validate(compose(pod_args), trust=Trust.from_command_line(options.overrides))
     objects = manifests(shape, strategy=run.strategy.name, overrides=options.overrides)
