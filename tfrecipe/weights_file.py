@@ -2,7 +2,8 @@
 
 `keras.saving.save_weights` walks the model, then writes each weight into an HDF5 file on the
 calling thread: 11-15 ms a save for the digits MLP and CNN on the 2-core Xeon, where
-`BestCheckpoint` saves after most epochs (10-16% of their steady state; docs/performance.md).
+`BestCheckpoint` saves after most epochs (10-16% of their steady epochs' wall time, beside the
+steps; docs/performance.md).
 `WeightsWriter` walks the model once, with Keras' own walk (`compat.saved_weights_walk`), and keeps
 where each variable goes. A save reads the values the file should hold, then a writer thread
 writes them in that layout through Keras' own store (`H5IOStore`), so the file is the one
