@@ -269,6 +269,8 @@ class BestCheckpoint(keras.callbacks.Callback):
         # here (fault/disk.py), where h5py would crash the process
         disk.check_room(self.path.parent, disk.weights_bytes(self.model))
         if self._writer is None or self._writer.model is not self.model:
+            if self._writer is not None:  # the last model's write lands first, not after
+                self._writer.wait()
             self._writer = WeightsWriter(self.model, self.path)
         self._writer.save({**averages(self.model), **(self.held_best or {})})
 

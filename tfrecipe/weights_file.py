@@ -29,7 +29,7 @@ import numpy as np
 from tfrecipe import compat, files
 
 # (the walk's inner path, the saveable's metadata, {key: a variable, or its value})
-Entry = tuple[str, "dict | None", dict[str, Any]]
+Entry = tuple[str, dict | None, dict[str, Any]]
 
 
 class _Recording:
@@ -130,8 +130,10 @@ def _holding(model: keras.Model, held: Mapping[int, Any]) -> Iterator[None]:
 def _write(path: Path, entries: list[Entry]) -> None:
     with files.replace_with(path) as scratch:
         store = compat.saving_private("H5IOStore")(str(scratch), mode="w")
-        for inner_path, metadata, values in entries:
-            entry = store.make(inner_path, metadata=metadata)
-            for key, value in values.items():
-                entry[key] = value
-        store.close()
+        try:
+            for inner_path, metadata, values in entries:
+                entry = store.make(inner_path, metadata=metadata)
+                for key, value in values.items():
+                    entry[key] = value
+        finally:  # the file closed before replace_with removes a failed one
+            store.close()

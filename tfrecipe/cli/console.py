@@ -106,7 +106,7 @@ class _QuietLoader:
 def _loading():
     """While TensorFlow loads: its start-up lines off the console, and no pass of Python's cyclic
     garbage collector. The import makes objects by the million (modules, op wrappers) that live
-    as long as the process, and each full pass walked them all: 5 passes of 0.09-0.25 s, 0.8 s of
+    as long as the process, and each full pass walked them all: 6 passes of 0.09-0.25 s, 0.8 s of
     the import's 4.4 s on the 2-core Xeon, and Keras' `clear_session` at each run's start another
     0.2-0.27 s (docs/performance.md). Afterwards what exists is frozen (`gc.freeze`: no pass walks
     it again) and collection resumes as it was."""
