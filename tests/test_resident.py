@@ -7,6 +7,7 @@ restart at step N continues at batch N, each replica its share), and runs of bot
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -87,6 +88,11 @@ def _held(num_rows=10, global_batch=4, seed=7, strategy=None, per_pass=None):
     return HeldSplit(rows, strategy=strategy or tf.distribute.get_strategy(), layout=layout)
 
 
+def _one_call(iterator, count: int) -> list:
+    read = iterator.reads(count)
+    return [read(i)[1] for i in range(count)]
+
+
 def _joined(lists) -> list:
     return list(itertools.chain.from_iterable(lists))
 
@@ -114,6 +120,23 @@ def test_a_stream_restarted_at_step_n_continues_at_batch_n():
     held = _held()
     whole = _labels(iter(ResidentTrain(held)), 7)
     assert _labels(iter(ResidentTrain(held, start=4)), 3) == whole[4:]
+
+
+def test_a_calls_batches_drawn_at_once_are_the_streams_across_passes():
+    """A call reads its batches from the counter at once (`ResidentIterator.reads`): inside a
+    pass, across a pass's end, over several passes and with a short batch, and with the batches
+    a pass drops (drop_remainder), they are the stream's, batch for batch."""
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+
+    for held in (_held(), _held(num_rows=11, per_pass=2)):  # a short last batch; 3 rows dropped
+        stream = _labels(iter(ResidentTrain(held)), 12)
+        for start, count in ((0, 3), (1, 2), (2, 3), (1, 8), (5, 7)):
+            iterator = iter(ResidentTrain(held, start=start))
+            call = tf.function(functools.partial(_one_call, iterator))
+            assert [b.numpy().tolist() for b in call(count)] == stream[start : start + count]
+            assert int(iterator.position.numpy()) == start + count
 
 
 def test_the_graph_gathers_without_tf_data():

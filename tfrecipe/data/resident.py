@@ -102,9 +102,7 @@ class HeldSplit:
         """The permutation of pass `pass_` (drawn once per pass, then read)."""
 
         def drawn():
-            order = tf.random.experimental.stateless_shuffle(
-                tf.range(self.num_rows), seed=tf.stack([self._seed, pass_])
-            )
+            order = self._draw(pass_)
             with tf.control_dependencies([self._order.assign(order)]):
                 self._order_pass.assign(pass_)
             return tf.identity(order)
@@ -121,8 +119,42 @@ class HeldSplit:
 
     def batch_at(self, step: tf.Tensor) -> Any:
         """Global micro-batch `step`, split over the replicas (each gathers its share)."""
-        seed = tf.stack([self._seed + 1, tf.cast(step, tf.int64)])
-        return self._spread(self.indices(step), seed)
+        return self.batches(tf.cast(step, tf.int64), 1)(0)
+
+    def batches(self, start: tf.Tensor, count: Any) -> Callable[[tf.Tensor], Any]:
+        """Micro-batches `start` to `start + count` of the stream as `batch(i)`, in a graph: the
+        orders of the passes they span are drawn once, before the first, so a batch is a slice
+        of indices and a gather, with no counter, permutation lookup or branch per step
+        (docs/benchmarks.md, "A seventeenth pass")."""
+        layout, count = self.layout, tf.cast(count, tf.int64)
+        steps = start + tf.range(count)
+        passes, index = (
+            steps // layout.steps_per_pass,
+            tf.cast(steps % layout.steps_per_pass, tf.int32),
+        )
+        first, spanned = passes[0], passes[-1] - passes[0] + 1
+        orders = tf.cond(  # a call inside one pass reads the pass's order, drawn once
+            spanned == 1,
+            lambda: self.order(first),
+            lambda: tf.reshape(self._orders(first, spanned), [-1]),
+        )
+        begins = tf.cast(passes - first, tf.int32) * self.num_rows + index * layout.global_batch
+        sizes = tf.minimum(layout.global_batch, self.num_rows - index * layout.global_batch)
+
+        def batch(i: tf.Tensor) -> Any:
+            indices = tf.slice(orders, [begins[i]], [sizes[i]])
+            return self._spread(indices, tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)]))
+
+        return batch
+
+    def _orders(self, first: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+        """The permutations of passes `first` to `first + count`, one per row."""
+        return tf.map_fn(self._draw, first + tf.range(count), fn_output_signature=tf.int32)
+
+    def _draw(self, pass_: tf.Tensor) -> tf.Tensor:
+        return tf.random.experimental.stateless_shuffle(
+            tf.range(self.num_rows), seed=tf.stack([self._seed, pass_])
+        )
 
     def batch_in_order(self, index: tf.Tensor) -> Any:
         """Batch `index` of the split in its order (evaluation: no permutation, the last batch
@@ -169,10 +201,39 @@ class ResidentIterator:
         return self
 
     def __next__(self) -> Any:
-        step = self.position.assign_add(1) - 1
-        return self.held.batch_at(step)
+        return self.reads(1)(0)
 
     get_next = __next__
+
+    def reads(self, count: Any) -> Callable[[tf.Tensor], Any]:
+        """The stream's next `count` batches as `batch(i)` (HeldSplit.batches), in a graph; the
+        counter moves past them at once."""
+        count = tf.cast(count, tf.int64)
+        return self.held.batches(self.position.assign_add(count) - count, count)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReads:
+    """The `reads` of `tfrecipe.perf.clock.Reads.steps` over `iterator`: `reads(count)` is a
+    call's reader, `read(i)` step i's batch, or with `micro_batches` a list of that many
+    micro-batches in order (gradient accumulation). A held split's call draws its batches from
+    the counter at once (`ResidentIterator.reads`); any other iterator is read with `next`."""
+
+    iterator: Any
+    micro_batches: int | None = None
+
+    def __call__(self, count: Any) -> Callable[[Any], Any]:
+        per_step, iterator = self.micro_batches or 1, self.iterator
+        held = iterator.reads(count * per_step) if isinstance(iterator, ResidentIterator) else None
+
+        def micro_batch(index, k):
+            return next(iterator) if held is None else held(index * per_step + k)
+
+        def read(index):
+            batches = [micro_batch(index, k) for k in range(per_step)]
+            return batches if self.micro_batches else batches[0]
+
+        return read
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,6 @@ Where it deliberately differs:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe import graph, optim
-from tfrecipe.data.resident import HeldEval, HeldSplit
+from tfrecipe.data.resident import HeldEval, HeldSplit, StepReads
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
@@ -127,7 +126,7 @@ def _make_train_function(
 
     @tf.function(autograph=False)  # traced with a tensor (the loop), and None (a step alone)
     def run_steps(iterator, num_steps: tf.Tensor | None):
-        reads.steps(functools.partial(_read, iterator, accumulation), step, num_steps)
+        reads.steps(StepReads(iterator, accumulation), step, num_steps)
         return objective.results()
 
     loopless = options.steps_per_loop == 1 or options.call_steps is not None
@@ -138,11 +137,6 @@ def _make_train_function(
         return run_steps(iterator, tf.constant(num_steps))
 
     return train
-
-
-def _read(iterator: Any, accumulation: int) -> list[Any]:
-    """One optimizer step's `accumulation` micro-batches, in order."""
-    return [next(iterator) for _ in range(accumulation)]
 
 
 def _test_step(model: keras.Model, objective: Objective) -> Callable[[Any], None]:

@@ -18,7 +18,6 @@ example once, the last batch short; the metrics' states sum as the streamed batc
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe import graph
-from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain
+from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain, StepReads
 from tfrecipe.perf.clock import Reads
 
 
@@ -113,9 +112,8 @@ def on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
     """fit's `train_function(iterator)`: `model.steps_per_execution` steps on `iterator`'s
     batches (fit's own iterator, the stand-in's, is not read), the last step's logs. Each batch
-    is gathered while the step before it runs (`Reads.steps`; docs/benchmarks.md, "A twelfth
-    pass": 4-11% off a held dense job's step): the held split is read-only, and the reads
-    advance the stream's counter in order."""
+    may be gathered while the step before it runs (`Reads.steps`): the held split is read-only,
+    and a call moves the stream's counter past its batches at once."""
     steps = int(model.steps_per_execution)
     reads, read, one_step = held_steps(model, iterator)
 
@@ -134,7 +132,7 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
 
 def held_steps(
     model: keras.Model, iterator: ResidentIterator
-) -> tuple[Reads, Callable[[], Any], Callable[[Any], Any]]:
+) -> tuple[Reads, Callable[[Any], Callable], Callable[[Any], Any]]:
     """(reads, read, one_step) for Keras' own `train_step` on `iterator`'s batches: the step on
     every replica, and the reads stamped where the input clock wraps the step (it then stamps
     the reads itself, not the step's edges)."""
@@ -142,10 +140,12 @@ def held_steps(
     clock = getattr(step, "_tfrecipe_clock", None)
     if clock is not None:
         step = step.__wrapped_step__
-    return Reads(clock), functools.partial(next, iterator), on_replicas(model, step)
+    return Reads(clock), StepReads(iterator), on_replicas(model, step)
 
 
-def build_metrics(reads: Reads, read: Callable[[], Any], one_step: Callable[[Any], Any]) -> None:
+def build_metrics(
+    reads: Reads, read: Callable[[Any], Callable], one_step: Callable[[Any], Any]
+) -> None:
     """Traces a step, without running it: Keras builds the compiled metrics' variables in the
     step's first trace, which a loop's body cannot hold; the loop then reuses the step's trace.
     (A step run alone for it cost the held CNN's first call 0.17 s.)"""

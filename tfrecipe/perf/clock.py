@@ -93,14 +93,14 @@ class Reads:
     how long after the step before it ended its batch was there (none when it was there
     first). Without a clock (`deterministic=true` refuses timestamps) the stamps are constants.
 
-    The stamps' order is what makes them a wait. A graph loop's iterations overlap (TF 2.21), so
-    an unordered stamp before a read may be taken while the step before still runs, and count
-    that step as waiting: the same streamed MLP run under `loop=custom` read 0.05-0.45. So a
-    read comes after the end stamp it is given, or, read ahead while a step runs, is stamped
-    below that step's end stamp in program order (timestamps keep it; stamped above, the end
-    came after the batch's arrival and hid a gather slower than its step: 0.12 of a call's time
-    where 0.76 was waited). The end stamp waits for a step's call as a whole (a control edge on
-    a function call waits for all it changes)."""
+    Each batch is read while the step before it runs: TensorFlow does not run a loop's next
+    read beside its step by itself (a read as long as its step, not read ahead, was waited for
+    half the time). The stamps' order is what makes them a wait: a batch read ahead is stamped
+    below the end stamp of the step it ran beside, in program order (timestamps keep it;
+    stamped above, the end came after the batch's arrival and hid a gather slower than its
+    step: 0.12 of a call's time where 0.76 was waited). The end stamp waits for the step's
+    call, all it changes, and not for its outputs: only the loop's last step computes its logs
+    (docs/benchmarks.md, "A seventeenth pass")."""
 
     def __init__(self, clock: InputClock | None):
         self.clock = clock
@@ -108,21 +108,26 @@ class Reads:
             clock.measuring = "waited"  # from the first epoch's start on
 
     def steps(
-        self, read: Callable[[], Any], step: Callable[[Any], Any], count: tf.Tensor | None
+        self,
+        reads: Callable[[Any], Callable[[tf.Tensor], Any]],
+        step: Callable[[Any], Any],
+        count: tf.Tensor | None,
     ) -> Any:
-        """`step(read())` `count` (a tensor, >= 1) times in a graph loop, each batch read while
-        the step before it runs (a call's first is not read ahead), or with `count` None once
-        and no loop (a profiler's window: xprof finds no step inside a loop). Returns the last
-        step's outputs (`step` is a function of its own: its outputs wait for all it did)."""
+        """`step(read(i))` for i in [0, `count`) (a tensor, >= 1) in a graph loop, where
+        `read = reads(count)` is the call's reader, each batch read while the step before it
+        runs (a call's first is not read ahead); with `count` None once and no loop (a
+        profiler's window: xprof finds no step inside a loop). Returns the last step's outputs
+        (`step` is a function of its own: its outputs wait for all it did)."""
+        read = reads(1 if count is None else count)
         ended = self.now()
-        batch, ready = self.next(read, after=ended)
+        batch, ready = self.next(read, 0, after=ended)
         if count is not None:
 
-            def one(_, state):
+            def one(index, state):
                 ended, batch, ready = state
                 self.waited(ready, ended)
-                upcoming = read()  # read while the step runs: no stamp orders it after
-                ended = self.now(after=step(batch))
+                upcoming = read(index + 1)  # read while the step runs: no stamp orders it after
+                ended = self.now(after=_calls(step(batch)))
                 return ended, upcoming, self.now(after=upcoming)  # below `ended`
 
             ended, batch, ready = graph.repeat(count - 1, one, (ended, batch, ready))
@@ -130,24 +135,33 @@ class Reads:
         return step(batch)
 
     def now(self, after: Any = ()) -> tf.Tensor:
-        """A stamp taken once `after` (a step's outputs: its call, and all it changed) is done."""
+        """A stamp taken once `after` (tensors, or a call) is done."""
         if self.clock is None:
             return tf.constant(0.0, tf.float64)
         with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
             return tf.timestamp()
 
-    def next(self, read: Callable[[], Any], after: tf.Tensor) -> tuple[Any, tf.Tensor]:
-        """`read()` (the next batch), made once `after` is there, and the stamp of its arrival."""
+    def next(
+        self, read: Callable[[Any], Any], index: Any, after: tf.Tensor
+    ) -> tuple[Any, tf.Tensor]:
+        """`read(index)`, made once `after` is there, and the stamp of its arrival."""
         if self.clock is None:
-            return read(), tf.constant(0.0, tf.float64)
+            return read(index), tf.constant(0.0, tf.float64)
         with tf.control_dependencies([after]):
-            batch = read()
+            batch = read(index)
         return batch, self.now(after=batch)
 
     def waited(self, ready: tf.Tensor, ended: tf.Tensor) -> None:
         """Adds a step's wait: its batch's arrival after the last step's end, if later."""
         if self.clock is not None:
             self.clock.add_wait(tf.maximum(ready - ended, 0.0))
+
+
+def _calls(outputs: Any) -> list[tf.Operation]:
+    """The ops that made a step's `outputs`: its function's call, which a control edge waits
+    for as a whole (its updates), without asking for the outputs' values."""
+    tensors = tf.nest.flatten(outputs, expand_composites=True)
+    return list({id(t.op): t.op for t in tensors if t is not None}.values())
 
 
 def _components(variable: tf.Variable) -> tuple[tf.Variable, ...]:
