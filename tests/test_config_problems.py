@@ -40,6 +40,10 @@ def test_a_problem_reads_key_value_then_hint():
             "strategy.intra_op_threads=many: input should be 'auto' or a valid integer",
         ),
         (
+            "strategy.graph_optimizer=sometimes",
+            "strategy.graph_optimizer=sometimes: input should be 'auto' or a valid boolean",
+        ),
+        (
             "batching.steps_per_execution=0",
             "batching.steps_per_execution=0: input should be greater than 0 or 'auto'",
         ),

@@ -306,6 +306,7 @@ def test_default_run_reports_where_its_time_goes(train_run):
     cores = ran["cpu"]["count"]
     assert ran["cpu"]["intra_op_threads"] == (1 if cores <= 2 else cores), ran["cpu"]
     assert (ran["hosts"], ran["replicas"], ran["gpus"], ran["cluster"]) == (1, 1, [], None)
+    assert ran["graph_optimizer"] is False  # auto, on a machine of CPUs only
 
 
 def test_a_held_split_waits_only_on_its_gather(train_run):
@@ -365,6 +366,32 @@ def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
     assert configure_threads("auto") == running
     with pytest.raises(ConfigError, match=r"strategy.intra_op_threads=7: .* fresh process"):
         configure_threads(7)
+
+
+def test_the_graph_optimizer_is_off_for_cpus_only_unless_set():
+    """strategy.graph_optimizer: auto turns Grappler off where a run's devices are this
+    process's CPUs alone, and leaves it on elsewhere (GPUs, TPUs, parameter servers); true and
+    false hold anywhere. What a run ran with is in its provenance."""
+    import tensorflow as tf
+
+    from tfrecipe.distribute.strategy import configure_graph_optimizer
+    from tfrecipe.perf.provenance import graph_optimizer
+
+    def disabled():
+        return tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer")
+
+    was = graph_optimizer()
+    try:
+        for setting, cpus_only, on in (
+            ("auto", True, False),
+            ("auto", False, True),
+            (True, True, True),
+            (False, False, False),
+        ):
+            assert configure_graph_optimizer(setting, cpus_only=cpus_only) is on
+            assert bool(disabled()) is not on and graph_optimizer() is on
+    finally:
+        configure_graph_optimizer(was, cpus_only=True)
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

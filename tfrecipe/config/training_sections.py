@@ -34,6 +34,8 @@ class _StrategyBase(Section):
     logical_cpus: PositiveInt = 1
     # threads one op splits its work over (tfrecipe.distribute.strategy.configure_threads)
     intra_op_threads: Literal["auto"] | PositiveInt = "auto"
+    # TensorFlow's graph optimizer, Grappler (tfrecipe.distribute.strategy.configure_graph_optimizer)
+    graph_optimizer: Literal["auto"] | bool = "auto"
 
 
 class DefaultStrategy(_StrategyBase):

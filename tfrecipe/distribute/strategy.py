@@ -78,6 +78,24 @@ def configure_threads(intra_op: int | str) -> int:
     return intra_op
 
 
+def configure_graph_optimizer(setting: bool | str, *, cpus_only: bool) -> bool:
+    """Turns TensorFlow's graph optimizer, Grappler, on or off for the functions this process
+    instantiates from now on; returns whether it is on. `cpus_only`: the run's devices are
+    this process's CPUs alone.
+
+    auto: off where `cpus_only`, else on. On the 2-core EPYC, a function rewritten by Grappler
+    (its remapper, memory optimizer, constant folding, ...) first ran 0.1 s later for Keras'
+    train function of the default CNN, 0.6 s for a graph loop of the ResNet's train step and
+    1.6 s for the MobileNet's, and the steps after it ran no faster (docs/benchmarks.md, "A
+    seventeenth pass"); oneDNN's own rewrites of the graph are not Grappler's and stay. A GPU's
+    layout and fusion passes pay, and a parameter server's or TPU's functions run elsewhere:
+    on there.
+    """
+    on = setting if isinstance(setting, bool) else not cpus_only
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": not on})
+    return on
+
+
 def _local_devices(spec_devices: list[str] | None, logical_cpus: int) -> list[str] | None:
     """Devices for the mirrored strategies: as configured, else all GPUs, else logical CPUs."""
     if spec_devices is not None:
@@ -207,6 +225,9 @@ def build_strategy(
         parameter-server strategies; None = this process alone.
     """
     configure_threads(spec.intra_op_threads)
+    elsewhere = spec.name in ("tpu", "parameter_server")
+    cpus_only = not elsewhere and not tf.config.list_physical_devices("GPU")
+    configure_graph_optimizer(spec.graph_optimizer, cpus_only=cpus_only)
     return _BUILDERS[spec.name](spec, cluster_resolver)
 
 

@@ -75,6 +75,14 @@ def intra_op_threads() -> int:
     return threads or (int(from_env) if from_env.isdigit() else 0) or cores()
 
 
+def graph_optimizer() -> bool:
+    """Whether TensorFlow's graph optimizer (Grappler) rewrites this process's functions
+    (`strategy.graph_optimizer`)."""
+    import tensorflow as tf
+
+    return not tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+
+
 def gpus() -> list[dict[str, Any]]:
     """Each visible GPU's name and compute capability (TensorFlow's description), with the
     driver and the CUDA TensorFlow was built for."""
@@ -128,6 +136,7 @@ def collect(
         "versions": versions(),
         "git": git(Path.cwd()),
         "cpu": cpu() | {"intra_op_threads": intra_op_threads()},
+        "graph_optimizer": graph_optimizer(),
         "gpus": gpus(),
         "hosts": num_hosts,
         "replicas": num_replicas,
