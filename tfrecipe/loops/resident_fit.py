@@ -112,8 +112,8 @@ def on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
     """fit's `train_function(iterator)`: `model.steps_per_execution` steps on `iterator`'s
     batches (fit's own iterator, the stand-in's, is not read), the last step's logs. Each batch
-    may be gathered while the step before it runs (`Reads.steps`): the held split is read-only,
-    and a call moves the stream's counter past its batches at once."""
+    is gathered while the step before it runs (`Reads.steps`): the held split is read-only, and
+    a call moves the stream's counter past its batches at once."""
     steps = int(model.steps_per_execution)
     reads, read, one_step = held_steps(model, iterator)
 
@@ -134,8 +134,9 @@ def held_steps(
     model: keras.Model, iterator: ResidentIterator
 ) -> tuple[Reads, Callable[[Any], Callable], Callable[[Any], Any]]:
     """(reads, read, one_step) for Keras' own `train_step` on `iterator`'s batches: the step on
-    every replica, and the reads stamped where the input clock wraps the step (it then stamps
-    the reads itself, not the step's edges)."""
+    every replica, `read` a call's reader of the batches (`StepReads`), and the reads stamped
+    where the input clock wraps the step (it then stamps the reads itself, not the step's
+    edges)."""
     step = model.train_step
     clock = getattr(step, "_tfrecipe_clock", None)
     if clock is not None:
