@@ -110,24 +110,27 @@ class HeldSplit:
         with tf.device("/CPU:0"):
             return tf.cond(tf.equal(pass_, self._order_pass), self._order.read_value, drawn)
 
-    def indices(self, step: tf.Tensor) -> tf.Tensor:
-        """The rows of global micro-batch `step` of the endless stream."""
-        step = tf.cast(step, tf.int64)
-        pass_, index = step // self.layout.steps_per_pass, step % self.layout.steps_per_pass
-        first = tf.cast(index, tf.int32) * self.layout.global_batch
-        return self.order(pass_)[first : first + self.layout.global_batch]
-
     def batch_at(self, step: tf.Tensor) -> Any:
         """Global micro-batch `step`, split over the replicas (each gathers its share)."""
         return self.batches(tf.cast(step, tf.int64), 1)(0)
 
     def batches(self, start: tf.Tensor, count: Any) -> Callable[[tf.Tensor], Any]:
-        """Micro-batches `start` to `start + count` of the stream as `batch(i)`, in a graph: the
-        orders of the passes they span are drawn once, before the first, so a batch is a slice
-        of indices and a gather, with no counter, permutation lookup or branch per step
-        (docs/benchmarks.md, "A seventeenth pass")."""
+        """Micro-batches `start` to `start + count` of the stream as `batch(i)`, in a graph, each
+        split over the replicas (`indices`: no counter, permutation lookup or branch per step)."""
+        indices = self.indices(start, count)
+
+        def batch(i: tf.Tensor) -> Any:
+            seed = tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)])
+            return self._spread(indices(i), seed)
+
+        return batch
+
+    def indices(self, start: Any, count: Any) -> Callable[[tf.Tensor], tf.Tensor]:
+        """The rows of micro-batches `start` to `start + count` of the endless stream as
+        `indices(i)`: the orders of the passes they span are drawn once, before the first, so
+        step i's rows are a slice (docs/benchmarks.md, "A seventeenth pass")."""
         layout, count = self.layout, tf.cast(count, tf.int64)
-        steps = start + tf.range(count)
+        steps = tf.cast(start, tf.int64) + tf.range(count)
         passes, index = (
             steps // layout.steps_per_pass,
             tf.cast(steps % layout.steps_per_pass, tf.int32),
@@ -140,12 +143,7 @@ class HeldSplit:
         )
         begins = tf.cast(passes - first, tf.int32) * self.num_rows + index * layout.global_batch
         sizes = tf.minimum(layout.global_batch, self.num_rows - index * layout.global_batch)
-
-        def batch(i: tf.Tensor) -> Any:
-            indices = tf.slice(orders, [begins[i]], [sizes[i]])
-            return self._spread(indices, tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)]))
-
-        return batch
+        return lambda i: tf.slice(orders, [begins[i]], [sizes[i]])
 
     def _orders(self, first: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
         """The permutations of passes `first` to `first + count`, one per row."""
@@ -253,9 +251,9 @@ class ResidentTrain:
 
     def first_batch(self) -> Any:
         """The stream's first global batch, undistributed (a shape and dtype for fit's build)."""
+        rows = self.held.indices(self.start, 1)(0)
         return tf.nest.map_structure(
-            lambda t: tf.gather(t, self.held.indices(self.start)),
-            self.held.copies[self.held.devices[0]],
+            lambda t: tf.gather(t, rows), self.held.copies[self.held.devices[0]]
         )
 
 
