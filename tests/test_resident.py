@@ -172,6 +172,41 @@ def test_each_replica_gathers_its_share_of_the_global_batch():
         assert _joined(s.numpy().tolist() for s in shares) == expected
 
 
+def test_whole_batches_have_a_static_size_on_every_replica():
+    """Where every batch of a pass is whole, the graph knows their size (Keras' step runs on
+    static shapes: the diabetes recipe's steps ran 1.5-2x as fast), in training and in order,
+    on each replica too; a pass with a short batch leaves the batch's size open."""
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+
+    def static_sizes(held, read):
+        shapes = []
+
+        @tf.function
+        def call():
+            shares = held.strategy.experimental_local_results(read()[1])
+            shapes.extend(share.shape.as_list() for share in shares)
+            return shares
+
+        return shapes, [len(share) for share in call()]
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    for held, whole in (
+        (_held(num_rows=12), [[4]]),
+        (_held(num_rows=11, per_pass=2), [[4]]),  # the rows a pass drops: every batch whole
+        (_held(num_rows=10), [[None]]),  # 4 + 4 + 2
+        (_held(num_rows=12, strategy=mirrored), [[2], [2]]),
+        (_held(num_rows=9, global_batch=3, strategy=mirrored), [[2], [1]]),
+    ):
+        iterator = iter(ResidentTrain(held, start=1))
+        shapes, sizes = static_sizes(held, lambda: iterator.reads(2)(1))
+        assert shapes == whole
+        assert sizes == [size or 2 for [size] in whole]
+        index = tf.Variable(1)  # a value the graph does not know
+        assert static_sizes(held, lambda: held.batch_in_order(index.read_value()))[0] == whole
+
+
 def test_augmentation_runs_on_the_gathered_batch_seeded_by_the_step():
     import tensorflow as tf
 
