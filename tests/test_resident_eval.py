@@ -61,7 +61,7 @@ def test_a_held_split_evaluates_as_the_streamed_one(loop, replicas):
     import tensorflow as tf
 
     from tfrecipe.data.resident import HeldEval, HeldSplit, Layout
-    from tfrecipe.loops import custom, fit
+    from tfrecipe.loops import custom, fit, resident_fit
 
     devices = ["/cpu:0", "/cpu:1"][:replicas]
     strategy = (
@@ -80,6 +80,8 @@ def test_a_held_split_evaluates_as_the_streamed_one(loop, replicas):
     assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-7)
     assert got["accuracy"] * 11 == pytest.approx(round(got["accuracy"] * 11))  # all 11 counted
     assert evaluate(model, held, objective=_objective) == got  # evaluated again: the same
+    if loop == "fit":  # one trace of the step serves the whole batches and the short one
+        assert resident_fit.test_step(model).experimental_get_tracing_count() == 1
 
 
 def test_the_plan_says_validation_and_test_are_held(compose_cfg):
