@@ -279,13 +279,15 @@ class EpochGroups:
         track = _Tracker(model, self.best, self._shadows)
 
         def evaluate(index, trained, best, validated):
-            """The held validation split's metrics after epoch `index`, timed."""
+            """The held validation split's metrics after epoch `index`, and the best weights
+            it keeps, timed (fit runs both outside its calls: they are not training's)."""
             began = reads.now(after=trained)
             model.reset_metrics()
             resident_fit.in_order(held, test_step)
             results = self._keep(1, index)
-            validated += reads.now(after=results) - began
-            return track(best, results, validation=True), validated
+            best = track(best, results, validation=True)
+            validated += reads.now(after=(results, best)) - began
+            return best, validated
 
         @tf.function(autograph=False)
         def run_group(count, validate, best):
@@ -329,7 +331,9 @@ class _Tracker:
             return best  # not logged: BestCheckpoint never scores it either
         value = tf.cast(results[self.key], tf.float32)
         improved = tf.math.is_finite(value) & (tf.math.is_nan(best) | self.better(value, best))
-        for shadow, weight in zip(self.shadows, self.model.weights, strict=True):
-            # no cond: each one's branch graphs made tracing the group 0.1-0.2 s longer
+        copies = [  # no cond: each one's branch graphs made tracing the group 0.1-0.2 s longer
             shadow.assign(tf.where(improved, tf.convert_to_tensor(weight), shadow))
-        return tf.where(improved, value, best)
+            for shadow, weight in zip(self.shadows, self.model.weights, strict=True)
+        ]
+        with tf.control_dependencies(copies):  # the new best comes with its weights copied
+            return tf.where(improved, value, best)
