@@ -200,11 +200,14 @@ def test_whole_batches_have_a_static_size_on_every_replica():
         (_held(num_rows=9, global_batch=3, strategy=mirrored), [[2], [1]]),
     ):
         iterator = iter(ResidentTrain(held, start=1))
-        shapes, sizes = static_sizes(held, lambda: iterator.reads(2)(1))
+        shapes, sizes = static_sizes(held, lambda it=iterator: it.reads(2)(1))
         assert shapes == whole
         assert sizes == [size or 2 for [size] in whole]
         index = tf.Variable(1)  # a value the graph does not know
-        assert static_sizes(held, lambda: held.batch_in_order(index.read_value()))[0] == whole
+        in_order = static_sizes(held, lambda h=held, i=index: h.batch_in_order(i.read_value()))
+        assert in_order[0] == whole
+        constant = static_sizes(held, lambda h=held: h.batch_in_order(tf.constant(0)))  # read, too
+        assert constant[0] == whole
 
 
 def test_augmentation_runs_on_the_gathered_batch_seeded_by_the_step():

@@ -166,11 +166,15 @@ class HeldSplit:
 
     def batch_in_order(self, index: tf.Tensor) -> Any:
         """Batch `index` of the split in its order (evaluation: no permutation, the last batch
-        short), split over the replicas as tf.distribute splits a streamed batch."""
+        short), split over the replicas as tf.distribute splits a streamed batch. Its size is
+        static where every batch is whole, else open whatever `index` is: a constant index
+        would let shape inference read a whole batch's size, and a step traced on it would be
+        traced again for the others."""
         first = tf.cast(index, tf.int32) * self.layout.global_batch
         if self.full_batches:  # a static size, as in training
             indices = first + tf.range(self.layout.global_batch)
         else:
+            first = tf.compat.v1.placeholder_with_default(first, [])  # a value it cannot read
             indices = tf.range(first, tf.minimum(first + self.layout.global_batch, self.num_rows))
         return self._spread(indices, tf.stack([self._seed + 1, tf.cast(index, tf.int64)]))
 

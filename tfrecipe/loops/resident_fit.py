@@ -72,12 +72,9 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
 
 def in_order(held: HeldSplit, step: Callable[[Any], Any]) -> Any:
     """In a graph: `step` on every batch of `held` in order, in a loop (none for 1 batch: an
-    empty loop cost 0.2 ms a call on wine); the last batch's outputs. The step is traced once:
-    the first batch's size is as open as the loop's where the last batch is short."""
-    first = tf.constant(0)
-    if not held.full_batches:  # a value shape inference cannot read: batch 0's size stays open
-        first = tf.compat.v1.placeholder_with_default(first, [])
-    outputs = step(held.batch_in_order(first))  # the loop's logs take its structure
+    empty loop cost 0.2 ms a call on wine); the last batch's outputs. The step is traced once
+    (`batch_in_order`: batch 0's size is as open as the loop's where the last is short)."""
+    outputs = step(held.batch_in_order(tf.constant(0)))  # the loop's logs take its structure
     if held.layout.steps_per_pass == 1:
         return outputs
     return graph.repeat(
