@@ -9,7 +9,7 @@ compute limit, in one process per job.
 The default: `tfrecipe.train` with the job's config (its own epochs, or --epochs); its steady-state
 examples/s (summary.json's, the epochs after the first). The limit: right after that run, in the
 same process, the same model's training step (`model.train_step` under the run's strategy) in a
-`tf.while_loop` over one resident batch (the first of the run's own training input): no input
+`tf.while_loop` (compiled with XLA where the run compiles: `batching.jit_compile`) over one resident batch (the first of the run's own training input): no input
 pipeline, no callbacks, no Python per step. `fraction` = default / limit (1.0: the defaults leave nothing on the table); the
 limit is the median of 5 timings of at least `--limit-seconds` each (as many steps as fill
 that), after a warm-up: a timing of a few dozen sub-millisecond steps swung 1.5x from run to run.
@@ -73,6 +73,8 @@ def limit_examples_per_sec(model, dataset, global_batch, seconds, *, resident=Tr
     string ops need), or with `resident=False` over `dataset`'s batches, one per step."""
     import tensorflow as tf
 
+    from tfrecipe import graph
+
     iterator = iter(dataset)
     strategy = model.distribute_strategy
     step = getattr(model.train_step, "__wrapped_step__", model.train_step)
@@ -86,11 +88,18 @@ def limit_examples_per_sec(model, dataset, global_batch, seconds, *, resident=Tr
         def one_step(data):
             return strategy.run(step, args=(data,))
 
-    @tf.function
+    # where the run compiles with XLA, so does its limit (the whole loop, as a held split's
+    # loop compiles: tfrecipe.loops.resident_fit): a compiled run against a plain limit would
+    # read above 1.0; the input's loop reads an iterator, which XLA cannot hold
+    # (`graph.repeat`: a `tf.range` bound is a constant XLA compiles a program for, per value)
+    def body(_, ran):
+        outputs = one_step(batch if resident else next(iterator))
+        with tf.control_dependencies(tf.nest.flatten(outputs)):
+            return ran + 1
+
+    @tf.function(jit_compile=bool(model.jit_compile) and resident, autograph=False)
     def loop(n, batch):
-        for _ in tf.range(n):
-            one_step(batch if resident else next(iterator))
-        return tf.constant(0)
+        return graph.repeat(n, body, tf.constant(0))
 
     batch = next(iterator)
     loop(tf.constant(2), batch).numpy()  # traced, warmed up

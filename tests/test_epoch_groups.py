@@ -91,6 +91,34 @@ def test_a_group_a_callback_could_tell_apart_is_refused(cli, tmp_path):
     assert not (tmp_path / "run" / "best.weights.h5").exists()
 
 
+def test_xla_runs_a_held_group_as_one_program_that_trains_as_the_plain_loop(train_run):
+    # 9 epochs of 3 steps cross two passes of the digits' 1257 rows (10 batches, the last short)
+    common = [*GROUPED, "loop.epochs=9", "loop.validation_freq=2"]
+    common.append("batching.per_replica_batch_size=128")
+    compiled, compiled_dir = train_run(*common, "batching.jit_compile=true")
+    plain, plain_dir = train_run(*common)
+    assert compiled["resident"]["xla"] == "loop" and plain["resident"]["xla"] is None
+    assert compiled["epochs_per_call"] == {
+        "epochs": 9,  # 1024 steps' worth, capped by the run
+        "why": "9 epochs of 3 steps per call, one XLA program",
+    }
+    assert plain["epochs_per_call"]["epochs"] == 9 and compiled["steps_completed"] == 27
+    # XLA has no clock op: no input wait of 0 that would read as measured
+    assert compiled["perf"]["input_wait_fraction"] is None
+    assert "XLA" in compiled["perf"]["input_wait_note"]
+    assert plain["perf"]["input_wait_fraction"] is not None
+    # the plain loop's batches, in its order, validated at the same epochs, the test split
+    # evaluated in one program too: its logs up to XLA's rounding
+    rows, expected = _rows(compiled_dir / "history.csv"), _rows(plain_dir / "history.csv")
+    assert len(rows) == len(expected) == 9
+    for row, wanted in zip(rows, expected, strict=True):
+        assert row.keys() == wanted.keys()
+        for key, value in wanted.items():
+            assert bool(row[key]) == bool(value), (key, row)
+            assert float(row[key] or 0) == pytest.approx(float(value or 0), rel=1e-4), key
+    assert compiled["test"] == pytest.approx(plain["test"], rel=1e-4)
+
+
 def _command(run_dir: Path, epochs: int) -> list[str]:
     return [
         sys.executable,

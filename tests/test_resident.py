@@ -139,6 +139,44 @@ def test_a_calls_batches_drawn_at_once_are_the_streams_across_passes():
             assert int(iterator.position.numpy()) == start + count
 
 
+def test_a_compiled_calls_cut_keeps_its_shapes_and_the_streams_batches():
+    """An XLA program compiles per shape of its arguments: a compiled call's cut (the orders
+    of the passes its batches span, where each begins, which is short) has the same shapes
+    from any start, and its batches are the stream's, batch for batch."""
+    from tfrecipe.data.resident import ResidentTrain
+
+    for held in (_held(), _held(num_rows=11, per_pass=2)):  # a short last batch; 3 rows dropped
+        stream = _labels(iter(ResidentTrain(held)), 12)
+        shapes = set()
+        for start, count in ((0, 3), (1, 2), (2, 3), (1, 8), (5, 7)):
+            orders, begins, short = (t.numpy() for t in held.cut(start, 8, static=True))
+            shapes.add((orders.shape, begins.shape, short.shape))
+            sizes = [held.last_batch if s else held.layout.global_batch for s in short]
+            batches = [orders[b : b + n].tolist() for b, n in zip(begins, sizes, strict=True)]
+            assert batches[:count] == stream[start : start + count]
+        assert len(shapes) == 1
+
+
+def test_only_a_single_device_split_gathered_as_held_compiles_whole():
+    """One XLA program a call only where it runs: one device, nothing drawn per batch, and on
+    a CPU no convolution."""
+    import tensorflow as tf
+
+    from tfrecipe.data.pipeline import PipelineOptions
+    from tfrecipe.data.resident import HeldSplit, batch_function
+
+    assert _held().compiles_whole(True) and not _held().compiles_whole(False)
+    assert not _held().compiles_whole(True, convolves=True)  # XLA:CPU's convolutions: 48x slower
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert not _held(strategy=mirrored).compiles_whole(True)  # XLA runs on one device
+    per_batch = batch_function(PipelineOptions(augment_flip=True), lambda x, y: (x, y))
+    plain = _held()
+    augmented = HeldSplit(
+        plain.copies[None], strategy=plain.strategy, layout=plain.layout, per_batch=per_batch
+    )
+    assert not augmented.compiles_whole(True)  # draws per batch: the step alone compiles
+
+
 def test_the_graph_gathers_without_tf_data():
     import tensorflow as tf
 
@@ -230,18 +268,19 @@ def test_augmentation_runs_on_the_gathered_batch_seeded_by_the_step():
     assert x.dtype == tf.float32 and flipped.any() and not flipped.all()
 
 
-def test_fit_runs_every_call_of_a_held_split_in_one_traced_loop():
-    """Each call runs steps_per_execution steps from the stream; the loop is traced once (a
-    trace at a later call would land in the steady epochs the throughput counts)."""
+def _fit_calls(jit_compile: bool, num_rows: int) -> tuple[list[float], int, int]:
+    """(each call's loss, the stream's position, the loop's traces) after 4 calls of fit's
+    train function on a held split of `num_rows`, 3 steps a call."""
     import keras
     import tensorflow as tf
 
     from tfrecipe.data.resident import ResidentTrain
     from tfrecipe.loops import resident_fit
 
+    keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
-    held = _held(num_rows=12, global_batch=4)
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3, jit_compile=jit_compile)
+    held = _held(num_rows=num_rows, global_batch=4)
     held = type(held)(
         (tf.cast(held.copies[None][0], tf.float32), tf.cast(held.copies[None][1], tf.float32)),
         strategy=held.strategy,
@@ -250,9 +289,34 @@ def test_fit_runs_every_call_of_a_held_split_in_one_traced_loop():
     iterator = iter(ResidentTrain(held))
     train_function = resident_fit._train_function(model, iterator)
     losses = [float(train_function(None)["loss"]) for _ in range(4)]
-    assert int(iterator.position.numpy()) == 12  # 4 calls of 3 steps
-    assert train_function.traces() == 1
-    assert all(np.isfinite(losses))
+    return losses, int(iterator.position.numpy()), train_function.traces()
+
+
+def test_fit_runs_every_call_of_a_held_split_in_one_traced_loop():
+    """Each call runs steps_per_execution steps from the stream; the loop is traced once (a
+    trace at a later call would land in the steady epochs the throughput counts). Compiled
+    with XLA, a call is one program, whose steps are the plain loop's (a short batch too)."""
+    for num_rows in (12, 10):  # whole batches; a pass of 4 + 4 + 2
+        losses, position, traces = _fit_calls(False, num_rows)
+        assert position == 12 and traces == 1  # 4 calls of 3 steps
+        assert all(np.isfinite(losses))
+        compiled = _fit_calls(True, num_rows)
+        np.testing.assert_allclose(compiled[0], losses, rtol=1e-5)
+        assert compiled[1:] == (12, 1)
+
+
+def test_the_custom_loop_runs_a_held_split_as_one_xla_program_a_call(train_run):
+    """With XLA the custom loop's calls and its held evaluation are one program each, as fit's:
+    the plain loop's batches in its order (12 steps of 128 cross a pass of the digits' 1257
+    rows, its last batch short), its metrics up to XLA's rounding."""
+    common = ["model=mlp", "loop=custom", "batching.per_replica_batch_size=128"]
+    common += ["loop.epochs=3", "loop.steps_per_epoch=4"]
+    compiled, _ = train_run(*common, "batching.jit_compile=true")
+    plain, _ = train_run(*common)
+    assert compiled["resident"]["xla"] == "loop" and compiled["steps_completed"] == 12
+    assert compiled["perf"]["input_wait_fraction"] is None  # no clock in the program
+    assert compiled["metrics"] == pytest.approx(plain["metrics"], rel=1e-4)
+    assert compiled["test"] == pytest.approx(plain["test"], rel=1e-4)
 
 
 @pytest.mark.slow
@@ -275,6 +339,7 @@ def test_both_loops_train_the_same_on_a_resident_split(train_run, strategy):
         "resident": False,
         "reason": "pipeline.resident=false",
         "evaluation": {"resident": False, "reason": "the training split streams"},
+        "xla": None,  # nothing compiled (batching.jit_compile=auto on a CPU)
     }
     assert fit["resident"]["evaluation"]["resident"]  # validation and test held beside it
     assert streamed["steps_completed"] == fit["steps_completed"] == 6

@@ -196,7 +196,7 @@ def _start_summary(
     log.info("model: %(total)d parameters, %(trainable)d trainable", summary["params"])
     summary.update(summaries.options_used(built.phases, built.warm, built.data.class_weight))
     summary.update(summaries.about_data(ctx.task, built.splits.info))
-    summary.update(resident=built.data.resident)  # pipeline.resident: chosen, and why
+    summary.update(resident=summaries.residency(built.data, model))  # pipeline.resident, XLA
     summaries.log_choices(summary)  # where the training data live, XLA's compile cache
     if built.resumed:
         step = built.resumed.step

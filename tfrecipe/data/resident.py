@@ -132,28 +132,71 @@ class HeldSplit:
         batch of a pass is whole, their size is static: Keras' step then runs on static
         shapes (the diabetes recipe's step of 0.05 ms ran 1.5-2x as fast: docs/benchmarks.md,
         "An eighteenth pass")."""
-        layout, count = self.layout, tf.cast(count, tf.int64)
-        steps = tf.cast(start, tf.int64) + tf.range(count)
+        orders, begins, short = self.cut(start, count)
+        if self.full_batches:
+            return lambda i: tf.slice(orders, [begins[i]], [self.layout.global_batch])
+        sizes = tf.where(short, self.last_batch, self.layout.global_batch)
+        return lambda i: tf.slice(orders, [begins[i]], [sizes[i]])
+
+    def cut(
+        self, start: Any, count: Any, *, static: bool = False
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(orders, begins, short) of micro-batches `start` to `start + count`: the orders of
+        the passes they span, one after another, where each batch's rows begin in them, and
+        whether it is its pass's short last batch (`last_batch` rows). `static` (`count` an
+        int): shapes that do not depend on `start` (an XLA program compiles once): room for as
+        many passes as `count` batches may span, those they do span drawn."""
+        layout = self.layout
+        steps = tf.cast(start, tf.int64) + tf.range(count, dtype=tf.int64)
         passes, index = (
             steps // layout.steps_per_pass,
             tf.cast(steps % layout.steps_per_pass, tf.int32),
         )
         first, spanned = passes[0], passes[-1] - passes[0] + 1
-        orders = tf.cond(  # a call inside one pass reads the pass's order, drawn once
-            spanned == 1,
-            lambda: self.order(first),
-            lambda: tf.reshape(self._orders(first, spanned), [-1]),
-        )
+        if static:  # the first pass's order as drawn once, the next ones drawn, then zeros
+            most = -(-count // layout.steps_per_pass) + 1
+            later = tf.reshape(self._orders(first + 1, spanned - 1), [-1])
+            padding = tf.zeros([(most - 1) * self.num_rows - tf.size(later)], tf.int32)
+            orders = tf.reshape(tf.concat([self.order(first), later, padding], 0), [-1])
+            orders = tf.ensure_shape(orders, [most * self.num_rows])
+        else:
+            orders = tf.cond(  # a call inside one pass reads the pass's order, drawn once
+                spanned == 1,
+                lambda: self.order(first),
+                lambda: tf.reshape(self._orders(first, spanned), [-1]),
+            )
         begins = tf.cast(passes - first, tf.int32) * self.num_rows + index * layout.global_batch
-        if self.full_batches:
-            return lambda i: tf.slice(orders, [begins[i]], [layout.global_batch])
-        sizes = tf.minimum(layout.global_batch, self.num_rows - index * layout.global_batch)
-        return lambda i: tf.slice(orders, [begins[i]], [sizes[i]])
+        short = tf.logical_and(not self.full_batches, index == layout.steps_per_pass - 1)
+        return orders, begins, short
 
     @property
     def full_batches(self) -> bool:
         """Whether every micro-batch of a pass is a whole global batch (none short)."""
         return self.layout.steps_per_pass * self.layout.global_batch <= self.num_rows
+
+    def compiles_whole(self, jit_compile: bool, *, convolves: bool = False) -> bool:
+        """Whether a model compiled with XLA (`jit_compile`) runs its loops on this split as one
+        XLA program a call (no op dispatched per step): on one device, with nothing applied to
+        each gathered batch (augmentation draws per batch: there the step alone compiles), and
+        on a CPU only for a model that does not convolve (`convolves`): XLA:CPU ran the default
+        CNN's step in a compiled loop at 336 ms against TensorFlow's 7 (docs/benchmarks.md, "A
+        nineteenth pass")."""
+        if not jit_compile or len(self.devices) != 1 or self.per_batch is not None:
+            return False
+        return not convolves or device_memory(self.strategy).kind != "CPU"
+
+    @property
+    def last_batch(self) -> int:
+        """The rows of a pass's last micro-batch (a whole batch where `full_batches`)."""
+        layout = self.layout
+        return min(
+            layout.global_batch, self.num_rows - (layout.steps_per_pass - 1) * layout.global_batch
+        )
+
+    def rows(self, indices: tf.Tensor) -> Any:
+        """The rows at `indices` of the one replica's copy, as held (no `per_batch`)."""
+        copy = self.copies[self.devices[0]]
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), copy)
 
     def _orders(self, first: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
         """The permutations of passes `first` to `first + count`, one per row."""

@@ -39,8 +39,9 @@ import keras
 import tensorflow as tf
 
 from tfrecipe import graph, optim
-from tfrecipe.data.resident import HeldEval, HeldSplit, StepReads
+from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, StepReads
 from tfrecipe.loops import objective as objectives
+from tfrecipe.loops import resident_fit
 from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.perf.clock import Reads
@@ -130,13 +131,42 @@ def _make_train_function(
         return objective.results()
 
     loopless = options.steps_per_loop == 1 or options.call_steps is not None
+    compiled: dict[ResidentIterator, Callable] = {}  # a held stream's calls, one XLA program each
 
     def train(iterator, num_steps: int):
+        if iterator in compiled or _compiles(model, iterator, accumulation):
+            if iterator not in compiled:
+                compiled[iterator] = _compiled_calls(iterator, step, objective, options)
+            return compiled[iterator](tf.constant(num_steps))
         if num_steps == 1 and loopless:
             return run_steps(iterator, None)
         return run_steps(iterator, tf.constant(num_steps))
 
     return train
+
+
+def _compiles(model: keras.Model, iterator: Any, accumulation: int) -> bool:
+    """Whether a call on `iterator` is one XLA program, as fit's (resident_fit.compiles_loop):
+    a held stream, one batch a step."""
+    if not isinstance(iterator, ResidentIterator) or accumulation > 1:
+        return False
+    return resident_fit.compiles_loop(model, iterator.held)
+
+
+def _compiled_calls(iterator: ResidentIterator, step, objective: Objective, options) -> Callable:
+    """`call(num_steps) -> metric results`: the held stream's next steps as one XLA program
+    (resident_fit.compiled_call; no input clock inside)."""
+    resident_fit.unclocked(options.input_clock)
+    steps = resident_fit.compiled_call(
+        iterator, lambda batch: step([batch]), options.steps_per_loop
+    )
+
+    @tf.function(autograph=False)
+    def call(num_steps):
+        steps(num_steps)
+        return objective.results()
+
+    return call
 
 
 def _test_step(model: keras.Model, objective: Objective) -> Callable[[Any], None]:
@@ -174,17 +204,15 @@ def _make_test_function(
 
 
 def _held_test_function(
-    step: Callable[[Any], None], objective: Objective, held: HeldSplit
+    model: keras.Model, step: Callable[[Any], None], objective: Objective, held: HeldSplit
 ) -> Callable[[], dict[str, tf.Tensor]]:
-    """`test_all() -> metric results`: every batch of a held split, in order, in one call."""
+    """`test_all() -> metric results`: every batch of a held split, in order, in one call (one
+    XLA program where the loop compiles whole: resident_fit.evaluation)."""
+    evaluation = resident_fit.evaluation(model, held, lambda batch: _ran(step(batch)))
 
     @tf.function(autograph=False)
     def test_all():
-        graph.repeat(
-            held.layout.steps_per_pass,
-            lambda index, ran: ran + _ran(step(held.batch_in_order(index))),
-            tf.constant(0),
-        )
+        evaluation()
         return objective.results()
 
     return test_all
@@ -225,7 +253,7 @@ def _evaluator(
         callbacks.on_test_begin()
         if isinstance(data, HeldEval):  # the whole split in one call (`steps` does not apply)
             if data.held not in held:
-                held[data.held] = _held_test_function(step, objective, data.held)
+                held[data.held] = _held_test_function(model, step, objective, data.held)
             callbacks.on_test_batch_begin(0)
             callbacks.on_test_batch_end(data.num_batches - 1, held[data.held]())
         else:

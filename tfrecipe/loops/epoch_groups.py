@@ -20,7 +20,9 @@ there, the latter from the best epoch's weights (copied beside the model's: `hel
 known to read nothing but logs, that step and those weights may watch a group (`blocker` names
 the first that may not); any other (early stopping, periodic exports, EMA's swaps, periodic
 backups, your own) keeps one epoch per call. A stop inside a group (a NaN loss, a pruned trial)
-ends training at that epoch with the model at the group's end.
+ends training at that epoch with the model at the group's end. Where the held loop compiles
+with XLA (`resident_fit.compiles_loop`), a group is one XLA program (`_compiled_group`), its
+validation unstamped.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ from tfrecipe.loops import custom, resident_fit
 # in calls of 32 steps, 74k at 64, 78.5k at 128 and 80k at 256: docs/benchmarks.md, "A
 # fourteenth pass".
 GROUP_STEPS = 128
+# Where a group is one XLA program (resident_fit.compiles_loop), its steps cost 7-9 us (wine, a
+# 2-core EPYC) and a call's edges 1-2 ms (the passes' orders drawn, the launch): a call of 1024
+# steps spends a sixth of its time on them (docs/benchmarks.md, "A nineteenth pass").
+COMPILED_GROUP_STEPS = 1024
 
 # Keras' callbacks that read only an epoch's logs (tfrecipe's say so: `reads_logs_only`, the
 # logs, the step counter `backup.current_step` and BestCheckpoint's best weights).
@@ -55,9 +61,13 @@ _KERAS_LOGS_ONLY = (
 _LOGS_ONLY_NAMES = {"WandbMetricsLogger"}  # W&B's, at log_freq="epoch" (tracking.wandb_run)
 
 
-def epochs_per_call(setting: int | str, *, steps_per_epoch: int, epochs: int) -> int:
-    """The epochs a call may run: `setting`, or for `auto` enough for `GROUP_STEPS` steps."""
-    wanted = setting if setting != "auto" else max(1, GROUP_STEPS // max(steps_per_epoch, 1))
+def epochs_per_call(
+    setting: int | str, *, steps_per_epoch: int, epochs: int, compiled: bool = False
+) -> int:
+    """The epochs a call may run: `setting`, or for `auto` enough for `GROUP_STEPS` steps
+    (`COMPILED_GROUP_STEPS` where a group is one XLA program: `compiled`)."""
+    steps = COMPILED_GROUP_STEPS if compiled else GROUP_STEPS
+    wanted = setting if setting != "auto" else max(1, steps // max(steps_per_epoch, 1))
     return max(1, min(int(wanted), epochs))
 
 
@@ -87,18 +97,25 @@ def _flattened(callbacks) -> Iterator[keras.callbacks.Callback]:
 
 
 def choose(
-    setting: int | str, callbacks: Sequence[keras.callbacks.Callback], data, options, *, loop: str
+    setting: int | str,
+    callbacks: Sequence[keras.callbacks.Callback],
+    data,
+    options,
+    *,
+    loop: str,
+    compiled: bool = False,
 ) -> tuple[int, str]:
     """(epochs per call, why) for a run's `loop` on `data` (training.inputs.Inputs) with
-    `options` (LoopOptions), watched by `callbacks`; an explicit `setting` above 1 that cannot
-    run is refused (ConfigError)."""
+    `options` (LoopOptions), watched by `callbacks`, its held loop `compiled` with XLA or not;
+    an explicit `setting` above 1 that cannot run is refused (ConfigError)."""
     reason = _why_not(callbacks, data, options, loop)
     if reason is None:
         count = epochs_per_call(
-            setting, steps_per_epoch=data.steps_per_epoch, epochs=options.epochs
+            setting, steps_per_epoch=data.steps_per_epoch, epochs=options.epochs, compiled=compiled
         )
         if count > 1:
-            return count, f"{count} epochs of {data.steps_per_epoch} steps per call"
+            program = ", one XLA program" if compiled else ""
+            return count, f"{count} epochs of {data.steps_per_epoch} steps per call{program}"
         reason = f"an epoch of {data.steps_per_epoch} steps fills a call"
     if setting not in ("auto", 1):
         raise ConfigError(
@@ -210,7 +227,8 @@ class EpochGroups:
     def run(self, epoch: int, count: int) -> tuple[list[tuple[dict, dict]], float]:
         """Epochs `epoch` to `epoch + count` in one call: each one's (training logs,
         validation logs: `val_*`, empty where it does not validate), and the seconds the call
-        validated (stamped in the graph; 0 without the input clock's stamps)."""
+        validated (stamped in the graph; 0 without the input clock's stamps, or in one XLA
+        program)."""
         validate = [  # padded to the longest group: one trace serves every group
             self.validation is not None and offset < count and self._validates(epoch + offset)
             for offset in range(self.epochs_per_call)
@@ -250,11 +268,13 @@ class EpochGroups:
         return {f"{prefix}{key}": float(value) for key, value in zip(self._keys, row, strict=True)}
 
     def _build(self) -> None:
-        model = self.model
+        model, held = self.model, self._iterator.held
+        compiled = resident_fit.compiles_loop(model, held)
         reads, read, one_step = resident_fit.held_steps(model, self._iterator)
         resident_fit.build_metrics(reads, read, one_step)
         self._keys = sorted(model.get_metrics_result())
-        with tf.device("/CPU:0"):  # (training, validation) x epoch x metric
+        # (training, validation) x epoch x metric; on the program's device where it compiles
+        with tf.device(None if compiled else "/CPU:0"):
             self._results = tf.Variable(tf.zeros([2, self.epochs_per_call, len(self._keys)]))
         if self.best is not None:
             with model.distribute_strategy.scope():
@@ -262,7 +282,11 @@ class EpochGroups:
             self.best.held_best = {
                 id(w): s for w, s in zip(model.weights, self._shadows, strict=True)
             }
-        self._run_group = self._group_function(reads, read, one_step)
+        if compiled:
+            resident_fit.unclocked(reads.clock)
+            self._run_group = self._compiled_group(resident_fit.compiled_steps(held, one_step))
+        else:
+            self._run_group = self._group_function(reads, read, one_step)
 
     def _keep(self, split: int, index: tf.Tensor) -> dict[str, tf.Tensor]:
         """In the graph: the metrics' results after epoch `index`'s training (`split` 0) or
@@ -310,6 +334,44 @@ class EpochGroups:
             state = (best, tf.constant(0.0, tf.float64))
             _, validated = graph.repeat(count, run, state)
             return tf.identity(self._results), validated
+
+        return run_group
+
+    def _compiled_group(self, steps):
+        """`run_group` as one XLA program a group (`resident_fit.compiles_loop`: an XLA launch
+        costs 0.2-0.6 ms on a CPU, a table's epoch of steps 0.1): the orders of the passes it
+        spans are drawn before it. XLA has no clock: its validation is not stamped (its time
+        counts as training's)."""
+        model, steps_per_epoch, iterator = self.model, self.steps_per_epoch, self._iterator
+        held = None if self.validation is None else self.validation.held
+        test_step = resident_fit.test_step(model)
+        track = _Tracker(model, self.best, self._shadows)
+
+        def evaluate(index, best):
+            model.reset_metrics()
+            resident_fit.compiled_in_order(held, test_step)
+            return track(best, self._keep(1, index), validation=True)
+
+        @tf.function(jit_compile=True, autograph=False)
+        def group(cut, count, validate, best):
+            def run(index, best):
+                model.reset_metrics()  # as fit does at an epoch's start
+                steps(cut, index * steps_per_epoch, steps_per_epoch)
+                best = track(best, self._keep(0, index), validation=False)
+                if held is None:
+                    return best
+                if self.validation_freq == 1:
+                    return evaluate(index, best)
+                return tf.cond(validate[index], lambda: evaluate(index, best), lambda: best)
+
+            graph.repeat(count, run, best)
+            return tf.identity(self._results)
+
+        @tf.function(autograph=False)
+        def run_group(count, validate, best):
+            most = self.epochs_per_call * steps_per_epoch
+            cut = resident_fit.take(iterator, count * steps_per_epoch, most)
+            return group(cut, count, validate, best), tf.constant(0.0, tf.float64)
 
         return run_group
 

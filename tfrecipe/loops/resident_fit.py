@@ -14,6 +14,10 @@ A held evaluation split (`HeldEval`: validation, test) is evaluated the same way
 fit's validation) gets a one-batch stand-in, and `model.test_function` runs Keras' own
 `model.test_step` on every batch of the split in order in one graph loop: one call, every
 example once, the last batch short; the metrics' states sum as the streamed batches' do.
+
+Where the model compiles with XLA on one device (`compiles_loop`), a call is one XLA program:
+its steps and their gathers, or the whole evaluation (docs/performance.md, "XLA around a held
+loop").
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tensorflow as tf
 
 from tfrecipe import graph
 from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain, StepReads
-from tfrecipe.perf.clock import Reads
+from tfrecipe.perf.clock import InputClock, Reads
 
 
 def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
@@ -64,9 +68,7 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
     """`evaluate`'s `test_function(iterator)`: `model.test_step` on each batch of `held` in
     order (the stand-in's iterator is not read), the last step's logs (evaluate reads the
     metrics' totals after it)."""
-    one_step = test_step(model)
-
-    evaluate_all = tf.function(lambda: in_order(held, one_step), autograph=False)
+    evaluate_all = tf.function(evaluation(model, held, test_step(model)), autograph=False)
     return lambda _unused_iterator: evaluate_all()
 
 
@@ -116,19 +118,123 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     is gathered while the step before it runs (`Reads.steps`): the held split is read-only, and
     a call moves the stream's counter past its batches at once."""
     steps = int(model.steps_per_execution)
-    reads, read, one_step = held_steps(model, iterator)
+    train_steps, build = held_loop(model, iterator)
 
     @tf.function(autograph=False)
     def run_steps(count):  # every step inside the loop: one beside it cost 6 ms a call (tables)
-        return reads.steps(read, one_step, count)
+        return train_steps(count)
 
     def train_function(_unused_iterator):
         if not run_steps.experimental_get_tracing_count():
-            build_metrics(reads, read, one_step)
+            build()
         return run_steps(tf.constant(steps))
 
     train_function.traces = run_steps.experimental_get_tracing_count  # the loop's, for tests
     return train_function
+
+
+def compiles_loop(model: keras.Model, held: HeldSplit) -> bool:
+    """Whether `model`'s loops on `held` are one XLA program a call (`HeldSplit.compiles_whole`:
+    `batching.jit_compile`, or Keras' `auto` on an accelerator). docs/performance.md, "XLA
+    around a held loop"."""
+    return held.compiles_whole(model.jit_compile, convolves=_convolves(model))
+
+
+def _convolves(layer: keras.layers.Layer) -> bool:
+    """Whether `layer` or a layer inside it is a convolution (Conv1D-3D, their transposes,
+    separable and depthwise ones)."""
+    if "Conv" in type(layer).__name__:
+        return True
+    return any(_convolves(inner) for inner in getattr(layer, "layers", ()))
+
+
+def held_loop(
+    model: keras.Model, iterator: ResidentIterator
+) -> tuple[Callable[[Any], Any], Callable[[], None]]:
+    """(`steps(count)`, `build()`): in a graph, the stream's next `count` steps of Keras'
+    `train_step`, the last step's logs (`Reads.steps`, or one XLA program where
+    `compiles_loop`); `build()` builds the metrics before the loop's first trace."""
+    reads, read, one_step = held_steps(model, iterator)
+
+    def build() -> None:
+        build_metrics(reads, read, one_step)
+
+    if not compiles_loop(model, iterator.held):
+        return (lambda count: reads.steps(read, one_step, count)), build
+    unclocked(reads.clock)
+    return compiled_call(iterator, one_step, int(model.steps_per_execution)), build
+
+
+def unclocked(clock: InputClock | None) -> None:
+    """A compiled loop does not measure its input wait: XLA has no clock op (summary.json's
+    `input_wait_note` says so, where a wait of 0 would read as measured)."""
+    if clock is not None:
+        clock.measuring = None
+
+
+def compiled_call(iterator: ResidentIterator, one_step: Callable, most: int) -> Callable:
+    """`steps(count)` for a `count` up to `most`, in a graph: the stream's next `count` steps
+    of `one_step` as one XLA program (`compiled_steps`), the last step's outputs."""
+    body = compiled_steps(iterator.held, one_step)
+    loop = tf.function(lambda cut, count: body(cut, 0, count), jit_compile=True, autograph=False)
+    return lambda count: loop(take(iterator, count, most), count)
+
+
+def take(iterator: ResidentIterator, count: Any, most: int) -> tuple[tf.Tensor, ...]:
+    """The cut (`HeldSplit.cut`) of the stream's next `most` micro-batches at shapes that
+    do not change (one XLA program), the counter moved past `count` of them."""
+    count = tf.cast(count, tf.int64)
+    # past `most`, XLA would clamp the slices: the same rows again, silently
+    checked = tf.debugging.assert_less_equal(count, tf.constant(most, tf.int64))
+    with tf.control_dependencies([checked]):
+        start = iterator.position.assign_add(count) - count
+    return iterator.held.cut(start, most, static=True)
+
+
+def compiled_steps(held: HeldSplit, one_step: Callable) -> Callable[..., Any]:
+    """`steps(cut, first, count)`, inside an XLA program: `one_step` on micro-batches `first`
+    to `first + count` of `cut` (`HeldSplit.cut`: the passes' orders are drawn before the
+    program, their shuffle has no XLA kernel), each step's rows a slice of them at a size the
+    program knows (a pass's short last batch in a branch of its own); the last step's logs."""
+    whole, last = held.layout.global_batch, held.last_batch
+
+    def steps(cut, first, count):
+        orders, begins, short = cut
+
+        def one(index):
+            def step(size):
+                return lambda: one_step(held.rows(tf.slice(orders, [begins[index]], [size])))
+
+            if last == whole:
+                return step(whole)()
+            return tf.cond(short[index], step(last), step(whole))
+
+        first = tf.cast(first, tf.int32)
+        return graph.repeat(count - 1, lambda index, _: one(first + index + 1), one(first))
+
+    return steps
+
+
+def evaluation(model: keras.Model, held: HeldSplit, step: Callable[[Any], Any]) -> Callable:
+    """`evaluate()`, in a graph: `step` on every batch of `held` in order (`in_order`), as one
+    XLA program where `compiles_loop` (`compiled_in_order`); the last batch's outputs."""
+    if not compiles_loop(model, held):
+        return lambda: in_order(held, step)
+    return tf.function(lambda: compiled_in_order(held, step), jit_compile=True, autograph=False)
+
+
+def compiled_in_order(held: HeldSplit, step: Callable[[Any], Any]) -> Any:
+    """`in_order` inside an XLA program: each batch's rows a range at a size it knows, the
+    last batch's (short) its own."""
+    whole, last, count = held.layout.global_batch, held.last_batch, held.layout.steps_per_pass
+
+    def batch(first, size):
+        return held.rows(first + tf.range(size))
+
+    if count > 1:
+        outputs = step(batch(0, whole))
+        graph.repeat(count - 2, lambda index, _: step(batch((index + 1) * whole, whole)), outputs)
+    return step(batch((count - 1) * whole, last))
 
 
 def held_steps(

@@ -88,7 +88,10 @@ def with_epoch_groups(
     why."""
     setting = built.batches.batching.epochs_per_call
     callbacks = [*monitors.callbacks, *protected.callbacks]  # as train_model runs them
-    count, why = epoch_groups.choose(setting, callbacks, built.data, options, loop=ctx.plan.loop)
+    compiled = summary["resident"]["xla"] == "loop"  # one XLA program a call: longer calls
+    count, why = epoch_groups.choose(
+        setting, callbacks, built.data, options, loop=ctx.plan.loop, compiled=compiled
+    )
     summary.update(epochs_per_call={"epochs": count, "why": why})
     return dataclasses.replace(options, epochs_per_call=count)
 

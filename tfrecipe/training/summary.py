@@ -19,6 +19,7 @@ from tfrecipe.config import schema
 from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import disk, preemption
+from tfrecipe.loops import resident_fit
 from tfrecipe.models import batch_norm
 from tfrecipe.models.freeze import param_counts
 from tfrecipe.perf import xla_cache
@@ -225,6 +226,15 @@ def how_it_runs(model: keras.Model, *, steps_per_call: int, task: cluster.Task) 
         "params": param_counts(model),  # trainable < total: model.freeze froze some
         "provenance": performance.run_provenance(task, model.distribute_strategy),
     }
+
+
+def residency(data, model: keras.Model) -> dict[str, Any]:
+    """summary.json's `resident`: where the training data live and why (`data`: the run's
+    training.inputs.Inputs), and what XLA compiles (`xla`): a held split's `loop` whole (one
+    program a call), each `step`, or nothing (None)."""
+    held = getattr(data.train, "held", None)
+    compiled = "loop" if held is not None and resident_fit.compiles_loop(model, held) else "step"
+    return {**data.resident, "xla": compiled if model.jit_compile else None}
 
 
 def about_data(task: tasks.TaskConfig, info) -> dict[str, Any]:
