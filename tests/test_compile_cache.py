@@ -116,6 +116,24 @@ def test_the_plan_says_whether_the_cache_is_used():
     assert "on a CPU too" in line("batching.jit_compile=true", "batching.compile_cache=/srv/x")
 
 
+def test_the_plan_says_what_xla_compiles():
+    from tfrecipe.config.compose import compose
+    from tfrecipe.config.plan import RunPlan
+    from tfrecipe.config.schema import validate
+    from tfrecipe.config.trust import Trust
+
+    def line(*overrides: str) -> str:
+        run = validate(compose(list(overrides)), trust=Trust.from_command_line(overrides))
+        return next(x for x in RunPlan.from_config(run).lines() if x.startswith("xla:"))
+
+    held = "each call on a training split held on one device is one XLA program"
+    assert line().startswith("xla: batching.jit_compile=auto: off on a CPU;") and held in line()
+    forced = line("batching.jit_compile=true")
+    assert held in forced and "on a CPU: models without convolutions" in forced
+    assert "strategy=mirrored" in line("strategy=mirrored")
+    assert line("batching.jit_compile=false") == "xla: batching.jit_compile=false: off"
+
+
 def test_the_run_makes_its_folder_for_this_user_only(tmp_path, monkeypatch):
     from tfrecipe.perf import xla_cache
 

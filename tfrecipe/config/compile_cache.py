@@ -144,6 +144,24 @@ def plan_line(setting: str | bool, *, jit_compile: bool | str, strategy: str) ->
     return f"{head}: off (batching.jit_compile={jit} under strategy={strategy}: no XLA)"
 
 
+def xla_plan_line(jit_compile: bool | str, *, strategy: str) -> str:
+    """The plan's line on what XLA compiles (`batching.jit_compile`): with a training split held
+    on one device, each call whole (tfrecipe.loops.resident_fit.compiles_loop), else each
+    step; summary.json's `resident.xla` says which ran."""
+    head = f"xla: batching.jit_compile={str(jit_compile).lower()}"
+    whole = (
+        "each call on a training split held on one device is one XLA program{}, else each "
+        "step compiles; summary.json's resident.xla says which"
+    )
+    if jit_compile is True:
+        return f"{head}: " + whole.format(" (on a CPU: models without convolutions)")
+    if jit_compile == "auto" and strategy in _AUTO_JIT_STRATEGIES:
+        return f"{head}: off on a CPU; on a GPU or TPU (Keras' auto) " + whole.format("")
+    if jit_compile == "auto":
+        return f"{head}: off (Keras compiles only without a strategy scope: strategy={strategy})"
+    return f"{head}: off"
+
+
 def path_problem(value: str) -> str | None:
     """What is wrong with a folder given as `batching.compile_cache`, or None."""
     if not os.path.isabs(value):

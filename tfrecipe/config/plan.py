@@ -76,6 +76,7 @@ class RunPlan:
     strategy: str = "auto"
     # whether XLA's persistent cache is used, as far as the config decides (config.compile_cache)
     compile_cache: str = ""
+    xla: str = ""  # what XLA compiles, as far as the config decides (compile_cache.xla_plan_line)
 
     @classmethod
     def from_config(cls, run: RunConfig) -> RunPlan:
@@ -217,6 +218,7 @@ class RunPlan:
             f"steps per call: {steps}; hook intervals (steps): {hooks}",
             *([self.training_data] if self.training_data else []),
             *([self.compile_cache] if self.compile_cache else []),
+            *([self.xla] if self.xla else []),
         ]
 
 
@@ -230,7 +232,7 @@ _AUTO = {
 
 def _device_lines(run: RunConfig) -> dict[str, str]:
     """The plan's lines on what the devices decide within the config's bounds: where the
-    training data live, whether XLA caches its compiled programs."""
+    training data live, what XLA compiles and whether it caches its compiled programs."""
     return {
         "training_data": residency.plan_line(
             run.pipeline.resident,
@@ -243,6 +245,7 @@ def _device_lines(run: RunConfig) -> dict[str, str]:
             jit_compile=run.batching.jit_compile,
             strategy=run.strategy.name,
         ),
+        "xla": compile_cache.xla_plan_line(run.batching.jit_compile, strategy=run.strategy.name),
     }
 
 
