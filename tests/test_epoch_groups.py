@@ -117,6 +117,14 @@ def test_xla_runs_a_held_group_as_one_program_that_trains_as_the_plain_loop(trai
             assert bool(row[key]) == bool(value), (key, row)
             assert float(row[key] or 0) == pytest.approx(float(value or 0), rel=1e-4), key
     assert compiled["test"] == pytest.approx(plain["test"], rel=1e-4)
+    # the best epoch's weights, copied inside the program where its validation won
+    assert compiled["best"]["epoch"] == plain["best"]["epoch"]
+    for a, b in zip(
+        _weights(compiled_dir / "best.weights.h5"),
+        _weights(plain_dir / "best.weights.h5"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def _command(run_dir: Path, epochs: int) -> list[str]:
