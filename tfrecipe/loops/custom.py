@@ -131,13 +131,15 @@ def _make_train_function(
         return objective.results()
 
     loopless = options.steps_per_loop == 1 or options.call_steps is not None
-    compiled: dict[ResidentIterator, Callable] = {}  # a held stream's calls, one XLA program each
+    # per held stream: its calls as one XLA program each, or None (decided at its first call)
+    compiled: dict[ResidentIterator, Callable | None] = {}
 
     def train(iterator, num_steps: int):
-        if iterator in compiled or _compiles(model, iterator, accumulation):
+        if isinstance(iterator, ResidentIterator):
             if iterator not in compiled:
-                compiled[iterator] = _compiled_calls(iterator, step, objective, options)
-            return compiled[iterator](tf.constant(num_steps))
+                compiled[iterator] = _compiled_calls(model, iterator, step, objective, options)
+            if compiled[iterator] is not None:
+                return compiled[iterator](tf.constant(num_steps))
         if num_steps == 1 and loopless:
             return run_steps(iterator, None)
         return run_steps(iterator, tf.constant(num_steps))
@@ -145,17 +147,15 @@ def _make_train_function(
     return train
 
 
-def _compiles(model: keras.Model, iterator: Any, accumulation: int) -> bool:
-    """Whether a call on `iterator` is one XLA program, as fit's (resident_fit.compiles_loop):
-    a held stream, one batch a step."""
-    if not isinstance(iterator, ResidentIterator) or accumulation > 1:
-        return False
-    return resident_fit.compiles_loop(model, iterator.held)
-
-
-def _compiled_calls(iterator: ResidentIterator, step, objective: Objective, options) -> Callable:
-    """`call(num_steps) -> metric results`: the held stream's next steps as one XLA program
-    (resident_fit.compiled_call; no input clock inside)."""
+def _compiled_calls(
+    model: keras.Model, iterator: ResidentIterator, step, objective: Objective, options
+) -> Callable | None:
+    """`call(num_steps) -> metric results`: the held stream's next steps as one XLA program,
+    as fit's (resident_fit.compiles_loop: one batch a step here; no input clock inside), or
+    None where its calls do not compile whole."""
+    accumulates = options.gradient_accumulation_steps > 1
+    if accumulates or not resident_fit.compiles_loop(model, iterator.held):
+        return None
     resident_fit.unclocked(options.input_clock)
     steps = resident_fit.compiled_call(
         iterator, lambda batch: step([batch]), options.steps_per_loop
