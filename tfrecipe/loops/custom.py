@@ -131,12 +131,11 @@ def _make_train_function(
         return objective.results()
 
     loopless = options.steps_per_loop == 1 or options.call_steps is not None
-    # per held stream: its calls as one XLA program each, or None (decided at its first call)
-    compiled: dict[ResidentIterator, Callable | None] = {}
+    compiled: dict[ResidentIterator, Callable | None] = {}  # per held stream, at its first call
 
     def train(iterator, num_steps: int):
         if isinstance(iterator, ResidentIterator):
-            if iterator not in compiled:
+            if iterator not in compiled:  # its calls as one XLA program each, or None
                 compiled[iterator] = _compiled_calls(model, iterator, step, objective, options)
             if compiled[iterator] is not None:
                 return compiled[iterator](tf.constant(num_steps))
