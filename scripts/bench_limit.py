@@ -9,7 +9,8 @@ compute limit, in one process per job.
 The default: `tfrecipe.train` with the job's config (its own epochs, or --epochs); its steady-state
 examples/s (summary.json's, the epochs after the first). The limit: right after that run, in the
 same process, the same model's training step (`model.train_step` under the run's strategy) in a
-`tf.while_loop` (compiled with XLA where the run compiles: `batching.jit_compile`) over one resident batch (the first of the run's own training input): no input
+`tf.while_loop` (compiled with XLA where the run compiles: `batching.jit_compile`) over one
+resident batch (the first of the run's own training input): no input
 pipeline, no callbacks, no Python per step. `fraction` = default / limit (1.0: the defaults leave nothing on the table); the
 limit is the median of 5 timings of at least `--limit-seconds` each (as many steps as fill
 that), after a warm-up: a timing of a few dozen sub-millisecond steps swung 1.5x from run to run.

@@ -157,7 +157,7 @@ class HeldSplit:
             most = -(-count // layout.steps_per_pass) + 1
             later = tf.reshape(self._orders(first + 1, spanned - 1), [-1])
             padding = tf.zeros([(most - 1) * self.num_rows - tf.size(later)], tf.int32)
-            orders = tf.reshape(tf.concat([self.order(first), later, padding], 0), [-1])
+            orders = tf.concat([self.order(first), later, padding], 0)
             orders = tf.ensure_shape(orders, [most * self.num_rows])
         else:
             orders = tf.cond(  # a call inside one pass reads the pass's order, drawn once
