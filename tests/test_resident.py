@@ -165,16 +165,16 @@ def test_only_a_single_device_split_gathered_as_held_compiles_whole():
     from tfrecipe.data.pipeline import PipelineOptions
     from tfrecipe.data.resident import HeldSplit, batch_function
 
-    assert _held().compiles_whole(True) and not _held().compiles_whole(False)
-    assert not _held().compiles_whole(True, convolves=True)  # XLA:CPU's convolutions: 48x slower
+    assert _held().compiles_whole()
+    assert not _held().compiles_whole(convolves=True)  # XLA:CPU's convolutions: 48x slower
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert not _held(strategy=mirrored).compiles_whole(True)  # XLA runs on one device
+    assert not _held(strategy=mirrored).compiles_whole()  # XLA runs on one device
     per_batch = batch_function(PipelineOptions(augment_flip=True), lambda x, y: (x, y))
     plain = _held()
     augmented = HeldSplit(
         plain.copies[None], strategy=plain.strategy, layout=plain.layout, per_batch=per_batch
     )
-    assert not augmented.compiles_whole(True)  # draws per batch: the step alone compiles
+    assert not augmented.compiles_whole()  # draws per batch: the step alone compiles
 
 
 def test_the_graph_gathers_without_tf_data():

@@ -174,14 +174,14 @@ class HeldSplit:
         """Whether every micro-batch of a pass is a whole global batch (none short)."""
         return self.layout.steps_per_pass * self.layout.global_batch <= self.num_rows
 
-    def compiles_whole(self, jit_compile: bool, *, convolves: bool = False) -> bool:
-        """Whether a model compiled with XLA (`jit_compile`) runs its loops on this split as one
-        XLA program a call (no op dispatched per step): on one device, with nothing applied to
-        each gathered batch (augmentation draws per batch: there the step alone compiles), and
-        on a CPU only for a model that does not convolve (`convolves`): XLA:CPU ran the default
-        CNN's step in a compiled loop at 336 ms against TensorFlow's 7 (docs/benchmarks.md, "A
-        nineteenth pass")."""
-        if not jit_compile or len(self.devices) != 1 or self.per_batch is not None:
+    def compiles_whole(self, *, convolves: bool = False) -> bool:
+        """Whether a model compiled with XLA runs its loops on this split as one XLA program a
+        call (no op dispatched per step): on one device, with nothing applied to each gathered
+        batch (augmentation draws per batch: there the step alone compiles), and on a CPU only
+        for a model that does not convolve (`convolves`): XLA:CPU ran the default CNN's step in
+        a compiled loop at 336 ms against TensorFlow's 7 (docs/benchmarks.md, "A nineteenth
+        pass")."""
+        if len(self.devices) != 1 or self.per_batch is not None:
             return False
         return not convolves or device_memory(self.strategy).kind != "CPU"
 

@@ -40,6 +40,7 @@ from tfrecipe.data.resident import HeldEval, ResidentTrain
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import backup
 from tfrecipe.loops import custom, resident_fit
+from tfrecipe.perf.clock import Reads
 
 # `auto`: as many epochs per call as make about this many steps (fewer where the run has fewer
 # epochs left). Wine (8 steps an epoch, 200 epochs, medians of 3 runs) trained at 64k examples/s
@@ -297,42 +298,21 @@ class EpochGroups:
         return results
 
     def _group_function(self, reads, read, one_step):
-        model, steps_per_epoch = self.model, self.steps_per_epoch
+        """`run_group(count, validate, best)`: a group's epochs in one graph call, each
+        epoch's steps in `Reads.steps`' loop and its validation timed (`_epochs`)."""
         held = None if self.validation is None else self.validation.held
-        test_step = resident_fit.test_step(model)
-        track = _Tracker(model, self.best, self._shadows)
-
-        def evaluate(index, trained, best, validated):
-            """The held validation split's metrics after epoch `index`, and the best weights
-            it keeps, timed (fit runs both outside its calls: they are not training's)."""
-            began = reads.now(after=trained)
-            model.reset_metrics()
-            resident_fit.in_order(held, test_step)
-            results = self._keep(1, index)
-            best = track(best, results, validation=True)
-            validated += reads.now(after=(results, best)) - began
-            return best, validated
+        test_step = resident_fit.test_step(self.model)
 
         @tf.function(autograph=False)
         def run_group(count, validate, best):
-            def run(index, state):
-                best, validated = state
-                model.reset_metrics()  # as fit does at an epoch's start
-                reads.steps(read, one_step, steps_per_epoch)
-                trained = self._keep(0, index)
-                best = track(best, trained, validation=False)
-                if held is None:
-                    return best, validated
-                if self.validation_freq == 1:  # no cond: validation in the loop's body itself
-                    return evaluate(index, trained, best, validated)
-                return tf.cond(
-                    validate[index],
-                    lambda: evaluate(index, trained, best, validated),
-                    lambda: (best, validated),
-                )
-
-            state = (best, tf.constant(0.0, tf.float64))
-            _, validated = graph.repeat(count, run, state)
+            validated = self._epochs(
+                count,
+                validate,
+                best,
+                train=lambda _: reads.steps(read, one_step, self.steps_per_epoch),
+                evaluate=lambda: resident_fit.in_order(held, test_step),
+                now=reads.now,
+            )
             return tf.identity(self._results), validated
 
         return run_group
@@ -342,29 +322,20 @@ class EpochGroups:
         costs 0.2-0.6 ms on a CPU, a table's epoch of steps 0.1): the orders of the passes it
         spans are drawn before it. XLA has no clock: its validation is not stamped (its time
         counts as training's)."""
-        model, steps_per_epoch, iterator = self.model, self.steps_per_epoch, self._iterator
+        steps_per_epoch, iterator = self.steps_per_epoch, self._iterator
         held = None if self.validation is None else self.validation.held
-        test_step = resident_fit.test_step(model)
-        track = _Tracker(model, self.best, self._shadows)
-
-        def evaluate(index, best):
-            model.reset_metrics()
-            resident_fit.compiled_in_order(held, test_step)
-            return track(best, self._keep(1, index), validation=True)
+        test_step = resident_fit.test_step(self.model)
 
         @tf.function(jit_compile=True, autograph=False)
         def group(cut, count, validate, best):
-            def run(index, best):
-                model.reset_metrics()  # as fit does at an epoch's start
-                steps(cut, index * steps_per_epoch, steps_per_epoch)
-                best = track(best, self._keep(0, index), validation=False)
-                if held is None:
-                    return best
-                if self.validation_freq == 1:
-                    return evaluate(index, best)
-                return tf.cond(validate[index], lambda: evaluate(index, best), lambda: best)
-
-            graph.repeat(count, run, best)
+            self._epochs(
+                count,
+                validate,
+                best,
+                train=lambda index: steps(cut, index * steps_per_epoch, steps_per_epoch),
+                evaluate=lambda: resident_fit.compiled_in_order(held, test_step),
+                now=Reads(None).now,
+            )
             return tf.identity(self._results)
 
         @tf.function(autograph=False)
@@ -374,6 +345,40 @@ class EpochGroups:
             return group(cut, count, validate, best), tf.constant(0.0, tf.float64)
 
         return run_group
+
+    def _epochs(self, count, validate, best, *, train, evaluate, now) -> tf.Tensor:
+        """In the graph, `count` epochs: for each, the metrics reset (as fit does at an
+        epoch's start), `train(index)` its steps, its results kept and the best weights
+        tracked, then where `validate[index]` says `evaluate()` on the validation split, kept
+        and tracked too; the seconds validation took by `now`'s stamps."""
+        model, track = self.model, _Tracker(self.model, self.best, self._shadows)
+
+        def validation(index, trained, best, validated):
+            began = now(after=trained)  # fit runs validation and the best weights outside
+            model.reset_metrics()  # its calls: not training's time
+            evaluate()
+            results = self._keep(1, index)
+            best = track(best, results, validation=True)
+            return best, validated + now(after=(results, best)) - began
+
+        def epoch(index, state):
+            best, validated = state
+            model.reset_metrics()
+            train(index)
+            trained = self._keep(0, index)
+            best = track(best, trained, validation=False)
+            if self.validation is None:
+                return best, validated
+            if self.validation_freq == 1:  # no cond: validation in the loop's body itself
+                return validation(index, trained, best, validated)
+            return tf.cond(
+                validate[index],
+                lambda: validation(index, trained, best, validated),
+                lambda: (best, validated),
+            )
+
+        state = (best, tf.constant(0.0, tf.float64))
+        return graph.repeat(count, epoch, state)[1]
 
 
 class _Tracker:

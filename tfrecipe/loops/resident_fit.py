@@ -137,7 +137,7 @@ def compiles_loop(model: keras.Model, held: HeldSplit) -> bool:
     """Whether `model`'s loops on `held` are one XLA program a call (`HeldSplit.compiles_whole`:
     `batching.jit_compile`, or Keras' `auto` on an accelerator). docs/performance.md, "XLA
     around a held loop"."""
-    return bool(model.jit_compile) and held.compiles_whole(True, convolves=_convolves(model))
+    return bool(model.jit_compile) and held.compiles_whole(convolves=_convolves(model))
 
 
 def _convolves(layer: keras.layers.Layer) -> bool:
