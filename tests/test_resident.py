@@ -195,6 +195,43 @@ def test_the_graph_gathers_without_tf_data():
     assert int(iterator.position.numpy()) == 3
 
 
+def _step_sites(function) -> int:
+    """How many call sites of a function named `step` `function`'s graph holds, its loops'
+    bodies included."""
+    graph_def = function.get_concrete_function().graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    calls = ("PartitionedCall", "StatefulPartitionedCall")
+    return sum(n.op in calls and "_step_" in n.attr["f"].func.name for n in nodes)
+
+
+def test_the_held_loops_call_their_step_at_one_site_and_return_its_last_outputs():
+    """Each call site of a step is a copy of it to trace and instantiate (the held CNN's: 35-45
+    ms each): the training loop (`Reads.steps`) and the evaluation in order call it once, in
+    their bodies, and return what the last step returned."""
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain, StepReads
+    from tfrecipe.loops import resident_fit
+    from tfrecipe.perf.clock import Reads
+
+    held = _held()  # 10 rows in batches of 4: 4, 4, 2
+
+    @tf.function(autograph=False)
+    def step(batch):
+        return {"labels": tf.reduce_sum(batch[1]), "rows": tf.shape(batch[1])[0]}
+
+    stream = _labels(iter(ResidentTrain(held)), 5)
+    iterator = iter(ResidentTrain(held))
+    train = tf.function(lambda: Reads(None).steps(StepReads(iterator), step, 5), autograph=False)
+    evaluate = tf.function(lambda: resident_fit.in_order(held, step), autograph=False)
+    assert _step_sites(train) == 1 and _step_sites(evaluate) == 1
+    last = train()
+    assert (int(last["labels"]), int(last["rows"])) == (sum(stream[4]), len(stream[4]))
+    assert int(iterator.position.numpy()) == 5
+    last = evaluate()
+    assert (int(last["labels"]), int(last["rows"])) == (8 + 9, 2)  # the last batch, short
+
+
 def test_each_replica_gathers_its_share_of_the_global_batch():
     import tensorflow as tf
 

@@ -35,6 +35,18 @@ def repeat(count: Any, body: Callable[[tf.Tensor, State], State], state: State) 
     return state
 
 
+def blank_outputs(function: Callable[..., Any], *args: Any) -> Any:
+    """Zeros shaped as the outputs of `function` on `args`, traced without a call (a plain
+    function in a scratch trace; the tf.functions it calls keep theirs): a loop's state before
+    its first call, where the loop calls it at one site, in its body. Each site of a call is a
+    copy of the function to trace and instantiate (the held CNN's train step: 35-45 ms each),
+    where carrying its outputs costs 3-4 us a step (docs/benchmarks.md, "A twentieth pass")."""
+    if not hasattr(function, "get_concrete_function"):
+        function = tf.function(function, autograph=False)
+    outputs = function.get_concrete_function(*args).structured_outputs
+    return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), outputs)
+
+
 def until(count: Any, body: Callable[[State], tuple[tf.Tensor, State]], state: State) -> State:
     """`done, state = body(state)` up to `count` times, stopping once `done` is true (a
     finite iterator's end); the last state."""

@@ -286,6 +286,12 @@ class StepReads:
     iterator: Any
     micro_batches: int | None = None
 
+    @property
+    def rereads(self) -> bool:
+        """Whether a call's reader may read one of its batches again (a held split's: a
+        gather), so a loop may read ahead past its last step (`Reads.steps`)."""
+        return isinstance(self.iterator, ResidentIterator)
+
     def __call__(self, count: Any) -> Callable[[Any], Any]:
         per_step, iterator = self.micro_batches or 1, self.iterator
         held = iterator.reads(count * per_step) if isinstance(iterator, ResidentIterator) else None

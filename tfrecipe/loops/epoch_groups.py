@@ -272,7 +272,7 @@ class EpochGroups:
         model, held = self.model, self._iterator.held
         compiled = resident_fit.compiles_loop(model, held)
         reads, read, one_step = resident_fit.held_steps(model, self._iterator)
-        resident_fit.build_metrics(reads, read, one_step)
+        resident_fit.build_metrics(held, one_step)
         self._keys = sorted(model.get_metrics_result())
         # (training, validation) x epoch x metric; on the program's device where it compiles
         with tf.device(None if compiled else "/CPU:0"):

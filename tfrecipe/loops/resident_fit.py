@@ -74,15 +74,16 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
 
 def in_order(held: HeldSplit, step: Callable[[Any], Any]) -> Any:
     """In a graph: `step` on every batch of `held` in order, in a loop (none for 1 batch: an
-    empty loop cost 0.2 ms a call on wine); the last batch's outputs. The step is traced once
-    (`batch_in_order`: batch 0's size is as open as the loop's where the last is short)."""
-    outputs = step(held.batch_in_order(tf.constant(0)))  # the loop's logs take its structure
+    empty loop cost 0.2 ms a call on wine); the last batch's outputs. The step is traced once,
+    and called at one site (`graph.blank_outputs`; `batch_in_order`: batch 0's size is as open as
+    the loop's where the last is short)."""
+    first = held.batch_in_order(tf.constant(0))
     if held.layout.steps_per_pass == 1:
-        return outputs
+        return step(first)
     return graph.repeat(
-        held.layout.steps_per_pass - 1,
-        lambda index, _: step(held.batch_in_order(index + 1)),
-        outputs,
+        held.layout.steps_per_pass,
+        lambda index, _: step(held.batch_in_order(index)),
+        graph.blank_outputs(step, first),
     )
 
 
@@ -157,7 +158,7 @@ def held_loop(
     reads, read, one_step = held_steps(model, iterator)
 
     def build() -> None:
-        build_metrics(reads, read, one_step)
+        build_metrics(iterator.held, one_step)
 
     if not compiles_loop(model, iterator.held):
         return (lambda count: reads.steps(read, one_step, count)), build
@@ -251,13 +252,13 @@ def held_steps(
     return Reads(clock), StepReads(iterator), on_replicas(model, step)
 
 
-def build_metrics(
-    reads: Reads, read: Callable[[Any], Callable], one_step: Callable[[Any], Any]
-) -> None:
-    """Traces a step, without running it: Keras builds the compiled metrics' variables in the
-    step's first trace, which a loop's body cannot hold; the loop then reuses the step's trace.
-    (A step run alone for it cost the held CNN's first call 0.17 s.)"""
-    one = tf.function(lambda: reads.steps(read, one_step, None), autograph=False)
+def build_metrics(held: HeldSplit, one_step: Callable[[Any], Any]) -> None:
+    """Traces a step on a batch of `held`, without running it: Keras builds the compiled
+    metrics' variables in the step's first trace, which a loop's body cannot hold; the loop
+    then reuses the step's trace. Batch 0 in order has the spec of a training batch at no
+    permutation's cost (the stream's reads traced for it cost the held CNN's first call 60-80
+    ms; a step run alone for it, 0.17 s)."""
+    one = tf.function(lambda: one_step(held.batch_in_order(tf.constant(0))), autograph=False)
     one.get_concrete_function()
 
 

@@ -121,6 +121,8 @@ class Reads:
         read = reads(1 if count is None else count)
         ended = self.now()
         batch, ready = self.next(read, 0, after=ended)
+        if count is not None and getattr(reads, "rereads", False):
+            return self._one_site(read, step, count, (ended, batch, ready))
         if count is not None:
 
             def one(index, state):
@@ -133,6 +135,22 @@ class Reads:
             ended, batch, ready = graph.repeat(count - 1, one, (ended, batch, ready))
         self.waited(ready, ended)
         return step(batch)
+
+    def _one_site(self, read: Callable[[Any], Any], step: Callable[[Any], Any], count, state):
+        """`steps`' loop calling `step` at one site, its body (`graph.blank_outputs`: each site
+        is a copy to trace and instantiate); its last read ahead reads its own batch again
+        (`reads.rereads`: a held split's reader, where that is a gather)."""
+        last = tf.cast(count, tf.int32) - 1
+
+        def one(index, state):
+            ended, batch, ready, _ = state
+            self.waited(ready, ended)
+            upcoming = read(tf.minimum(index + 1, last))  # as `steps`' body
+            outputs = step(batch)
+            ended = self.now(after=_calls(outputs))
+            return ended, upcoming, self.now(after=upcoming), outputs
+
+        return graph.repeat(count, one, (*state, graph.blank_outputs(step, state[1])))[3]
 
     def now(self, after: Any = ()) -> tf.Tensor:
         """A stamp taken once `after` (tensors, or a call) is done."""
