@@ -87,16 +87,19 @@ def in_order(held: HeldSplit, step: Callable[[Any], Any]) -> Any:
     )
 
 
-# Per model, its evaluation step (Keras' test_step on every replica), traced once: the test
-# split's evaluation then reuses the validation's trace.
+# Per model, its evaluation step (Keras' test_step on every replica) and the loss tracker of
+# the compile it was made for, traced once: the test split's evaluation then reuses the
+# validation's trace. A compile makes new metrics (fine-tuning's second phase recompiles): a
+# trace of the old ones would read deleted variables.
 _TEST_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def test_step(model: keras.Model) -> Callable[[Any], Any]:
     """`model.test_step` on each replica's share of a batch, the logs' mean over replicas."""
-    if model not in _TEST_STEPS:
-        _TEST_STEPS[model] = on_replicas(model, model.test_step)
-    return _TEST_STEPS[model]
+    compiled = getattr(model, "_loss_tracker", None)  # Keras' Trainer.compile makes a new one
+    if model not in _TEST_STEPS or _TEST_STEPS[model][0] is not compiled:
+        _TEST_STEPS[model] = (compiled, on_replicas(model, model.test_step))
+    return _TEST_STEPS[model][1]
 
 
 def on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
