@@ -121,36 +121,28 @@ class Reads:
         read = reads(1 if count is None else count)
         ended = self.now()
         batch, ready = self.next(read, 0, after=ended)
-        if count is not None and getattr(reads, "rereads", False):
-            return self._one_site(read, step, count, (ended, batch, ready))
-        if count is not None:
-
-            def one(index, state):
-                ended, batch, ready = state
-                self.waited(ready, ended)
-                upcoming = read(index + 1)  # read while the step runs: no stamp orders it after
-                ended = self.now(after=_calls(step(batch)))
-                return ended, upcoming, self.now(after=upcoming)  # below `ended`
-
-            ended, batch, ready = graph.repeat(count - 1, one, (ended, batch, ready))
-        self.waited(ready, ended)
-        return step(batch)
-
-    def _one_site(self, read: Callable[[Any], Any], step: Callable[[Any], Any], count, state):
-        """`steps`' loop calling `step` at one site, its body (`graph.blank_outputs`: each site
-        is a copy to trace and instantiate); its last read ahead reads its own batch again
-        (`reads.rereads`: a held split's reader, where that is a gather)."""
-        last = tf.cast(count, tf.int32) - 1
-
-        def one(index, state):
-            ended, batch, ready, _ = state
+        if count is None:
             self.waited(ready, ended)
-            upcoming = read(tf.minimum(index + 1, last))  # as `steps`' body
+            return step(batch)
+
+        def one(state, upcoming_index):
+            ended, batch, ready = state[:3]
+            self.waited(ready, ended)
+            upcoming = read(upcoming_index)  # read while the step runs: no stamp orders it after
             outputs = step(batch)
             ended = self.now(after=_calls(outputs))
-            return ended, upcoming, self.now(after=upcoming), outputs
+            return ended, upcoming, self.now(after=upcoming), outputs  # arrival below `ended`
 
-        return graph.repeat(count, one, (*state, graph.blank_outputs(step, state[1])))[3]
+        if getattr(reads, "rereads", False):
+            # one site of the step, in the body (`graph.blank_outputs`: each site is a copy to
+            # trace and instantiate); the last read ahead reads its own batch again (a gather)
+            last = tf.cast(count, tf.int32) - 1
+            state = (ended, batch, ready, graph.blank_outputs(step, batch))
+            return graph.repeat(count, lambda i, s: one(s, tf.minimum(i + 1, last)), state)[3]
+        state = (ended, batch, ready)
+        ended, batch, ready = graph.repeat(count - 1, lambda i, s: one(s, i + 1)[:3], state)
+        self.waited(ready, ended)
+        return step(batch)
 
     def now(self, after: Any = ()) -> tf.Tensor:
         """A stamp taken once `after` (tensors, or a call) is done."""
