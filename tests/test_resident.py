@@ -59,9 +59,11 @@ def test_validate_says_where_the_training_data_live_and_refuses_what_cannot_hold
         run = schema.validate(compose_cfg(*overrides), trust=Trust.from_command_line(overrides))
         return "\n".join(RunPlan.from_config(run).lines())
 
-    assert "training data: resident on an accelerator where the decoded split fits" in plan_lines()
-    dense = "training data: resident on the device where the decoded split fits"
-    assert dense in plan_lines("model=mlp") and dense in plan_lines("recipe=diabetes_regression")
+    accelerator = "training data: resident on an accelerator where the decoded split fits"
+    assert accelerator in plan_lines("model=resnet")  # streamed on a CPU
+    held = "training data: resident on the device where the decoded split fits"
+    assert held in plan_lines() and held in plan_lines("model=mlp")  # the default CNN, dense
+    assert held in plan_lines("recipe=diabetes_regression")
     assert "resident on the device (pipeline.resident=true)" in plan_lines("pipeline.resident=true")
     assert "training data: streamed (pipeline.resident=false)" in plan_lines(
         "pipeline.resident=false"

@@ -153,7 +153,7 @@ def _held_training(batches: Batches, ctx: RunContext, splits: Splits, class_weig
         layout=resident.Layout(batches.global_batch, per_pass, ctx.seed),
         options=ctx.pipeline,
         finish=_batch_map(ctx.pipeline, class_weight),
-        cpu_holds=ctx.plan.cpu_resident_pays,  # on a CPU: dense models (residency.CPU_HOLDS)
+        cpu_holds=ctx.plan.cpu_resident_pays,  # on a CPU: residency.CPU_HOLDS
     )
 
 
