@@ -18,8 +18,9 @@ Both halves run back to back in one process, so the machine's load weighs on bot
 
 Two more figures say where the rest goes, each as a fraction of the limit:
 - `with_input`: the same loop taking each batch from the run's own training input (`next` on
-  its distributed dataset) instead of the resident one: what the input pipeline costs in the
-  graph, with no Python per step.
+  its distributed dataset; a held split's batches gathered as the run's loop gathers them)
+  instead of the resident one: what the input pipeline costs in the graph, with no Python per
+  step.
 - `keras_call` (fit only): Keras' own train function (`model.make_train_function()`) called
   in a Python loop on that input, the run's steps per call each, with no callbacks: what a
   call costs besides its steps. Between it and the default: the callbacks around each call
@@ -75,6 +76,7 @@ def limit_examples_per_sec(model, dataset, global_batch, seconds, *, resident=Tr
     import tensorflow as tf
 
     from tfrecipe import graph
+    from tfrecipe.data.resident import ResidentIterator, StepReads
 
     iterator = iter(dataset)
     strategy = model.distribute_strategy
@@ -93,13 +95,19 @@ def limit_examples_per_sec(model, dataset, global_batch, seconds, *, resident=Tr
     # loop compiles: tfrecipe.loops.resident_fit): a compiled run against a plain limit would
     # read above 1.0; the input's loop reads an iterator, which XLA cannot hold
     # (`graph.repeat`: a `tf.range` bound is a constant XLA compiles a program for, per value)
-    def body(_, ran):
-        outputs = one_step(batch if resident else next(iterator))
-        with tf.control_dependencies(tf.nest.flatten(outputs)):
-            return ran + 1
+    # a held split's loop reads a call's batches at once, as the run's does (its `next` draws
+    # the pass's order each time: a per-step cost the run does not pay)
+    held = not resident and isinstance(iterator, ResidentIterator)
 
     @tf.function(jit_compile=bool(model.jit_compile) and resident, autograph=False)
     def loop(n, batch):
+        read = StepReads(iterator)(n) if held else None
+
+        def body(index, ran):
+            data = batch if resident else read(index) if held else next(iterator)
+            with tf.control_dependencies(tf.nest.flatten(one_step(data))):
+                return ran + 1
+
         return graph.repeat(n, body, tf.constant(0))
 
     batch = next(iterator)
@@ -309,11 +317,15 @@ def _one_process(name: str, overrides: list[str], options: argparse.Namespace) -
 
 def _median_run(runs: list[dict]) -> dict:
     """The run whose fraction is the median, with every run's fraction beside it (a single
-    process's fraction swung up to +-15% here)."""
+    process's fraction swung up to +-15% here), and each one's examples/s and limit: which
+    of the two moved."""
     done = sorted((r for r in runs if "fraction" in r), key=lambda r: r["fraction"])
     if not done:
         return runs[0]
-    return done[len(done) // 2] | {"fractions": [r["fraction"] for r in done]}
+    return done[len(done) // 2] | {
+        "fractions": [r["fraction"] for r in done],
+        "default_and_limit": [[r["default_ex_s"], r["limit_ex_s"]] for r in done],
+    }
 
 
 if __name__ == "__main__":
