@@ -249,6 +249,29 @@ def test_each_replica_gathers_its_share_of_the_global_batch():
         assert _joined(s.numpy().tolist() for s in shares) == expected
 
 
+def test_a_full_batch_step_reads_the_whole_split_as_held_without_a_gather():
+    """Where each batch is every row (full-batch training: the diabetes recipe), a call's
+    steps read the held rows as they are, on each replica its tf.distribute share; no
+    permutation is drawn and nothing gathered (they cost that recipe as much as its step)."""
+    import tensorflow as tf
+
+    from tfrecipe.data.resident import ResidentTrain
+
+    held = _held(num_rows=6, global_batch=6)
+    iterator = iter(ResidentTrain(held))
+    read = tf.function(lambda: iterator.reads(3)(tf.constant(2)))
+    assert read()[1].numpy().tolist() == list(range(6))
+    ops = {op.type for op in read.get_concrete_function().graph.get_operations()}
+    assert not ops & {"GatherV2", "StatelessShuffle", "StatelessWhile", "While"}, ops
+    assert int(iterator.position.numpy()) == 3  # the call moved the stream past its steps
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    shares = next(iter(ResidentTrain(_held(num_rows=5, global_batch=5, strategy=strategy))))
+    assert [s.numpy().tolist() for s in strategy.experimental_local_results(shares[1])] == [
+        [0, 1, 2],
+        [3, 4],
+    ]
+
+
 def test_whole_batches_have_a_static_size_on_every_replica():
     """Where every batch of a pass is whole, the graph knows their size (Keras' step runs on
     static shapes: the diabetes recipe's steps ran 1.5-2x as fast), in training and in order,

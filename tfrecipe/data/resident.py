@@ -6,7 +6,7 @@ then normalized). Its training stream is the streamed one's contract:
 
 - one pass = `steps_per_pass` global batches of a permutation of all rows, drawn statelessly
   from `(seed, pass)` (`tf.random.experimental.stateless_shuffle`): every example once per pass,
-  another order each pass, the same order for the same seed;
+  another order each pass, the same order for the same seed (a batch of every row: as held);
 - the stream is endless and counted in micro-batches from the run's start step: a run restored
   at step N continues with batch N of the same order (`ResidentTrain(start=N)`);
 - each replica gathers its own share of the global batch on its own device (tf.distribute's
@@ -116,12 +116,13 @@ class HeldSplit:
 
     def batches(self, start: tf.Tensor, count: Any) -> Callable[[tf.Tensor], Any]:
         """Micro-batches `start` to `start + count` of the stream as `batch(i)`, in a graph, each
-        split over the replicas (`indices`: no counter, permutation lookup or branch per step)."""
-        indices = self.indices(start, count)
+        split over the replicas (`indices`: no counter, permutation lookup or branch per step;
+        none at all where each batch is the whole split: `whole_split`)."""
+        indices = None if self.whole_split else self.indices(start, count)
 
         def batch(i: tf.Tensor) -> Any:
             seed = tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)])
-            return self._spread(indices(i), seed)
+            return self._spread(None if indices is None else indices(i), seed)
 
         return batch
 
@@ -168,6 +169,13 @@ class HeldSplit:
         begins = tf.cast(passes - first, tf.int32) * self.num_rows + index * layout.global_batch
         short = tf.logical_and(not self.full_batches, index == layout.steps_per_pass - 1)
         return orders, begins, short
+
+    @property
+    def whole_split(self) -> bool:
+        """Whether each micro-batch is every row (full-batch training): their order changes
+        only the order of a step's sums, so a step reads the rows as held, with no permutation
+        or gather (they cost the diabetes recipe as much as its step: docs/benchmarks.md)."""
+        return self.layout.steps_per_pass == 1 and self.layout.global_batch == self.num_rows
 
     @property
     def full_batches(self) -> bool:
@@ -232,16 +240,23 @@ class HeldSplit:
         return self.strategy.experimental_distribute_values_from_function(replica_batch)
 
     def _gather(self, device, indices, seed, replica: int, replicas: int):
+        """`replica`'s share of the rows at `indices` (None: every row, in the held order)."""
         with tf.device(device):
+            rows = self.copies[device]
+            size = self.num_rows if indices is None else indices.shape[0] or tf.shape(indices)[0]
             seeds = None
             if self.per_batch is not None:
-                seeds = tf.random.experimental.stateless_split(seed, tf.shape(indices)[0])
+                seeds = tf.random.experimental.stateless_split(seed, size)
             if replicas > 1:
-                first, length = _share(indices.shape[0] or tf.shape(indices)[0], replica, replicas)
-                indices = indices[first : first + length]
+                first, length = _share(size, replica, replicas)
+                if indices is None:
+                    rows = tf.nest.map_structure(lambda t: t[first : first + length], rows)
+                else:
+                    indices = indices[first : first + length]
                 seeds = None if seeds is None else seeds[first : first + length]
-            batch = tf.nest.map_structure(lambda t: tf.gather(t, indices), self.copies[device])
-            return batch if self.per_batch is None else self.per_batch(batch, seeds)
+            if indices is not None:
+                rows = tf.nest.map_structure(lambda t: tf.gather(t, indices), rows)
+            return rows if self.per_batch is None else self.per_batch(rows, seeds)
 
 
 def _share(size: Any, replica: int, replicas: int) -> tuple[Any, Any]:
@@ -368,18 +383,12 @@ def batch_function(options: PipelineOptions, finish: Callable) -> Callable:
     return per_batch
 
 
-def hold(
-    dataset: tf.data.Dataset,
-    num_rows: int,
-    *,
-    strategy,
-    layout: Layout,
-    options: PipelineOptions,
-    finish: Callable,
+def _hold(
+    split: TrainingRows, *, strategy, layout: Layout, options: PipelineOptions, finish: Callable
 ) -> HeldSplit:
     """The split read once and held (normalized once unless augmentation needs the rows as
     read)."""
-    rows = next(iter(dataset.batch(num_rows)))
+    rows = next(iter(split.dataset.batch(split.num_rows)))
     if not options.augments:
         return HeldSplit(finish(*rows), strategy=strategy, layout=layout)
     per_batch = batch_function(options, finish)
@@ -427,15 +436,7 @@ def hold_training(
     choice = residency.choose(options.resident, held_bytes=size, memory=memory, cpu_holds=cpu_holds)
     if not choice.resident:
         return choice, None
-    held = hold(
-        rows.dataset,
-        rows.num_rows,
-        strategy=strategy,
-        layout=layout,
-        options=options,
-        finish=finish,
-    )
-    return choice, held
+    return choice, _hold(rows, strategy=strategy, layout=layout, options=options, finish=finish)
 
 
 @dataclasses.dataclass(frozen=True)
