@@ -121,7 +121,9 @@ class HeldSplit:
         indices = None if self.whole_split else self.indices(start, count)
 
         def batch(i: tf.Tensor) -> Any:
-            seed = tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)])
+            seed = None  # only what augments a batch draws from it
+            if self.per_batch is not None:
+                seed = tf.stack([self._seed + 1, start + tf.cast(i, tf.int64)])
             return self._spread(None if indices is None else indices(i), seed)
 
         return batch
@@ -134,10 +136,16 @@ class HeldSplit:
         shapes (the diabetes recipe's step of 0.05 ms ran 1.5-2x as fast: docs/benchmarks.md,
         "An eighteenth pass")."""
         orders, begins, short = self.cut(start, count)
+        whole = self.layout.global_batch
+        # each step's rows a row of one table a call: a gather a step, where a slice at step
+        # i's begin and size took 11 ops (wine's step is 30-40); a short batch's overhang is
+        # clipped, then cut off
+        rows = tf.minimum(begins[:, None] + tf.range(whole), tf.size(orders) - 1)
+        table = tf.gather(orders, rows)
         if self.full_batches:
-            return lambda i: tf.slice(orders, [begins[i]], [self.layout.global_batch])
-        sizes = tf.where(short, self.last_batch, self.layout.global_batch)
-        return lambda i: tf.slice(orders, [begins[i]], [sizes[i]])
+            return lambda i: tf.gather(table, i)
+        sizes = tf.where(short, self.last_batch, whole)[:, None]
+        return lambda i: tf.slice(tf.gather(table, i), [0], tf.gather(sizes, i))
 
     def cut(
         self, start: Any, count: Any, *, static: bool = False
@@ -242,9 +250,10 @@ class HeldSplit:
     def _gather(self, device, indices, seed, replica: int, replicas: int):
         """`replica`'s share of the rows at `indices` (None: every row, in the held order)."""
         with tf.device(device):
-            rows = self.copies[device]
-            size = self.num_rows if indices is None else indices.shape[0] or tf.shape(indices)[0]
-            seeds = None
+            rows, seeds = self.copies[device], None
+            if self.per_batch is not None or replicas > 1:
+                size = self.num_rows if indices is None else indices.shape[0]
+                size = size or tf.shape(indices)[0]
             if self.per_batch is not None:
                 seeds = tf.random.experimental.stateless_split(seed, size)
             if replicas > 1:
@@ -312,7 +321,9 @@ class StepReads:
         held = iterator.reads(count * per_step) if isinstance(iterator, ResidentIterator) else None
 
         def micro_batch(index, k):
-            return next(iterator) if held is None else held(index * per_step + k)
+            if held is None:
+                return next(iterator)
+            return held(index if per_step == 1 else index * per_step + k)
 
         def read(index):
             batches = [micro_batch(index, k) for k in range(per_step)]

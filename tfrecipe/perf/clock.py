@@ -121,27 +121,27 @@ class Reads:
         read = reads(1 if count is None else count)
         ended = self.now()
         batch, ready = self.next(read, 0, after=ended)
+        self.waited(ready, ended)
         if count is None:
-            self.waited(ready, ended)
             return step(batch)
 
-        def one(state, upcoming_index):
-            ended, batch, ready = state[:3]
-            self.waited(ready, ended)
+        def one(batch, upcoming_index):
+            """A step, the next batch read beside it and waited for in the same iteration:
+            a loop carries the batch and no stamps (each carried tensor is a few ops a step)."""
             upcoming = read(upcoming_index)  # read while the step runs: no stamp orders it after
             outputs = step(batch)
             ended = self.now(after=_calls(outputs))
-            return ended, upcoming, self.now(after=upcoming), outputs  # arrival below `ended`
+            self.waited(self.now(after=upcoming), ended)  # the arrival stamped below `ended`
+            return upcoming, outputs
 
         if getattr(reads, "rereads", False):
             # one site of the step, in the body (`graph.blank_outputs`: each site is a copy to
-            # trace and instantiate); the last read ahead reads its own batch again (a gather)
+            # trace and instantiate); the last read ahead reads its own batch again (a gather,
+            # beside the last step: its wait, counted, is a stamp's length but where it is slower)
             last = tf.cast(count, tf.int32) - 1
-            state = (ended, batch, ready, graph.blank_outputs(step, batch))
-            return graph.repeat(count, lambda i, s: one(s, tf.minimum(i + 1, last)), state)[3]
-        state = (ended, batch, ready)
-        ended, batch, ready = graph.repeat(count - 1, lambda i, s: one(s, i + 1)[:3], state)
-        self.waited(ready, ended)
+            state = (batch, graph.blank_outputs(step, batch))
+            return graph.repeat(count, lambda i, s: one(s[0], tf.minimum(i + 1, last)), state)[1]
+        batch = graph.repeat(count - 1, lambda i, batch: one(batch, i + 1)[0], batch)
         return step(batch)
 
     def now(self, after: Any = ()) -> tf.Tensor:
