@@ -305,11 +305,12 @@ class EpochGroups:
 
         @tf.function(autograph=False)
         def run_group(count, validate, best):
+            group = _Window(read(count * self.steps_per_epoch), self.steps_per_epoch)
             validated = self._epochs(
                 count,
                 validate,
                 best,
-                train=lambda _: reads.steps(read, one_step, self.steps_per_epoch),
+                train=lambda index: reads.steps(group.epoch(index), one_step, group.steps),
                 evaluate=lambda: resident_fit.in_order(held, test_step),
                 now=reads.now,
             )
@@ -379,6 +380,25 @@ class EpochGroups:
 
         state = (best, tf.constant(0.0, tf.float64))
         return graph.repeat(count, epoch, state)[1]
+
+
+class _Window:
+    """A group's reads cut once, before its first epoch (`StepReads` over all its steps: the
+    counter moved, the passes' orders drawn and a row table gathered once a call, where each
+    epoch's own cut cost wine 0.15-0.18 ms an epoch of 8 steps: docs/benchmarks.md, "A
+    twenty-second pass"); `epoch(index)` is the `reads` of epoch `index` for `Reads.steps`."""
+
+    def __init__(self, read: Callable[[Any], Any], steps: int):
+        self.read, self.steps = read, steps
+
+    def epoch(self, index: tf.Tensor) -> Callable[[Any], Callable[[Any], Any]]:
+        first = index * self.steps
+
+        def reads(_count):  # the epoch's `steps` batches, read again as often as asked
+            return lambda i: self.read(first + i)
+
+        reads.rereads = True  # a gather: `Reads.steps` may read ahead past its last step
+        return reads
 
 
 class _Tracker:
