@@ -103,9 +103,9 @@ def test_xla_runs_a_held_group_as_one_program_that_trains_as_the_plain_loop(trai
         "why": "9 epochs of 3 steps per call, one XLA program",
     }
     assert plain["epochs_per_call"]["epochs"] == 9 and compiled["steps_completed"] == 27
-    # XLA has no clock op: no input wait of 0 that would read as measured
-    assert compiled["perf"]["input_wait_fraction"] is None
-    assert "XLA" in compiled["perf"]["input_wait_note"]
+    # XLA has no clock op: the wait is stamped around the program, the orders drawn before it
+    assert 0 < compiled["perf"]["input_wait_fraction"] < 1
+    assert "input_wait_note" not in compiled["perf"]
     assert plain["perf"]["input_wait_fraction"] is not None
     # the plain loop's batches, in its order, validated at the same epochs, the test split
     # evaluated in one program too: its logs up to XLA's rounding

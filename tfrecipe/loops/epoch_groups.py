@@ -284,8 +284,9 @@ class EpochGroups:
                 id(w): s for w, s in zip(model.weights, self._shadows, strict=True)
             }
         if compiled:
-            resident_fit.unclocked(reads.clock)
-            self._run_group = self._compiled_group(resident_fit.compiled_steps(held, one_step))
+            self._run_group = self._compiled_group(
+                reads, resident_fit.compiled_steps(held, one_step)
+            )
         else:
             self._run_group = self._group_function(reads, read, one_step)
 
@@ -318,11 +319,11 @@ class EpochGroups:
 
         return run_group
 
-    def _compiled_group(self, steps):
+    def _compiled_group(self, reads, steps):
         """`run_group` as one XLA program a group (`resident_fit.compiles_loop`: an XLA launch
         costs 0.2-0.6 ms on a CPU, a table's epoch of steps 0.1): the orders of the passes it
-        spans are drawn before it. XLA has no clock: its validation is not stamped (its time
-        counts as training's)."""
+        spans are drawn before it, the time they take its input wait (`timed_take`). XLA has
+        no clock: its validation is not stamped (its time counts as training's)."""
         steps_per_epoch, iterator = self.steps_per_epoch, self._iterator
         held = None if self.validation is None else self.validation.held
         test_step = resident_fit.test_step(self.model)
@@ -342,7 +343,7 @@ class EpochGroups:
         @tf.function(autograph=False)
         def run_group(count, validate, best):
             most = self.epochs_per_call * steps_per_epoch
-            cut = resident_fit.take(iterator, count * steps_per_epoch, most)
+            cut = resident_fit.timed_take(reads, iterator, count * steps_per_epoch, most)
             return group(cut, count, validate, best), tf.constant(0.0, tf.float64)
 
         return run_group

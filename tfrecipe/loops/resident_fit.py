@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfrecipe import graph
 from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, ResidentTrain, StepReads
-from tfrecipe.perf.clock import InputClock, Reads
+from tfrecipe.perf.clock import Reads
 
 
 def attach(model: keras.Model, data: Any) -> tuple[Any, Callable[[], None]]:
@@ -165,23 +165,28 @@ def held_loop(
 
     if not compiles_loop(model, iterator.held):
         return (lambda count: reads.steps(read, one_step, count)), build
-    unclocked(reads.clock)
-    return compiled_call(iterator, one_step, int(model.steps_per_execution)), build
+    return compiled_call(iterator, one_step, int(model.steps_per_execution), reads), build
 
 
-def unclocked(clock: InputClock | None) -> None:
-    """A compiled loop does not measure its input wait: XLA has no clock op (summary.json's
-    `input_wait_note` says so, where a wait of 0 would read as measured)."""
-    if clock is not None:
-        clock.measuring = None
-
-
-def compiled_call(iterator: ResidentIterator, one_step: Callable, most: int) -> Callable:
+def compiled_call(
+    iterator: ResidentIterator, one_step: Callable, most: int, reads: Reads
+) -> Callable:
     """`steps(count)` for a `count` up to `most`, in a graph: the stream's next `count` steps
-    of `one_step` as one XLA program (`compiled_steps`), the last step's outputs."""
+    of `one_step` as one XLA program (`compiled_steps`), the last step's outputs; its input
+    wait stamped by `reads` (`timed_take`)."""
     body = compiled_steps(iterator.held, one_step)
     loop = tf.function(lambda cut, count: body(cut, 0, count), jit_compile=True, autograph=False)
-    return lambda count: loop(take(iterator, count, most), count)
+    return lambda count: loop(timed_take(reads, iterator, count, most), count)
+
+
+def timed_take(reads: Reads, iterator: ResidentIterator, count: Any, most: int) -> tuple:
+    """`take`, its time added to `reads`' input wait: an XLA program has no clock op, and it
+    waits for its batches' orders, drawn before it (no XLA kernel shuffles); its gathers run
+    inside it, beside its steps, as a plain loop's reads ahead do (`Reads.steps`)."""
+    began = reads.now()
+    cut = take(iterator, count, most)
+    reads.waited(reads.now(after=cut), began)
+    return cut
 
 
 def take(iterator: ResidentIterator, count: Any, most: int) -> tuple[tf.Tensor, ...]:

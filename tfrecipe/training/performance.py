@@ -92,7 +92,7 @@ def perf_fields(
             if deterministic
             else "the step runs on TPUs, which have no clock op"
             if "TPU" in device_kinds(strategy)
-            else "XLA (jit_compile) compiles the step (a held split's whole loop): no clock op"
+            else "XLA (jit_compile) compiles the strategy's whole step: no clock op"
             if model.jit_compile
             else "no steady-state steps"
         )
