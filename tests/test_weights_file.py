@@ -4,6 +4,8 @@ where the training thread sees it. Real Keras models and files; no training (sec
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import h5py
@@ -100,6 +102,25 @@ def test_the_file_holds_the_values_of_the_save_not_of_the_write(tmp_path, monkey
     written.load_weights(path)
     for weight, value in zip(written.weights, saved, strict=True):
         np.testing.assert_array_equal(weight.numpy(), value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority")
+def test_the_file_is_written_behind_training_at_the_lowest_priority(tmp_path, monkeypatch):
+    """The writer thread takes the cores only where training leaves them idle (nice 19); the
+    training thread keeps its priority."""
+    seen, write = [], weights_file._write
+
+    def recorded(*args):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        write(*args)
+
+    monkeypatch.setattr(weights_file, "_write", recorded)
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    writer = WeightsWriter(_model(), tmp_path / "best.weights.h5")
+    writer.save()
+    writer.wait()
+    assert seen == [19] and (tmp_path / "best.weights.h5").exists()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
 def test_a_link_in_the_files_place_is_refused_at_the_save(tmp_path):
