@@ -150,9 +150,8 @@ def _compiled_calls(
     model: keras.Model, iterator: ResidentIterator, step, objective: Objective, options
 ) -> Callable | None:
     """`call(num_steps) -> metric results`: the held stream's next steps as one XLA program,
-    as fit's (resident_fit.compiles_loop: one batch a step here; the input wait stamped around
-    it, `timed_take`), or
-    None where its calls do not compile whole."""
+    as fit's (resident_fit.compiles_loop: one batch a step here; its input wait stamped around
+    the program, `timed_take`), or None where its calls do not compile whole."""
     accumulates = options.gradient_accumulation_steps > 1
     if accumulates or not resident_fit.compiles_loop(model, iterator.held):
         return None

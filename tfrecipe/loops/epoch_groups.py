@@ -385,9 +385,9 @@ class EpochGroups:
 
 class _Window:
     """A group's reads cut once, before its first epoch (`StepReads` over all its steps: the
-    counter moved, the passes' orders drawn and a row table gathered once a call, where each
-    epoch's own cut cost wine 0.15-0.18 ms an epoch of 8 steps: docs/benchmarks.md, "A
-    twenty-second pass"); `epoch(index)` is the `reads` of epoch `index` for `Reads.steps`."""
+    counter moved, the passes' orders drawn and a row table gathered once a call; a cut an
+    epoch made wine's epoch 120 ops, 89 this way: docs/benchmarks.md, "A twenty-second
+    pass"); `epoch(index)` is the `reads` of epoch `index` for `Reads.steps`."""
 
     def __init__(self, read: Callable[[Any], Any], steps: int):
         self.read, self.steps = read, steps
