@@ -123,6 +123,23 @@ def test_the_file_is_written_behind_training_at_the_lowest_priority(tmp_path, mo
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
+def test_a_run_dir_is_released_once_its_last_write_has_landed_and_is_listed(tmp_path, monkeypatch):
+    """A run that fails while its best weights are being written gives its dir back only once
+    the file is there and in its manifest: its resume may replace the file."""
+    gate, write = threading.Event(), weights_file._write
+    monkeypatch.setattr(weights_file, "_write", lambda *a: (gate.wait(), write(*a)))
+    manifest, path = files.Manifest.of(tmp_path), tmp_path / "best.weights.h5"
+    manifest.own()
+    writer = WeightsWriter(_model(), path)
+    writer.save()  # the thread waits at the gate: the write is still to come
+    releasing = threading.Thread(target=manifest.release)  # the failed run's end
+    releasing.start()
+    gate.set()
+    releasing.join()
+    assert path.exists() and manifest.owns(path)
+    writer.wait()
+
+
 def test_a_link_in_the_files_place_is_refused_at_the_save(tmp_path):
     target = tmp_path / "elsewhere.h5"
     target.write_bytes(b"not yours")

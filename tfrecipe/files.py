@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
@@ -42,6 +43,7 @@ MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 _held: set[Path] = set()  # run dirs this process writes
 _adopting: set[Path] = set()  # held dirs of an earlier version: their files are the run's
+_writers: dict[Path, set[threading.Thread]] = {}  # held dir -> threads writing into it
 
 
 class NotOurs(ConfigError):
@@ -78,6 +80,8 @@ class Manifest:
         return self.run_dir in _held
 
     def release(self) -> None:
+        for thread in _writers.pop(self.run_dir, ()):  # a failed run's last write lands, and
+            thread.join()  # is listed, while the dir is still the run's
         _held.discard(self.run_dir)
         _adopting.discard(self.run_dir)
 
@@ -112,6 +116,18 @@ class Manifest:
 
     def _entries(self) -> list[str]:
         return [p.name for p in self.run_dir.iterdir() if p.name != MANIFEST]
+
+
+def start_writer(thread: threading.Thread, path: Path) -> None:
+    """Starts `thread`, which writes `path` beside training (best.weights.h5): the held run dir
+    `path` is in waits for it before it is released (`Manifest.release`). A run that failed
+    while its thread wrote would otherwise leave the file there unlisted, and its resume would
+    refuse to replace it."""
+    root = check_writable(path)
+    if root is not None:
+        running = {t for t in _writers.get(root, ()) if t.is_alive()}
+        _writers[root] = running | {thread}
+    thread.start()
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

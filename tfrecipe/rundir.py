@@ -178,8 +178,8 @@ class RunFiles:
         descriptor = _held.pop(run_dir, None)
         if descriptor is None:
             return
+        files.Manifest.of(run_dir).release()  # its writes finished, before another may take it
         os.close(descriptor)  # its only descriptor: closing it releases the flock
-        files.Manifest.of(run_dir).release()
         if os.environ.get(LOCK_HOLDER_ENV) == f"{os.getpid()}:{run_dir}":
             del os.environ[LOCK_HOLDER_ENV]
 

@@ -82,7 +82,7 @@ class WeightsWriter:
         self._thread = threading.Thread(
             target=self._write, args=(entries,), name="tfrecipe-weights"
         )
-        self._thread.start()
+        files.start_writer(self._thread, self.path)  # a run dir's release waits for it
 
     def wait(self) -> None:
         """Until the last save is written; its error, if it failed, is raised here."""
