@@ -118,15 +118,14 @@ class Manifest:
         return [p.name for p in self.run_dir.iterdir() if p.name != MANIFEST]
 
 
-def start_writer(thread: threading.Thread, path: Path) -> None:
-    """Starts `thread`, which writes `path` beside training (best.weights.h5): the held run dir
-    `path` is in waits for it before it is released (`Manifest.release`). A run that failed
-    while its thread wrote would otherwise leave the file there unlisted, and its resume would
-    refuse to replace it."""
-    root = check_writable(path)
-    if root is not None:
-        running = {t for t in _writers.get(root, ()) if t.is_alive()}
-        _writers[root] = running | {thread}
+def start_writer(thread: threading.Thread, run_dir: Path | None) -> None:
+    """Starts `thread`, which writes a file beside training (best.weights.h5) in the held
+    `run_dir` that `check_writable` returned for it (None: none): the dir waits for it before
+    it is released (`Manifest.release`). A run that failed while its thread wrote would
+    otherwise leave the file there unlisted, and its resume would refuse to replace it."""
+    if run_dir is not None:
+        running = {t for t in _writers.get(run_dir, ()) if t.is_alive()}
+        _writers[run_dir] = running | {thread}
     thread.start()
 
 

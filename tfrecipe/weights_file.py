@@ -77,12 +77,12 @@ class WeightsWriter:
         """Saves the model's weights, each variable `v` as `held[id(v)]` where given (the best
         epoch's copy, a moving average), as the model holds it otherwise."""
         self.wait()
-        files.check_writable(self.path)  # a planted link: refused here, not on the thread
+        run_dir = files.check_writable(self.path)  # a planted link: refused here, not on the thread
         entries = self._read(held or {})
         self._thread = threading.Thread(
             target=self._write, args=(entries,), name="tfrecipe-weights"
         )
-        files.start_writer(self._thread, self.path)  # a run dir's release waits for it
+        files.start_writer(self._thread, run_dir)  # the run dir's release waits for it
 
     def wait(self) -> None:
         """Until the last save is written; its error, if it failed, is raised here."""
