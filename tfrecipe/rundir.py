@@ -290,23 +290,6 @@ def _lock_holder(run_dir: Path) -> str:
     return "unknown"
 
 
-def _job_files_subdir() -> str | None:
-    """`hydra.output_subdir` (conf/config.yaml): where Hydra saves a job's config files, `.hydra`,
-    or None (Hydra saves none) when another process trains in the job's dir. Hydra saves them
-    before the job runs, so a sweep job that its lock then refuses would overwrite that run's."""
-    from hydra.core.hydra_config import HydraConfig
-
-    # unset outside a job (--cfg hydra --resolve)
-    hydra = HydraConfig.get() if HydraConfig.initialized() else None
-    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None) if hydra else None
-    return None if output_dir and RunFiles(Path(output_dir)).in_use_by_another() else ".hydra"
-
-
-# Registered wherever a config is composed or a job runs (every process imports this module
-# before Hydra resolves `hydra.output_subdir`: the command line, joblib and submitit workers).
-OmegaConf.register_new_resolver("tfrecipe_job_files", _job_files_subdir, replace=True)
-
-
 def summary_value(summary: Mapping[str, Any], name: str) -> float | None:
     """A number from a summary by the names sweeps and `compare` use: `test_X` is the test split's
     X, a final metric (`loss`, `val_accuracy`, ...) by its Keras name, else a top-level field

@@ -18,6 +18,9 @@ from typing import Any
 
 from tfrecipe import rundir
 from tfrecipe.cli import sweep_jobs
+
+# the resolver of `hydra.output_subdir`, which Hydra resolves in the process that runs `task`
+from tfrecipe.config import changes  # noqa: F401
 from tfrecipe.errors import ConfigError, DataError
 from tfrecipe.outcome import (
     EXIT_CONFIG,

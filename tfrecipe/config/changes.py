@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe import reading, rundir
 from tfrecipe.errors import ConfigError
@@ -136,3 +136,42 @@ def check_resume_unchanged(run_dir: Path, config: Mapping, resuming: Resuming) -
 
 def _show(value: Any) -> str:
     return "unset" if value is _ABSENT else repr(value)
+
+
+def _job_files_subdir(*, _root_: DictConfig) -> str | None:
+    """`hydra.output_subdir` (conf/config.yaml): where Hydra saves a job's config files, `.hydra`,
+    or None (Hydra saves none) where the job will be refused: another process trains in the
+    job's dir, or the dir holds a run of another config (`check_resume_unchanged`). Hydra saves
+    them before the job runs, so a sweep job refused then would overwrite that run's record
+    (its overrides, which the sweep's report and `tfrecipe compare` read)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    # unset outside a job (--cfg hydra --resolve)
+    hydra = HydraConfig.get() if HydraConfig.initialized() else None
+    output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None) if hydra else None
+    if not output_dir:
+        return ".hydra"
+    run_dir = Path(output_dir)
+    if rundir.RunFiles(run_dir).in_use_by_another():
+        return None
+    if not (run_dir / rundir.SUMMARY).is_file():
+        return ".hydra"  # a new dir: nothing to compare
+    job = OmegaConf.masked_copy(_root_, [key for key in _root_ if key != "hydra"])
+    resuming = Resuming(
+        str(OmegaConf.select(job, "resume", default="auto")),
+        tuple(OmegaConf.select(job, "resume_allow_changes", default=None) or ()),
+    )
+    try:
+        config = rundir.public_config(job)
+    except Exception:  # the job reports its own bad interpolation
+        return ".hydra"
+    try:
+        check_resume_unchanged(run_dir, config, resuming)
+    except ConfigError:
+        return None
+    return ".hydra"
+
+
+# Registered wherever a config is composed or a job runs (every process imports this module
+# before Hydra resolves `hydra.output_subdir`: the command line, joblib and submitit workers).
+OmegaConf.register_new_resolver("tfrecipe_job_files", _job_files_subdir, replace=True)

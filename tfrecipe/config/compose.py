@@ -109,7 +109,7 @@ def _compose(overrides: list[str], return_hydra_config: bool) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from tfrecipe import rundir  # noqa: F401  (the resolver of hydra.output_subdir)
+    from tfrecipe.config import changes  # noqa: F401  (the resolver of hydra.output_subdir)
 
     register_recipes()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
