@@ -174,10 +174,8 @@ class OptunaStudy:
             grid = space.grid()
             sampler = sampler(grid)
             n_trials = min(n_trials, math.prod(len(v) for v in grid.values()))
-        if self.worker_number and getattr(sampler, "_rng", None) is not None:
-            sampler.reseed_rng()  # another worker must not draw the same trials
         self.budget = dataclasses.replace(self.budget, n_trials=n_trials)
-        return optuna.create_study(
+        study = optuna.create_study(
             storage=open_storage(self.url),
             study_name=self.name,
             sampler=sampler,
@@ -185,6 +183,12 @@ class OptunaStudy:
             direction=self.direction,
             load_if_exists=True,
         )
+        # Another worker, or a rerun continuing the study, must not draw the trials drawn from
+        # the same seed before (a seeded sampler starts from its seed in every process).
+        continued = self.worker_number or study.get_trials(deepcopy=False)
+        if continued and getattr(sampler, "_rng", None) is not None:
+            sampler.reseed_rng()
+        return study
 
     @property
     def worker_number(self) -> int:
