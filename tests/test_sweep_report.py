@@ -134,6 +134,10 @@ def test_the_metric_comes_from_sweep_metric_the_optuna_objective_or_the_task():
     assert (regression.metric, regression.direction) == ("val_mae", "min")
     binary = plan(task={"name": "binary"})
     assert (binary.metric, binary.direction) == ("val_auc", "max")
+    # the throughput tracking.md names as a sweep.metric: the fastest job wins, not the slowest
+    fastest = plan(sweep={"metric": "examples_per_sec"})
+    assert (fastest.metric, fastest.direction) == ("examples_per_sec", "max")
+    assert plan(sweep={"metric": "wall_time_s"}).direction == "min"
 
 
 def test_compare_reads_sweep_json(sweep, capsys):

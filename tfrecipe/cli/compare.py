@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tfrecipe import files, printed, reading
-from tfrecipe.cli.sweep_report import read_report
+from tfrecipe.cli.sweep_report import direction_of, read_report
 from tfrecipe.errors import ConfigError
 from tfrecipe.files import write_atomic
 from tfrecipe.perf.provenance import differences
@@ -47,13 +47,8 @@ _PERF = {
 
 def _higher_is_better(name: str) -> bool:
     """Bigger is better for throughput and the metrics tfrecipe.tasks says so of (also under
-    val_/test_); everything else sorts ascending."""
-    from tfrecipe.tasks import monitor_mode
-
-    return (
-        name in ("examples_per_sec", "mfu", "steps_share")
-        or monitor_mode(name.removeprefix("test_")) == "max"
-    )
+    val_/test_); everything else sorts ascending (the rule a sweep's best job is chosen by)."""
+    return direction_of(name) == "max"
 
 
 def columns(runs: list[Run]) -> list[str]:

@@ -96,7 +96,7 @@ def _metric(cfg) -> tuple[str, str, str]:
 
     metric = OmegaConf.select(cfg, "sweep.metric", default=None)
     if metric:
-        return metric, monitor_mode(metric.removeprefix("test_")), "sweep.metric"
+        return metric, direction_of(metric), "sweep.metric"
     sweeper = str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="") or "")
     direction = OmegaConf.select(cfg, "hydra.sweeper.direction", default=None)
     if "optuna" in sweeper.lower() and isinstance(direction, str):
@@ -106,6 +106,20 @@ def _metric(cfg) -> tuple[str, str, str]:
     task = str(OmegaConf.select(cfg, "task.name", default=None) or DEFAULT_TASK)
     metric = f"val_{main_metric_named(task)}"
     return metric, monitor_mode(metric), f"task={task}'s main metric"
+
+
+# Summary numbers besides the task's metrics that are better bigger (`compare`'s columns too).
+_HIGHER_IS_BETTER = ("examples_per_sec", "mfu", "steps_share")
+
+
+def direction_of(name: str) -> str:
+    """ "max" or "min" for a number by its name: throughput up, the task's metrics (also under
+    val_/test_) as tfrecipe.tasks says, anything else (loss, wall_time_s) down."""
+    from tfrecipe.tasks import monitor_mode
+
+    if name in _HIGHER_IS_BETTER:
+        return "max"
+    return monitor_mode(name.removeprefix("test_"))
 
 
 @dataclasses.dataclass
