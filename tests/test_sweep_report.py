@@ -118,6 +118,25 @@ def test_a_resumed_or_extended_sweep_keeps_one_file(sweep):
     assert report["best"]["job"] == 3  # completed now: its 0.95 wins
 
 
+def test_jobs_in_a_nested_sweep_subdir_are_found_and_nothing_inside_a_job_is_one(tmp_path):
+    """hydra.sweep.subdir=runs/${hydra.job.num}: the jobs are SWEEP_DIR/runs/N. An ensemble's
+    members inside a job and MLflow's copies of a run's files are no jobs."""
+    sweep = tmp_path / "sweep"
+    _job(sweep / "runs", 0, ["optimizer.learning_rate=0.1"], "completed", val_accuracy=0.7)
+    first = _job(sweep / "runs", 1, ["optimizer.learning_rate=0.01"], "completed",
+                 val_accuracy=0.9)  # fmt: skip
+    _job(first / "members", 0, ["seed=0"], "completed", val_accuracy=0.99)
+    _job(sweep / "mlartifacts" / "1" / "abc" / "artifacts", 0, ["x=1"], "completed",
+         val_accuracy=1.0)  # fmt: skip
+
+    report = write_report(_plan(sweep), invocation={})
+
+    assert [(j["job"], j["overrides"]) for j in report["jobs"]] == [
+        (0, {"optimizer.learning_rate": "0.1"}), (1, {"optimizer.learning_rate": "0.01"}),
+    ]  # fmt: skip
+    assert report["best"]["run_dir"] == str(first.resolve())
+
+
 def test_the_metric_comes_from_sweep_metric_the_optuna_objective_or_the_task():
     def plan(**config):
         return plan_from(OmegaConf.create(config), Path("s"), command=["tfrecipe"], run_mode=False)

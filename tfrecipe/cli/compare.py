@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tfrecipe import files, printed, reading
-from tfrecipe.cli.sweep_report import direction_of, read_report
+from tfrecipe.cli.sweep_report import COPIES, direction_of, read_report
 from tfrecipe.errors import ConfigError
 from tfrecipe.files import write_atomic
 from tfrecipe.perf.provenance import differences
@@ -129,11 +129,6 @@ class Run:
         return None
 
 
-# Directories that hold copies of runs, not runs: MLflow's artifact stores (a sweep that logged to
-# MLflow keeps its jobs' summary.json and history.csv there too).
-_COPIES = ("mlartifacts", "mlruns")
-
-
 def find_runs(directories: list[Path]) -> list[Run]:
     runs = []
     for directory in directories:
@@ -157,7 +152,7 @@ def find_runs(directories: list[Path]) -> list[Run]:
 
 
 def _copied(relative: Path) -> bool:
-    return any(part in _COPIES for part in relative.parts[:-1])
+    return any(part in COPIES for part in relative.parts[:-1])
 
 
 def _natural_key(path: Path) -> list[tuple[int, Any]]:

@@ -19,7 +19,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,16 +151,12 @@ def recipe_paths(argv: Sequence[str]) -> tuple[tuple[str, str], ...]:
 
 
 def find_jobs(sweep_dir: Path, metric: str) -> list[Job]:
-    """Every job directory of the sweep (a subdirectory with Hydra's overrides or a
-    summary.json), in job order; a link is no job's (Hydra makes each job's dir), so a job
-    never names a directory outside the sweep dir. A job's overrides are kept with every
-    secret redacted (`printed.redact_words`): sweep.json and the table never hold one."""
+    """Every job directory of the sweep (`_job_dirs`), in job order. A job's overrides are kept
+    with every secret redacted (`printed.redact_words`): sweep.json and the table never hold
+    one."""
     jobs = []
-    children = (p for p in sweep_dir.iterdir() if not p.is_symlink() and p.is_dir())
-    for run_dir in sorted(children):
+    for run_dir in _job_dirs(sweep_dir):
         overrides_file = run_dir / ".hydra" / "overrides.yaml"
-        if not overrides_file.is_file() and not (run_dir / SUMMARY).is_file():
-            continue  # not a job's (sweep.png's neighbours, an MLflow store, ...)
         overrides = _overrides(overrides_file)
         summary = RunDir.at(run_dir).summary() or {}
         status = str(summary.get("status", "not started"))
@@ -177,6 +173,25 @@ def find_jobs(sweep_dir: Path, metric: str) -> list[Job]:
             )
         )
     return sorted(jobs, key=lambda job: job.number)
+
+
+# Directories that hold copies of runs, not runs: MLflow's artifact stores (a sweep that logged to
+# MLflow keeps its jobs' summary.json and history.csv there too).
+COPIES = ("mlartifacts", "mlruns")
+
+
+def _job_dirs(directory: Path) -> Iterator[Path]:
+    """The job directories under a sweep dir, in name order: each a directory with Hydra's
+    overrides or a summary.json, as deep as `hydra.sweep.subdir` puts them (`runs/${...}`).
+    Nothing inside a job is another job (an ensemble's members), nor MLflow's copies of runs;
+    a link is no job's (Hydra makes each job's dir), so a job never names a directory outside
+    the sweep dir."""
+    children = (p for p in directory.iterdir() if not p.is_symlink() and p.is_dir())
+    for child in sorted(children):
+        if (child / ".hydra" / "overrides.yaml").is_file() or (child / SUMMARY).is_file():
+            yield child
+        elif child.name not in COPIES and not child.name.startswith("."):
+            yield from _job_dirs(child)  # a level of hydra.sweep.subdir, or no job's at all
 
 
 def _overrides(path: Path) -> dict[str, str]:
