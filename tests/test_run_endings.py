@@ -159,23 +159,37 @@ def test_a_sweep_job_refused_by_the_lock_writes_nothing_into_that_dir(cli, tmp_p
     assert left in ({}, {"tfrecipe.log": 0}), left  # Hydra opens its log file; nothing else
 
 
-@pytest.mark.parametrize("status", ["completed", "preempted"])
-def test_a_sweep_job_refused_for_another_config_leaves_that_runs_record(cli, tmp_path, status):
+_ANOTHER_CONFIG = "holds a run started with another config"
+
+
+@pytest.mark.parametrize(
+    ("summary", "allowed", "refusal"),
+    [
+        ('{"status": "completed"}', [], _ANOTHER_CONFIG),
+        ('{"status": "preempted"}', [], _ANOTHER_CONFIG),
+        ('{"status": "completed"}', ["resume_allow_changes=[seed]"], _ANOTHER_CONFIG),
+        ('{"status": "comple', [], "summary.json cannot be read"),
+    ],
+)
+def test_a_sweep_job_refused_for_another_config_leaves_that_runs_record(
+    cli, tmp_path, summary, allowed, refusal
+):
     """A sweep rerun into its dir with other values: job 0's dir holds a run of seed=1, the
-    job asks for seed=2 and is refused; the report and compare still read seed=1 there."""
+    job asks for seed=2 and is refused (a finished job is, whatever it allows to change; so is
+    a dir whose summary.json cannot be read); the report and compare still read seed=1 there."""
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     _interrupted_run(sweep / "0", "seed=1")
-    (sweep / "0" / "summary.json").write_text(json.dumps({"status": status}))
+    (sweep / "0" / "summary.json").write_text(summary)
     (sweep / "0" / ".hydra").mkdir()
     recorded = "".join(f"- {override}\n" for override in [*TINY, "seed=1"])
     (sweep / "0" / ".hydra" / "overrides.yaml").write_text(recorded)
 
-    result = cli("-m", *TINY, "seed=2", f"hydra.sweep.dir={sweep}")
+    result = cli("-m", *TINY, "seed=2", *allowed, f"hydra.sweep.dir={sweep}")
 
     assert result.returncode == 1, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert "holds a run started with another config" in output, output[-3000:]
+    assert refusal in output, output[-3000:]
     assert (sweep / "0" / ".hydra" / "overrides.yaml").read_text() == recorded
     report = json.loads((sweep / "sweep.json").read_text())
     assert [job["overrides"]["seed"] for job in report["jobs"]] == ["1"], report["jobs"]

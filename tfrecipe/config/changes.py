@@ -15,6 +15,7 @@ difference (exit 2, naming the keys), except:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -140,36 +141,43 @@ def _show(value: Any) -> str:
 
 def _job_files_subdir(*, _root_: DictConfig) -> str | None:
     """`hydra.output_subdir` (conf/config.yaml): where Hydra saves a job's config files, `.hydra`,
-    or None (Hydra saves none) where the job will be refused: another process trains in the
-    job's dir, or the dir holds a run of another config (`check_resume_unchanged`). Hydra saves
-    them before the job runs, so a sweep job refused then would overwrite that run's record
-    (its overrides, which the sweep's report and `tfrecipe compare` read)."""
+    or None (Hydra saves none) where the job will be refused (`_refused_in`). Hydra saves them
+    before the job runs, so a sweep job refused then would overwrite that run's record (its
+    overrides, which the sweep's report and `tfrecipe compare` read)."""
     from hydra.core.hydra_config import HydraConfig
 
     # unset outside a job (--cfg hydra --resolve)
     hydra = HydraConfig.get() if HydraConfig.initialized() else None
     output_dir = OmegaConf.select(hydra, "runtime.output_dir", default=None) if hydra else None
-    if not output_dir:
-        return ".hydra"
-    run_dir = Path(output_dir)
-    if rundir.RunFiles(run_dir).in_use_by_another():
-        return None
-    if not (run_dir / rundir.SUMMARY).is_file():
-        return ".hydra"  # a new dir: nothing to compare
-    job = OmegaConf.masked_copy(_root_, [key for key in _root_ if key != "hydra"])
-    resuming = Resuming(
-        str(OmegaConf.select(job, "resume", default="auto")),
-        tuple(OmegaConf.select(job, "resume_allow_changes", default=None) or ()),
-    )
+    return None if output_dir and _refused_in(Path(output_dir), _root_) else ".hydra"
+
+
+def _refused_in(run_dir: Path, cfg: DictConfig) -> bool:
+    """Whether the job of `cfg` (with Hydra's node) will be refused in `run_dir`: another
+    process trains there, or it holds a run of another config; a finished one is compared as a
+    sweep rerun compares it before skipping it, with no change allowed (cli.job)."""
+    from tfrecipe.outcome import FINISHED
+
+    held = rundir.RunFiles(run_dir)
+    if held.in_use_by_another():
+        return True
+    summary = held.summary()
+    if summary is None:  # a new dir, or a summary.json that cannot be read (the job refuses it)
+        return os.path.lexists(run_dir / rundir.SUMMARY)
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     try:
         config = rundir.public_config(job)
     except Exception:  # the job reports its own bad interpolation
-        return ".hydra"
+        return False
+    allowed = OmegaConf.select(job, "resume_allow_changes", default=None) or ()
+    resuming = Resuming(str(OmegaConf.select(job, "resume", default="auto")), tuple(allowed))
     try:
-        check_resume_unchanged(run_dir, config, resuming)
+        check_resume_unchanged(
+            run_dir, config, Resuming() if summary.get("status") in FINISHED else resuming
+        )
     except ConfigError:
-        return None
-    return ".hydra"
+        return True
+    return False
 
 
 # Registered wherever a config is composed or a job runs (every process imports this module
