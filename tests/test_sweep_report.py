@@ -171,6 +171,17 @@ def test_compare_reads_sweep_json(sweep, capsys):
     assert read_report(sweep / "0") is None  # a job dir is no sweep
 
 
+def test_compare_marks_the_best_job_of_a_sweep_dir_copied_from_where_it_ran(sweep, tmp_path):
+    """A sweep dir fetched from a cluster: its sweep.json names the run dirs where they ran."""
+    import shutil
+
+    write_report(_plan(sweep), invocation={})
+    copy = shutil.copytree(sweep, tmp_path / "fetched" / "sweep")
+    compare.main([str(copy)])
+    rows = (copy / "compare.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["1", "3", "2 *", "0"]
+
+
 def test_the_compare_legend_fits_the_figure_however_long_the_labels(tmp_path):
     """Labels longer than the figure is wide (a list override) are wrapped, never cut."""
     import matplotlib

@@ -232,12 +232,20 @@ def table(
     return header, rows
 
 
-def _best_dirs(reports: list[dict[str, Any]]) -> frozenset[Path]:
-    """The best jobs' run dirs a sweep.json names (a received file: a name that is no path
-    marks nothing)."""
-    bests = [report.get("best") for report in reports]
-    named = [best.get("run_dir") for best in bests if isinstance(best, dict)]
-    return frozenset(Path(name).resolve() for name in named if isinstance(name, str))
+def _best_dirs(sweeps: list[tuple[Path, dict[str, Any]]]) -> frozenset[Path]:
+    """The best jobs' run dirs each sweep.json names, found in the directory it was read from:
+    a sweep dir copied or moved from where it ran (fetched from a cluster) names the old paths.
+    A received file: a name that is no path marks nothing."""
+    found = []
+    for directory, report in sweeps:
+        best, ran_in = report.get("best"), report.get("sweep_dir")
+        name = best.get("run_dir") if isinstance(best, dict) else None
+        if not isinstance(name, str):
+            continue
+        if isinstance(ran_in, str) and Path(name).is_relative_to(ran_in):
+            name = directory / Path(name).relative_to(ran_in)
+        found.append(Path(name).resolve())
+    return frozenset(found)
 
 
 def sweep_winner(report: dict[str, Any]) -> str:
@@ -384,11 +392,12 @@ def main(args: list[str]) -> None:
     options = _parser().parse_args(args)
     runs = find_runs(options.dirs)
     keys = differing_keys(runs)
-    sweeps = [report for report in map(_read_report, options.dirs) if report is not None]
-    options.sort = options.sort or (sweeps[0]["metric"] if sweeps else "val_loss")
+    read = ((directory, _read_report(directory)) for directory in options.dirs)
+    sweeps = [(directory, report) for directory, report in read if report is not None]
+    options.sort = options.sort or (sweeps[0][1]["metric"] if sweeps else "val_loss")
     header, rows = table(_sorted(runs, options.sort), keys, best=_best_dirs(sweeps))
     _print_table(f"{len(rows)} runs, sorted by {options.sort}", header, rows, keys)
-    for report in sweeps:  # the winner as the sweep named it, and how to train it again
+    for _, report in sweeps:  # the winner as the sweep named it, and how to train it again
         print(sweep_winner(report))
     if "ran on" in header:
         print(
