@@ -92,3 +92,21 @@ def test_each_run_has_one_colour_and_the_legend_covers_no_panel(sweep):
     box = legend.get_window_extent()
     for ax in fig.axes:
         assert not box.overlaps(ax.get_window_extent()), ax.get_title()
+
+
+@pytest.mark.parametrize("out", ["a_file", "a_file/below"])
+def test_an_out_that_is_no_directory_is_one_line(sweep, tmp_path, out):
+    """`--out` names a file (or a path under one): exit 2, one line naming it; no traceback."""
+    (tmp_path / "a_file").write_text("mine\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "tfrecipe", "compare", str(sweep), "--out", str(tmp_path / out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stdout == ""  # refused before the table
+    (line,) = result.stderr.splitlines()
+    assert f"compare --out={tmp_path / out}: " in line, line
+    assert (tmp_path / "a_file").read_text() == "mine\n"

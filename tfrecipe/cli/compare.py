@@ -391,6 +391,7 @@ def _first_val_metric(run: Run) -> str | None:
 def main(args: list[str]) -> None:
     options = _parser().parse_args(args)
     runs = find_runs(options.dirs)
+    out = _made(options.out or options.dirs[0])
     keys = differing_keys(runs)
     read = ((directory, _read_report(directory)) for directory in options.dirs)
     sweeps = [(directory, report) for directory, report in read if report is not None]
@@ -404,7 +405,20 @@ def main(args: list[str]) -> None:
             "ran on: runs marked hw:/versions: ran on other hardware or package versions than "
             "most (summary.json's provenance); their speeds do not compare"
         )
-    _write_outputs(options.out or options.dirs[0], header, rows, runs, keys)
+    _write_outputs(out, header, rows, runs, keys)
+
+
+def _made(out: Path) -> Path:
+    """`--out` (or the first DIR), made before anything is printed: a name that cannot be a
+    directory (a file there or on the way) is one line."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"compare --out={printed.printable(out)}: cannot be a directory "
+            f"({error.strerror}); name a directory (made if missing)"
+        ) from None
+    return out
 
 
 def _read_report(directory: Path) -> dict[str, Any] | None:
@@ -443,8 +457,7 @@ def _print_table(title: str, header: list[str], rows: list[list[str]], keys: lis
 def _write_outputs(
     out: Path, header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str]
 ) -> None:
-    """compare.csv (the table) and compare.png (the learning curves) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
+    """compare.csv (the table) and compare.png (the learning curves) in `out` (`_made`)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(header)
