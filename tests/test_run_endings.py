@@ -190,6 +190,9 @@ def test_a_sweep_job_refused_for_another_config_leaves_that_runs_record(
     assert result.returncode == 1, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert refusal in output, output[-3000:]
+    if summary == '{"status": "completed"}':  # what to do: the sweep's, not a run's
+        assert "run other values into a new hydra.sweep.dir" in output, output[-3000:]
+        assert "continue this one with" not in output, output[-3000:]
     assert (sweep / "0" / ".hydra" / "overrides.yaml").read_text() == recorded
     report = json.loads((sweep / "sweep.json").read_text())
     assert [job["overrides"]["seed"] for job in report["jobs"]] == ["1"], report["jobs"]

@@ -107,7 +107,13 @@ class _Job:
         summary = RunFiles(run_dir).summary()
         if not summary or summary.get("status") not in FINISHED:
             return None
-        check_resume_unchanged(run_dir, public_config(self.cfg), Resuming("auto"))
+        check_resume_unchanged(
+            run_dir,
+            public_config(self.cfg),
+            Resuming("auto"),
+            remedy="A finished sweep job is never trained over: run other values into a new "
+            "hydra.sweep.dir (or add them after this sweep's: new jobs get new dirs)",
+        )
         status = summary["status"]
         log.info("sweep job %s: already %s, skipped (run dir: %s)", run_dir.name, status, run_dir)
         return summary

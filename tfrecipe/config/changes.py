@@ -99,10 +99,13 @@ def changed_keys(saved: Mapping, now: Mapping, resuming: Resuming = Resuming()) 
 _ABSENT = object()
 
 
-def check_resume_unchanged(run_dir: Path, config: Mapping, resuming: Resuming) -> None:
+def check_resume_unchanged(
+    run_dir: Path, config: Mapping, resuming: Resuming, *, remedy: str | None = None
+) -> None:
     """Refuses to continue the run in `run_dir` with a config that differs from its
     `config.yaml` (see the module's docstring); `config` is the public config this run would
-    save (`rundir.public_config`). Nothing to compare: a new dir, `resume=never`.
+    save (`rundir.public_config`). Nothing to compare: a new dir, `resume=never`. `remedy`: what
+    to do instead of a new hydra.run.dir or allowing the changes (a sweep's finished job).
 
     Raises:
       ConfigError: one line naming the changed keys and how to accept them.
@@ -128,10 +131,11 @@ def check_resume_unchanged(run_dir: Path, config: Mapping, resuming: Resuming) -
     ]
     more = f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else ""
     keys = swapped + [k for k in changed if not any(k.startswith(f"{s}.") for s in swapped)]
+    allow = f"resume_allow_changes=[{','.join(keys)}]"
     raise ConfigError(
         f"resume={resume}: hydra.run.dir={run_dir} holds a run started with another config; "
-        f"changed: {', '.join(shown)}{more}. Choose a new hydra.run.dir for a new run, or "
-        f"continue this one with resume_allow_changes=[{','.join(keys)}]"
+        f"changed: {', '.join(shown)}{more}. "
+        + (remedy or f"Choose a new hydra.run.dir for a new run, or continue this one with {allow}")
     )
 
 
