@@ -206,6 +206,39 @@ def test_bad_requests_get_predicts_line_as_400_and_the_server_lives_on(digits):
     assert _post(server, {"instances": _digits_images(1).tolist()})[0] == 200  # still serving
 
 
+def test_bodies_past_what_json_or_floats_carry_get_400_and_the_server_lives_on(digits):
+    """A body nested past Python's recursion limit and an integer past float64 are bad requests
+    (they were 500 Internal Server Error, with a traceback in the server's log)."""
+    _, server = digits
+    deep = b'{"instances":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, answer = _call(server.url + ":predict", deep)
+    assert status == 400 and "nests its lists or objects too deeply" in answer["error"]
+    image = _digits_images(1).tolist()
+    image[0][3][4][0] = 10**400  # JSON carries it as an integer of 401 digits
+    status, answer = _post(server, {"instances": image})
+    assert status == 400 and "examples must be arrays of numbers" in answer["error"]
+    assert _post(server, {"instances": _digits_images(1).tolist()})[0] == 200  # still serving
+
+
+def test_outputs_past_float32_come_back_as_tf_serving_writes_them(digits):
+    """Finite inputs far out of the training range can overflow the model's outputs: they are
+    answered as the SavedModel gives them, NaN and Infinity written as TF Serving writes them
+    (bare tokens, which Python's json reads), not a 500."""
+    run_dir, server = digits
+    saved_model = _saved_model(run_dir)
+    candidates = [
+        np.full((1, 8, 8, 1), sign * scale, np.float32)
+        for scale in (1e38, 3e38)
+        for sign in (1, -1)
+    ]
+    overflowing = [x for x in candidates if not np.isfinite(saved_model(x)).all()]
+    assert overflowing, "no input overflows this model's outputs: pick larger ones"
+    status, answer = _post(server, {"instances": overflowing[0].tolist()})
+    assert status == 200, answer
+    np.testing.assert_allclose(answer["predictions"], saved_model(overflowing[0]), rtol=1e-5)
+    assert not np.isfinite(answer["predictions"]).all()
+
+
 def test_a_tables_raw_rows_are_taken_as_predict_takes_them(customers):
     run_dir, server = customers
     assert "listening on 0.0.0.0, as --host asked" in server.process.stdout.readline()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -163,7 +164,7 @@ class _Handlers:
         return self._refused(request.path_params) or JSONResponse(self.served.metadata)
 
     async def predict(self, request):
-        from starlette.responses import JSONResponse
+        from starlette.responses import Response
 
         refused = self._refused(request.path_params)
         if refused is not None:
@@ -176,9 +177,12 @@ class _Handlers:
         except serve_rest.BadRequest as error:
             return _error(400, str(error))
         outputs = await self.batcher.outputs(parsed)
-        return JSONResponse(
-            serve_rest.response(outputs, self.served.decode(outputs), parsed.format)
-        )
+        answer = serve_rest.response(outputs, self.served.decode(outputs), parsed.format)
+        # An output past float32 (inputs far out of the training range) is written as TF Serving
+        # writes it, the bare NaN, Infinity or -Infinity that Python's json reads back; Starlette's
+        # JSONResponse refuses them (the client got a 500)
+        body = json.dumps(answer, allow_nan=True, separators=(",", ":"))
+        return Response(body, media_type="application/json")
 
 
 def _status() -> dict:

@@ -62,6 +62,16 @@ def parse(body: bytes, reading: Reading) -> Request:
       BadRequest: not JSON, neither format, or features the model cannot take (predict's line).
     """
     try:
+        return _parse(body, reading)
+    except RecursionError:  # `[[[[...` past Python's recursion limit, in json or as it is read
+        raise BadRequest(
+            "the request body nests its lists or objects too deeply to be read; send examples "
+            "nested as the model's shape is"
+        ) from None
+
+
+def _parse(body: bytes, reading: Reading) -> Request:
+    try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not JSON ({error})") from None
@@ -174,7 +184,7 @@ def _array(batch: list, fmt: str, inputs: Mapping[str, Any]) -> np.ndarray:
     """The examples as one array of the model's shape and dtype, every value finite."""
     try:
         array = np.asarray(batch, dtype=np.float64)
-    except (ValueError, TypeError) as error:  # ragged, or a string among numbers
+    except (ValueError, TypeError, OverflowError) as error:  # ragged, a string, 10**400
         raise BadRequest(
             f"predict: {fmt}: examples must be arrays of numbers of shape {inputs['shape']} "
             f"({str(error).splitlines()[0]})"
