@@ -329,3 +329,23 @@ def test_a_file_output_says_where_the_rows_went(customers_run, tmp_path, capsys)
     said = capsys.readouterr().out.splitlines()
     assert said == [f"predict: wrote 40 rows to {out} (columns: prediction, prob_no, prob_yes)"]
     assert len(_read(out)) == 40
+
+
+def test_a_table_of_a_header_alone_gets_the_header_written(customers_run, tmp_path, capsys):
+    """No rows (a filter that kept none) is an output of no rows with its columns named: it said
+    "wrote 0 rows to FILE" and wrote no file, and printed nothing to stdout."""
+    (tmp_path / "none.csv").write_text("customer_id," + ",".join(COLUMNS) + "\n")
+    args = [str(customers_run), str(tmp_path / "none.csv"), "--keep", "customer_id"]
+    header = ["customer_id", "prediction", "prob_no", "prob_yes"]
+    main(["predict", *args])
+    assert capsys.readouterr().out.splitlines() == [",".join(f'"{c}"' for c in header)]
+    for suffix in (".csv", ".parquet", ".jsonl"):
+        out = tmp_path / f"scores{suffix}"
+        main(["predict", *args, "-o", str(out)])
+        assert capsys.readouterr().out.splitlines() == [
+            f"predict: wrote 0 rows to {out} (columns: {', '.join(header)})"
+        ]
+        assert out.is_file() and _read(out) == []
+    import pyarrow.parquet as pq
+
+    assert pq.read_schema(tmp_path / "scores.parquet").names == header

@@ -94,9 +94,16 @@ def output_columns(record: dict[str, Any]) -> list[str]:
 
 def predictions(record: dict[str, Any], outputs: np.ndarray) -> dict[str, np.ndarray]:
     """The model's outputs (logits, or values) as named columns."""
-    outputs = np.asarray(outputs, dtype=np.float64).reshape(len(outputs), -1)
+    outputs = np.asarray(outputs, dtype=np.float64)
+    outputs = outputs.reshape(len(outputs), int(np.prod(outputs.shape[1:])))  # also of no rows
     decode = tasks.outputs_of(record["task"]).decode
     return decode(outputs, record["outputs"], record.get("threshold"))
+
+
+def no_rows(record: dict[str, Any], keep: Sequence[str], model) -> dict[str, np.ndarray]:
+    """The columns of no rows (a table of a header alone), so the output still names them."""
+    kept = {name: np.array([], dtype=object) for name in keep}
+    return kept | predictions(record, np.zeros((0, model.outputs[0].shape[-1])))
 
 
 class Writer:
@@ -249,6 +256,10 @@ def main(args: list[str]) -> None:
                 names, count = list(columns), len(next(iter(columns.values())))
                 rows += count
                 advance(count)
+            if rows == 0:  # the header alone, not "wrote 0 rows" and no file
+                columns = no_rows(run.signature, request.keep, model)
+                writer.write(columns)
+                names = list(columns)
         writer.commit()
     except BaseException:
         writer.discard()
