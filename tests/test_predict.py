@@ -349,3 +349,21 @@ def test_a_table_of_a_header_alone_gets_the_header_written(customers_run, tmp_pa
     import pyarrow.parquet as pq
 
     assert pq.read_schema(tmp_path / "scores.parquet").names == header
+
+
+def test_a_kept_column_named_as_an_output_column_is_refused(customers_run, tmp_path, capsys):
+    """`--keep prediction` on a table that has one (last week's scores) is refused in one line:
+    the model's column replaced the kept one, and the output had one `prediction` column."""
+    rows = _new_rows(tmp_path / "new.csv", count=3)
+    with open(tmp_path / "scored.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["prediction", *rows[0]])
+        writer.writeheader()
+        writer.writerows({"prediction": "old", **row} for row in rows)
+    report = _refused(
+        capsys, str(customers_run), str(tmp_path / "scored.csv"), "--keep", "prediction"
+    )
+    assert report == (
+        "tfrecipe: invalid configuration: predict: --keep=prediction: the output has its own "
+        "column(s) of that name (prediction, prob_no, prob_yes); rename the input's column to "
+        "keep it"
+    )

@@ -231,6 +231,21 @@ def _progress(total: int | None) -> Iterator[Any]:
 
 
 # --- the command ------------------------------------------------------------------------------
+def _source(request: Request, run: TrainedModel) -> Source:
+    """The inputs, checked against the run's signature, before TensorFlow loads."""
+    produced = output_columns(run.signature)
+    clash = [name for name in request.keep if name in produced]
+    if clash:  # the prediction's column would replace the kept one in the output
+        raise ConfigError(
+            f"predict: --keep={','.join(clash)}: the output has its own column(s) of that name "
+            f"({', '.join(produced)}); rename the input's column to keep it"
+        )
+    try:
+        return open_sources(request.inputs, run.signature, dataset=run.dataset, keep=request.keep)
+    except reading.UnreadableFile as error:
+        raise ConfigError(f"predict: {error}") from None
+
+
 def main(args: list[str]) -> None:
     request = parse(args)
     if request.output is not None:  # not an input, a folder, a link or a run's file
@@ -238,12 +253,7 @@ def main(args: list[str]) -> None:
             request.output, inputs=[*request.inputs, request.run_dir], key="predict: --output"
         )
     run = RunDir.at(request.run_dir).trained_model(request.model)
-    try:
-        source: Source = open_sources(
-            request.inputs, run.signature, dataset=run.dataset, keep=request.keep
-        )
-    except reading.UnreadableFile as error:
-        raise ConfigError(f"predict: {error}") from None
+    source = _source(request, run)
     from tfrecipe.cli.console import discover_devices
 
     discover_devices()  # TensorFlow only now, with everything checked
