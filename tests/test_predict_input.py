@@ -5,6 +5,7 @@ and config; a model.keras nobody loads): nothing trains here."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from tfrecipe.cli.main import main
 HEADER = "age,income,city\n30,1000,Paris\n"
 
 
-def _run_dir(tmp_path: Path, *, na_values: str = "[]") -> Path:
+def _run_dir(tmp_path: Path, *, na_values: str = "[]", delimiter: str = ",") -> Path:
     """A binary run on columns age, income (numbers) and city (a string)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -32,6 +33,7 @@ def _run_dir(tmp_path: Path, *, na_values: str = "[]") -> Path:
     (run_dir / "signature.json").write_text(json.dumps(signature))
     (run_dir / "config.yaml").write_text(
         f"dataset:\n  _target_: tfrecipe.data.tabular.csv\n  na_values: {na_values}\n"
+        f"  delimiter: {json.dumps(delimiter)}\n"
     )
     with zipfile.ZipFile(run_dir / "model.keras", "w") as archive:
         archive.writestr("config.json", "{}")
@@ -76,6 +78,19 @@ def test_a_marker_the_run_was_trained_with_is_a_missing_number_not_a_mistake(tmp
     table.write_text(f"{HEADER}31,,Nice\n32,x,Lyon\n")
     report = _refused(capsys, _run_dir(tmp_path, na_values="['']"), table)
     assert report.startswith(f"predict: {table}:4: column 'income': 'x' is not a number;")
+
+
+@pytest.mark.parametrize(
+    ("name", "delimiter"), [("new.csv.gz", ","), ("new.tsv", "\t"), ("new.tsv.gz", "\t")]
+)
+def test_tables_of_every_suffix_training_reads_are_tables(tmp_path, capsys, name, delimiter):
+    """dataset=csv trains on `.csv.gz`, `.tsv` and `.tsv.gz` files: predict reads them too (it
+    refused them as "an unknown kind of file"); here it finds the bad cell on the third line."""
+    table = tmp_path / name
+    text = f"{HEADER}31,lots,Nice\n".replace(",", delimiter).encode()
+    table.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    report = _refused(capsys, _run_dir(tmp_path, delimiter=delimiter), table)
+    assert report.startswith(f"predict: {table}:3: column 'income': 'lots' is not a number;")
 
 
 @pytest.mark.heavy  # starts a process

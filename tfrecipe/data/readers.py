@@ -19,12 +19,15 @@ import numpy as np
 
 from tfrecipe import reading
 from tfrecipe.data.listing import folder_files
+from tfrecipe.data.table_files import CSV_SUFFIXES, PARQUET_SUFFIXES
 from tfrecipe.data.values import check_finite_array, fault_text
 from tfrecipe.errors import ConfigError
 
 # tfrecipe.data.image_folder's, repeated: that module imports TensorFlow.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
-TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+# The tables training reads (tfrecipe.data.table_files: .csv.gz, .tsv, ...), but a .txt file
+# is a text (one example of a text model).
+TABLE_SUFFIXES = tuple(s for s in (*CSV_SUFFIXES, *PARQUET_SUFFIXES) if not s.startswith(".txt"))
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 # Rows of an array file checked at a time (a mapped .npy larger than memory is checked in pieces).
 CHECK_ROWS = 65_536
@@ -90,7 +93,7 @@ def _kind(path: Path, inputs: Mapping[str, Any]) -> str:
     images = model_kind == "array" and len(shape) == 3
     if path.is_dir():
         kind = "texts" if model_kind == "text" else "images" if images else None
-    elif suffix in TABLE_SUFFIXES:
+    elif path.name.lower().endswith(TABLE_SUFFIXES):
         kind = "table"
     elif suffix in (".npz", ".npy"):
         kind = "npz"
@@ -200,7 +203,7 @@ class Table:
     def _open(self, file: Path, options):
         from tfrecipe.data import table_files
 
-        kind = "parquet" if file.suffix.lower() in (".parquet", ".pq") else "csv"
+        kind = "parquet" if file.suffix.lower() in PARQUET_SUFFIXES else "csv"
         try:
             table = table_files.open_table(str(file), format=kind, key="INPUT", csv=options)
         except ValueError as error:

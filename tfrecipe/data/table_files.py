@@ -32,8 +32,8 @@ Format = Literal["csv", "parquet"]
 # Arrow parses CSV files in blocks of this many bytes; a row must fit in one. Larger blocks
 # parse no faster here (2-core machines) and hold more memory per reader.
 CSV_BLOCK_BYTES = 4 << 20
-_CSV_SUFFIXES = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
-_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+CSV_SUFFIXES = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +125,7 @@ def open_table(
 
 def _files(path: str, *, format: Format, key: str) -> tuple[list[str], str]:
     expanded = str(Path(path).expanduser())
-    suffixes = _CSV_SUFFIXES if format == "csv" else _PARQUET_SUFFIXES
+    suffixes = CSV_SUFFIXES if format == "csv" else PARQUET_SUFFIXES
     if os.path.isdir(expanded):
         # the folder's list as the fingerprint takes it (hidden files and folders left out),
         # less Spark's and Hive's `_SUCCESS`-style markers
