@@ -100,6 +100,27 @@ def test_train_refuses_a_run_dir_another_process_holds_and_gives_its_own_back(tm
     assert not _is_locked(run_dir)
 
 
+def test_a_command_on_a_run_dir_in_use_says_so_in_its_own_words(tmp_path, capsys):
+    """`tfrecipe evaluate RUN_DIR` while a run trains there: exit 2 and one line naming RUN_DIR
+    (it said `hydra.run.dir=...` and to choose another hydra.run.dir, a key evaluate has not)."""
+    from tfrecipe.cli.main import main
+
+    run_dir = tmp_path / "run"
+    holder = _hold_lock(run_dir)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main(["evaluate", str(run_dir)])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfrecipe: invalid configuration: evaluate: RUN_DIR={run_dir.resolve()}: run dir in use "
+        f"by PID {holder.pid} (a run training there, or a command writing its files); wait for "
+        "it to end, then run this again"
+    )
+
+
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
     """A process holding `run_dir`'s lock, as a training run does, until killed."""
     holder = subprocess.Popen(

@@ -111,8 +111,9 @@ class RunFiles:
         files.write_atomic(self.path / CONFIG, OmegaConf.to_yaml(dict(config)))
 
     # --- the lock: the one process that trains here ------------------------------------------
-    def lock(self) -> None:
-        """Makes this process the one that trains into this dir until it exits, creating it.
+    def lock(self, *, command: str | None = None) -> None:
+        """Makes this process the one that trains into this dir until it exits, creating it;
+        `command` (evaluate, export, ...) names the command that writes there instead.
 
         An exclusive `flock` on the directory itself: no file is added, and the kernel releases
         it when the process ends in any way (even SIGKILL), so a preempted or crashed run's dir
@@ -132,11 +133,7 @@ class RunFiles:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise ConfigError(
-                f"hydra.run.dir={run_dir}: run dir in use by PID {_lock_holder(run_dir)} "
-                "(another run trains into it); wait for it to end, or choose another "
-                "hydra.run.dir"
-            ) from None
+            raise ConfigError(_in_use(run_dir, command)) from None
         except OSError as error:  # a file system without locks (some network mounts)
             os.close(descriptor)
             log.warning(
@@ -273,6 +270,20 @@ def _own(run_dir: Path) -> None:
     leads out of it is refused first (a received run dir: files.check_tree)."""
     files.check_tree(run_dir)
     files.Manifest.of(run_dir).own(adopt=(run_dir / SUMMARY).exists())
+
+
+def _in_use(run_dir: Path, command: str | None) -> str:
+    """The line for a dir another process holds: to a run training there, or to a command."""
+    holder = _lock_holder(run_dir)
+    if command is None:
+        return (
+            f"hydra.run.dir={run_dir}: run dir in use by PID {holder} (another run trains into "
+            "it); wait for it to end, or choose another hydra.run.dir"
+        )
+    return (
+        f"{command}: RUN_DIR={run_dir}: run dir in use by PID {holder} (a run training there, or "
+        "a command writing its files); wait for it to end, then run this again"
+    )
 
 
 def _lock_holder(run_dir: Path) -> str:

@@ -34,7 +34,7 @@ def baselines_of_run(run_dir: Path, overrides: list[str]) -> dict:
         raise ConfigError(
             f"baseline: {run_dir} holds no {rundir.SUMMARY} (is it a tfrecipe run dir?)"
         )
-    home.lock()  # refused while a run trains there: its summary is the run's
+    home.lock(command="baseline")  # refused while a run trains there: its summary is the run's
     # fitted beside the model's numbers: on the data the model was trained on, or allowed
     check_run_data(home, run, command="baseline")
     grants = Grants.of(run.allowed_targets)

@@ -82,7 +82,7 @@ def _export(options, run, run_files) -> dict:
     from tfrecipe.training.dataset import load_splits
 
     home = RunDir.at(options.run_dir)
-    home.lock()  # refuses a run dir a run is writing
+    home.lock(command="export")  # refuses a run dir a run is writing
     out = Path(EXPORTS, options.model)
     model = run_files.load(command="export")
     for fmt in options.format:
