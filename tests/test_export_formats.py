@@ -191,6 +191,19 @@ def test_export_command_refuses_a_bad_request_in_one_line(tmp_path, capsys):
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("tolerance", ["0", "-1", "nan"])
+def test_export_command_refuses_a_tolerance_that_is_not_positive(tmp_path, capsys, tolerance):
+    """As export.tolerance is (a positive float): `--tolerance 0` was the run's 1e-4 instead,
+    silently, and a negative one failed every format after converting it."""
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(tmp_path), "--format", "onnx", "--tolerance", tolerance])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfrecipe: invalid configuration: export: --tolerance={float(tolerance)}: expected a "
+        "positive number (the largest difference from Keras an exported file may have)"
+    )
+
+
 def test_docs_saved_model_snippet_runs_as_written(train_run):
     """The serving example of docs/using_a_model.md, executed on a real export."""
     _, run_dir = train_run(

@@ -47,6 +47,11 @@ def _parse(args: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", help="key=value changes to the run's config")
     options = parser.parse_args(args)
+    if options.tolerance is not None and not options.tolerance > 0:  # NaN too
+        raise ConfigError(
+            f"export: --tolerance={options.tolerance}: expected a positive number (the largest "
+            "difference from Keras an exported file may have)"
+        )
     if options.quantize != "none" and "litert" not in options.format:
         raise ConfigError(f"export: --quantize={options.quantize}: needs --format litert")
     if options.name is not None and server_name_problem(options.name):
