@@ -87,3 +87,22 @@ def test_evaluate_takes_the_readmes_order_and_damaged_files_get_one_line(train_r
     assert damaged.returncode == 2 and "Traceback" not in damaged.stderr, damaged.stderr[-2000:]
     lines = [line for line in damaged.stderr.splitlines() if line.startswith("tfrecipe:")]
     assert len(lines) == 1 and "not a readable zip archive" in lines[0], damaged.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--model"], "argument --model: expected one argument"),
+    ],
+)
+def test_a_usage_mistake_is_one_line(tmp_path, capsys, args, said):
+    """As predict's, export's and serve's: argparse printed its usage and the error, two lines."""
+    from tfrecipe.cli.main import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["evaluate", str(tmp_path), *args])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfrecipe: invalid configuration: evaluate: {said} (tfrecipe evaluate --help)"
+    )

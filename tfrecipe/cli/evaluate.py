@@ -24,6 +24,11 @@ from tfrecipe.runs import RunDir
 from tfrecipe.training.dataset import evaluation_data, load_splits
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit code 2, as every usage mistake
+        raise ConfigError(f"evaluate: {message} (tfrecipe evaluate --help)")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
@@ -118,7 +123,7 @@ def evaluate_run(run_dir: Path, *, which: str = rundir.MODEL, overrides=()) -> d
 
 
 def main(args: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="tfrecipe evaluate", description=__doc__)
+    parser = _Parser(prog="tfrecipe evaluate", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument(
         "--model", default=rundir.MODEL, help="model.keras | best | model-NNN.keras"
