@@ -110,6 +110,25 @@ def test_export_command_lays_a_saved_model_out_under_a_name(named_run, capsys):
     assert np.asarray(loaded.serve(tf.constant(batch))).shape == (4, 10)
 
 
+@pytest.mark.parametrize("fmt", ["saved_model", "onnx"])
+def test_export_command_never_replaces_the_layout_training_wrote(named_run, capsys, fmt):
+    """`tfrecipe export --name digits` of a run trained with export.name=digits wrote over
+    training's exports/serving/digits/1 (or triton/digits/1), the model a server loads, and its
+    summary entry: it is refused before any work, and what training wrote stays."""
+    written = {p: p.read_bytes() for p in (named_run / "exports").rglob("*") if p.is_file()}
+    summary = (named_run / "summary.json").read_text()
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(named_run), "--format", fmt, "--name", "digits", "--model", "best"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfrecipe: invalid configuration: export: --name=digits: the run's training laid its "
+        f"{fmt} out under that name (export.name=digits), and an export never replaces what "
+        "training wrote; name another (e.g. --name digits-best)"
+    )
+    assert {p: p.read_bytes() for p in written} == written
+    assert (named_run / "summary.json").read_text() == summary
+
+
 @pytest.mark.parametrize("name", ["../outside", "a/b", ".hidden", ""])
 def test_a_name_that_is_not_one_folder_is_refused_in_one_line(name, tmp_path):
     with pytest.raises(ConfigError) as refused:

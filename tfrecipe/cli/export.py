@@ -75,9 +75,22 @@ def main(args: list[str]) -> None:
     from tfrecipe.cli.console import discover_devices
 
     run = home.config(options.overrides, command="export")
+    _check_name(options, run.export)
     discover_devices()
     result = _export(options, run, run_files)
     print(json.dumps(result, indent=2))
+
+
+def _check_name(options, trained) -> None:
+    """`--name` lays the server formats out where training did for `export.name`: never over
+    what training wrote there (a server loads it)."""
+    laid_out = [f for f in options.format if f in ("saved_model", "onnx") and f in trained.formats]
+    if options.name is not None and options.name == trained.name and laid_out:
+        raise ConfigError(
+            f"export: --name={options.name}: the run's training laid its {', '.join(laid_out)} "
+            f"out under that name (export.name={trained.name}), and an export never replaces "
+            f"what training wrote; name another (e.g. --name {options.name}-{options.model})"
+        )
 
 
 def _export(options, run, run_files) -> dict:
