@@ -270,6 +270,34 @@ def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_bat
     assert (summary["resumed_from_step"], summary["global_batch_size"]) == (saved, 32)
 
 
+def test_early_stopping_resumed_stops_and_restores_as_the_uninterrupted_run(cli, tmp_path):
+    """Early stopping counts the epochs a preempted run trained before its resume: an epoch that
+    does not beat epoch 1 by `min_delta` waits, so both runs stop after epoch 3 and keep epoch
+    1's weights (best.weights.h5 holds them: its monitor's best of the epochs before the resume;
+    Keras' callback would start afresh, stop after epoch 4 and restore epoch 2's)."""
+    import keras
+
+    stopping = [*TINY, "loop.epochs=6", "batching.steps_per_execution=1", "deterministic=true",
+                "callbacks.early_stopping.enabled=true", "callbacks.early_stopping.patience=2",
+                "callbacks.early_stopping.min_delta=10", "callbacks.model_checkpoint.mode=max"]  # fmt: skip
+    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(*stopping, f"hydra.run.dir={whole}").returncode == 0
+    first = cli(*stopping, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    assert _summary(resumed)["steps_completed"] == 5  # mid-epoch 2
+    again = cli(*stopping, f"hydra.run.dir={resumed}")
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    expected = {"epochs_completed": 3, "stopped_epoch": 3, "steps_completed": 9}
+    for summary in (_summary(whole), _summary(resumed)):
+        assert {key: summary[key] for key in expected} == expected, summary
+    weights = [keras.saving.load_model(d / "model.keras").get_weights() for d in (whole, resumed)]
+    for resumed_weights, uninterrupted in zip(*weights, strict=True):
+        np.testing.assert_array_equal(resumed_weights, uninterrupted)
+
+
 def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
     from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.config.compose import compose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
 import operator
 import os
@@ -27,6 +28,8 @@ from tfrecipe.perf.profiler import StepProfiler
 from tfrecipe.rundir import RunFiles
 from tfrecipe.tasks import best_row
 from tfrecipe.weights_file import WeightsWriter
+
+log = logging.getLogger("tfrecipe")
 
 
 class Throughput(keras.callbacks.Callback):
@@ -283,12 +286,15 @@ def build_callbacks(
     grants: Grants = NO_GRANTS,
     export_formats: Collection[str] = ("keras",),
     earlier_epochs: Sequence[Mapping[str, float]] = (),
+    chiefs: RunFiles | None = None,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks the config switches on, in a fixed order (user callbacks last).
 
     Args:
       export_formats: `export.formats`; periodic exports write those that have them.
       earlier_epochs: the history rows of the epochs a resumed run already trained.
+      chiefs: the chief's run dir (`home` unless this is another worker's scratch dir), whose
+        best.weights.h5 early stopping may restore an earlier epoch from.
     """
     callbacks: list[keras.callbacks.Callback] = []
     if spec.terminate_on_nan.enabled:
@@ -299,7 +305,7 @@ def build_callbacks(
         periodic = [f for f in export_formats if f in schema.PERIODIC_EXPORT_FORMATS]
         callbacks.append(PeriodicExport(home, spec.export.every_n_epochs, periodic or ["keras"]))
     if spec.early_stopping.enabled:
-        callbacks.append(_early_stopping(spec.early_stopping))
+        callbacks.append(_early_stopping(spec, chiefs or home, earlier_epochs))
     callbacks += _logger_callbacks(logger, home)
     for name, node in spec.extra.items():
         callbacks.append(
@@ -312,14 +318,71 @@ def build_callbacks(
     return callbacks
 
 
-def _early_stopping(spec) -> keras.callbacks.EarlyStopping:
-    return keras.callbacks.EarlyStopping(
-        monitor=spec.monitor,
-        mode=_mode(spec.monitor, "auto"),
-        patience=spec.patience,
-        min_delta=spec.min_delta,
-        restore_best_weights=spec.restore_best_weights,
+def _early_stopping(
+    spec: schema.Callbacks, home: RunFiles, earlier_epochs: Sequence[Mapping[str, float]]
+) -> keras.callbacks.EarlyStopping:
+    """`callbacks.early_stopping`, primed with the epochs a resumed run already trained; the
+    epoch best.weights.h5 holds (its monitor's best of them), whose weights it may restore."""
+    stopping, checkpoint = spec.early_stopping, spec.model_checkpoint
+    held = None
+    if checkpoint.enabled:
+        best = best_row(
+            earlier_epochs, checkpoint.monitor, _mode(checkpoint.monitor, checkpoint.mode)
+        )
+        held = None if best is None else (int(best["epoch"]), home.file("best_weights"))
+    return ResumedEarlyStopping(
+        earlier_epochs,
+        best_weights_file=held,
+        monitor=stopping.monitor,
+        mode=_mode(stopping.monitor, "auto"),
+        patience=stopping.patience,
+        min_delta=stopping.min_delta,
+        restore_best_weights=stopping.restore_best_weights,
     )
+
+
+class ResumedEarlyStopping(keras.callbacks.EarlyStopping):
+    """Keras' EarlyStopping, which a resumed run primes with the history rows of the epochs it
+    already trained: their best value, its epoch and the epochs waited since, so that it stops
+    where an uninterrupted run stops (Keras' would count afresh from the resume). A best epoch
+    among them has its weights restored from best.weights.h5 when that file holds that epoch
+    (`best_weights_file`: (epoch, path)); else a warning says that the weights restored at the
+    end are of an epoch trained since the resume."""
+
+    def __init__(self, earlier_epochs, *, best_weights_file: tuple[int, Path] | None, **kwargs):
+        super().__init__(**kwargs)
+        self.earlier_epochs, self.best_weights_file = list(earlier_epochs), best_weights_file
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self.monitor_op is None:
+            self._set_monitor_op()
+        for epoch, row in enumerate(self.earlier_epochs):  # on_epoch_end's count, weights aside
+            current = row.get(self.monitor)
+            if current is None or epoch < self.start_from_epoch:
+                continue
+            self.wait += 1
+            if self._is_improvement(current, self.best):
+                self.best, self.best_epoch, self.wait = current, epoch, 0
+        if self.restore_best_weights and self.best is not None:
+            self.best_weights = self._earlier_best_weights()
+
+    def _earlier_best_weights(self) -> list | None:
+        epoch, path = self.best_weights_file or (None, None)
+        if epoch != self.best_epoch + 1 or not path.is_file():
+            log.warning(
+                "callbacks.early_stopping: the best epoch (%d) came before the resume and "
+                "best.weights.h5 does not hold it; restore_best_weights restores an epoch "
+                "trained since (the first, or a better one)",
+                self.best_epoch + 1,
+            )
+            return None
+        weights = self.model.get_weights()
+        self.model.load_weights(path)
+        try:
+            return self.model.get_weights()
+        finally:
+            self.model.set_weights(weights)
 
 
 def _best_checkpoint(

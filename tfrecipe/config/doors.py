@@ -276,7 +276,9 @@ FILE_DOORS = (
     Door(
         "RUN_DIR/best.weights.h5",
         READ,
-        "runs.TrainedModel.load: keras load_weights into the configured model",
+        "runs.TrainedModel.load: keras load_weights into the configured model (a resumed "
+        "run's early stopping too: callbacks.ResumedEarlyStopping, in a run dir files.check_tree "
+        "checked)",
     ),
     Door(
         "RUN_DIR/data_stats.json",

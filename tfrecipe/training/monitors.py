@@ -22,6 +22,7 @@ from tfrecipe.distribute.strategy import device_kinds
 from tfrecipe.fault.watchdog import StallWatchdog
 from tfrecipe.perf.clock import InputClock, StepClock
 from tfrecipe.perf.profiler import StepProfiler
+from tfrecipe.rundir import RunFiles
 from tfrecipe.tracking import Tracker, optuna_reporter
 from tfrecipe.training.context import Built, RunContext
 
@@ -85,8 +86,10 @@ def build_monitors(
     watchdog (tfrecipe.fault.watchdog), when it is on."""
     plan, run_dir, inputs, start_step = ctx.plan, ctx.home.path, built.data, built.start_step
     history = EpochHistory(ctx.home)
-    # A resumed run keeps the epochs it already finished (history.csv is the chief's).
-    history.rows = ctx.home.history()[: start_step // inputs.steps_per_epoch]
+    # A resumed run keeps the epochs it already finished (history.csv is the chief's: every
+    # worker's early stopping counts them alike).
+    chiefs = RunFiles(ctx.home.shared)
+    history.rows = chiefs.history()[: start_step // inputs.steps_per_epoch]
     throughput = Throughput(
         examples_per_step=built.global_batch * plan.gradient_accumulation_steps,
         examples_per_epoch=inputs.info.num_train if knobs.epoch_is_a_pass else None,
@@ -104,6 +107,7 @@ def build_monitors(
             grants=ctx.grants,
             export_formats=knobs.export_formats,
             earlier_epochs=history.rows,  # a resumed checkpoint keeps their best
+            chiefs=chiefs,
         ),
     ]
     if knobs.averaged_weights:  # validation scores the averaged weights, training goes on raw
