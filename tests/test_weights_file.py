@@ -140,6 +140,30 @@ def test_a_run_dir_is_released_once_its_last_write_has_landed_and_is_listed(tmp_
     writer.wait()
 
 
+def test_a_runs_end_clears_partial_files_only_once_its_last_write_has_landed(tmp_path, monkeypatch):
+    """A preempted run ends (summary.json "preempted", the partial files of interrupted writes
+    removed) while its best weights may still be on their way: their scratch folder is the
+    writer's until the file is in its place (removed under it, the run's best.weights.h5 was
+    lost and a resume kept no best epoch's weights)."""
+    from tfrecipe.fault import disk
+
+    written, gate, put = threading.Event(), threading.Event(), files.put
+    monkeypatch.setattr(files, "put", lambda *a: (written.set(), gate.wait(), put(*a)))
+    manifest, path = files.Manifest.of(tmp_path), tmp_path / "best.weights.h5"
+    manifest.own()
+    writer = WeightsWriter(_model(), path)
+    writer.save()
+    assert written.wait(30)  # the file is in its scratch folder, to be put in place
+    ending = threading.Thread(target=disk.settle, args=(tmp_path,))  # the run's summary
+    ending.start()
+    ending.join(1)  # it waits for the write
+    gate.set()
+    ending.join()
+    writer.wait()
+    assert path.is_file() and manifest.owns(path)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_a_link_in_the_files_place_is_refused_at_the_save(tmp_path):
     target = tmp_path / "elsewhere.h5"
     target.write_bytes(b"not yours")

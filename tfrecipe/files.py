@@ -80,8 +80,8 @@ class Manifest:
         return self.run_dir in _held
 
     def release(self) -> None:
-        for thread in _writers.pop(self.run_dir, ()):  # a failed run's last write lands, and
-            thread.join()  # is listed, while the dir is still the run's
+        wait_for_writers(self.run_dir)  # a failed run's last write lands, and is listed, while
+        _writers.pop(self.run_dir, None)  # the dir is still the run's
         _held.discard(self.run_dir)
         _adopting.discard(self.run_dir)
 
@@ -127,6 +127,14 @@ def start_writer(thread: threading.Thread, run_dir: Path | None) -> None:
         running = {t for t in _writers.get(run_dir, ()) if t.is_alive()}
         _writers[run_dir] = running | {thread}
     thread.start()
+
+
+def wait_for_writers(run_dir: str | os.PathLike) -> None:
+    """Until the threads writing into `run_dir` (`start_writer`) are done: a write's scratch
+    folder is its own until the file is in its place (a run's end that clears partial files,
+    `fault.disk.settle`, would take it from under the write)."""
+    for thread in list(_writers.get(_absolute(Path(run_dir)), ())):
+        thread.join()
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

@@ -25,6 +25,8 @@ import os
 import shutil
 from pathlib import Path
 
+from tfrecipe import files
+
 RESERVE = ".reserve"
 RESERVE_BYTES = 256 * 1024  # a final summary.json is a few KB
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -112,7 +114,9 @@ def record_failed_start(run_dir: Path, error: BaseException) -> str:
 
 def remove_partial_files(run_dir: Path) -> None:
     """Deletes what interrupted writes leave: atomic writes' `.NAME.tmp`, exports' `.partial-*`
-    and `.saved_model*.tmp`, TensorFlow's `*_temp` checkpoint files in `backup/`."""
+    and `.saved_model*.tmp`, TensorFlow's `*_temp` checkpoint files in `backup/`; a write still
+    under way beside training (best.weights.h5's thread) lands first."""
+    files.wait_for_writers(run_dir)
     for pattern in (".*.tmp", ".partial-*", "backup/*_temp*", "backup/*.tempstate*"):
         for path in run_dir.glob(pattern):
             if path.is_dir() and not path.is_symlink():
