@@ -357,7 +357,9 @@ class ResumedEarlyStopping(keras.callbacks.EarlyStopping):
         super().on_train_begin(logs)
         if self.monitor_op is None:
             self._set_monitor_op()
-        for epoch, row in enumerate(self.earlier_epochs):  # on_epoch_end's count, weights aside
+        # the resume's rows, once: a NaN rollback trains again without them (as Keras' does)
+        rows, self.earlier_epochs = self.earlier_epochs, []
+        for epoch, row in enumerate(rows):  # on_epoch_end's count, weights aside
             current = row.get(self.monitor)
             if current is None or epoch < self.start_from_epoch:
                 continue
