@@ -330,7 +330,7 @@ def _early_stopping(
             earlier_epochs, checkpoint.monitor, _mode(checkpoint.monitor, checkpoint.mode)
         )
         held = None if best is None else (int(best["epoch"]), home.file("best_weights"))
-    return ResumedEarlyStopping(
+    return EarlyStopping(
         earlier_epochs,
         best_weights_file=held,
         monitor=stopping.monitor,
@@ -341,10 +341,11 @@ def _early_stopping(
     )
 
 
-class ResumedEarlyStopping(keras.callbacks.EarlyStopping):
-    """Keras' EarlyStopping, which a resumed run primes with the history rows of the epochs it
-    already trained: their best value, its epoch and the epochs waited since, so that it stops
-    where an uninterrupted run stops (Keras' would count afresh from the resume). A best epoch
+class EarlyStopping(keras.callbacks.EarlyStopping):
+    """Keras' EarlyStopping (and its name, which messages show), which a resumed run primes
+    with the history rows of the epochs it already trained: their best value, its epoch and the
+    epochs waited since, so that it stops where an uninterrupted run stops (Keras' would count
+    afresh from the resume). A best epoch
     among them has its weights restored from best.weights.h5 when that file holds that epoch
     (`best_weights_file`: (epoch, path)); else a warning says that the weights restored at the
     end are of an epoch trained since the resume."""

@@ -277,7 +277,7 @@ FILE_DOORS = (
         "RUN_DIR/best.weights.h5",
         READ,
         "runs.TrainedModel.load: keras load_weights into the configured model (a resumed "
-        "run's early stopping too: callbacks.ResumedEarlyStopping, in a run dir files.check_tree "
+        "run's early stopping too: callbacks.EarlyStopping, in a run dir files.check_tree "
         "checked)",
     ),
     Door(
