@@ -10,6 +10,7 @@ import operator
 import os
 import sys
 import time
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -381,7 +382,9 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             )
             return None
         weights = self.model.get_weights()
-        self.model.load_weights(path)
+        with warnings.catch_warnings():  # the file holds no optimizer state, by design
+            warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+            self.model.load_weights(path)
         try:
             return self.model.get_weights()
         finally:
