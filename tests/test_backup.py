@@ -163,6 +163,18 @@ def test_resume_from_a_path_starts_a_new_run_dir_from_that_checkpoint(train_in, 
     assert _summary(tmp_path / "first")["steps_completed"] == 10  # untouched
 
 
+def test_a_run_started_from_another_runs_checkpoint_and_trained_to_its_end_did_not_stop_early(
+    train_in, tmp_path
+):
+    """Its history starts at the checkpoint's epoch: fewer rows than epochs is no early stop."""
+    train_in(tmp_path / "first", *BACKUP)
+    stopping = ["callbacks.early_stopping.enabled=true", "callbacks.early_stopping.patience=9"]
+    resumed = train_in(tmp_path / "second", *BACKUP, *stopping, "loop.epochs=3",
+                       f"resume={tmp_path / 'first/backup/ckpt-5'}")  # fmt: skip
+    assert resumed["steps_completed"] == 15 and resumed["stopped_epoch"] is None
+    assert resumed["best"]["epoch"] in (2, 3)
+
+
 def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, tmp_path):
     from tfrecipe.errors import ConfigError
 

@@ -270,7 +270,9 @@ def best_epoch(
         else (spec.early_stopping.monitor, "auto")
     )
     best = tasks.best_row(rows, monitor, mode)
-    stopped = len(rows) if spec.early_stopping.enabled and len(rows) < epochs else None
+    # the last epoch trained (a run started from another's checkpoint has no rows before it)
+    last = int(rows[-1]["epoch"]) if rows else 0
+    stopped = last if spec.early_stopping.enabled and last < epochs else None
     return {
         "best": None
         if best is None
