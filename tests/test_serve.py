@@ -202,6 +202,14 @@ def test_bad_requests_get_predicts_line_as_400_and_the_server_lives_on(digits):
     assert _post(server, {"rows": []})[0] == 400
     status, answer = _post(server, {"instances": []}, name="other")
     assert status == 404 and "'other'" in answer["error"]
+    status, answer = _post(server, {"instances": [], "signature_name": "predict"})
+    assert (status, answer["error"]) == (
+        400,
+        "signature_name: 'predict' is not served here; the model serves 'serving_default'",
+    )
+    for url in (server.url, server.url + "/versions/1"):  # a GET of predict, as TF Serving
+        status, answer = _call(url + ":predict")
+        assert status == 405 and "takes POST" in answer["error"], (url, status, answer)
     assert _call(server.url + ":predict", b" " * (64 * 1024**2))[0] == 413  # 64 MB
     assert _post(server, {"instances": _digits_images(1).tolist()})[0] == 200  # still serving
 

@@ -9,8 +9,9 @@
 
 Requests are queued and run in batches by one model thread (`Batcher`): whatever arrives while
 the model computes goes into its next call, and each request gets back its own rows. Bodies
-above `max_body` bytes get 413 (read and dropped, never kept), another model name 404, a request
-the model cannot take 400 with `tfrecipe predict`'s line. The app writes nothing.
+above `max_body` bytes get 413 (read and dropped, never kept), another model name 404, a GET of
+:predict 405, a request the model cannot take 400 with `tfrecipe predict`'s line (another
+`signature_name` than "serving_default" too). The app writes nothing.
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ class _Handlers:
     async def status(self, request):
         from starlette.responses import JSONResponse
 
+        if request.url.path.endswith(":predict"):  # a GET of predict: its name matched `{name}`
+            return _error(405, "the :predict endpoint takes POST", headers={"Allow": "POST"})
         return self._refused(request.path_params) or JSONResponse(_status())
 
     async def metadata(self, request):
@@ -197,10 +200,10 @@ def _status() -> dict:
     }
 
 
-def _error(status: int, message: str):
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def _body(request, limit: int) -> bytes | None:

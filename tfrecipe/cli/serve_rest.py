@@ -25,6 +25,7 @@ from tfrecipe.data.values import check_finite_array, fault_text, number_fault
 from tfrecipe.errors import ConfigError
 
 ROWS, COLUMNAR = "instances", "inputs"
+SIGNATURE = "serving_default"  # the one signature served (the SavedModel's own name)
 
 
 class BadRequest(ValueError):
@@ -80,6 +81,11 @@ def _parse(body: bytes, reading: Reading) -> Request:
         raise BadRequest(
             'expected a JSON object with "instances" (a list of examples) or "inputs" (columns), '
             "one of them"
+        )
+    signature = payload.get("signature_name", SIGNATURE)
+    if signature != SIGNATURE:  # TF Serving refuses a signature its model does not have
+        raise BadRequest(
+            f"signature_name: {signature!r} is not served here; the model serves {SIGNATURE!r}"
         )
     try:
         features = _features(payload[formats[0]], formats[0], reading)
