@@ -172,12 +172,17 @@ def test_export_command_adds_a_format_to_a_finished_run(train_run, capsys):
     _, run_dir = train_run("model=mlp", "model.hidden_units=[8]")
     assert not (run_dir / "model.onnx").exists()
     trained = (run_dir / "model.keras").read_bytes()
+    trained_exports = _summary(run_dir)["exports"]
     main(["export", str(run_dir), "--format", "onnx"])
     report = json.loads(capsys.readouterr().out)
     assert report["onnx"]["max_abs_diff"] <= 1e-4
     assert report["onnx"]["path"] == "exports/final/model.onnx"
     assert (run_dir / "exports" / "final" / "model.onnx").is_file()
-    assert _summary(run_dir)["exports"]["onnx"] == report["onnx"]
+    exports = _summary(run_dir)["exports"]
+    assert exports["final/onnx"] == report["onnx"]
+    # training's records stay as they were (the command's keras copy is final/keras)
+    assert {k: exports[k] for k in trained_exports} == trained_exports
+    assert exports["final/keras"]["path"] == "exports/final/model.keras"
     # An export adds files: what training wrote stays as it was.
     assert (run_dir / "model.keras").read_bytes() == trained
     assert not (run_dir / "model.onnx").exists()

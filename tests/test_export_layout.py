@@ -102,6 +102,9 @@ def test_export_command_lays_a_saved_model_out_under_a_name(named_run, capsys):
     assert report["saved_model"]["path"] == "exports/serving/served/1"
     assert (named_run / "exports/serving/served/1/saved_model.pb").is_file()
     assert (named_run / "model.keras").read_bytes() == trained  # what training wrote stays
+    exports = json.loads((named_run / "summary.json").read_text())["exports"]
+    assert exports["saved_model"]["path"] == "exports/serving/digits/1"  # training's record too
+    assert exports["final/saved_model"] == report["saved_model"]
 
     import tensorflow as tf
 

@@ -5,7 +5,7 @@ The same exports as `export.formats` at the end of training (tfrecipe/models/exp
 file is loaded in its own runtime and compared with Keras on the run's held-out examples (its
 test split, rebuilt from the run's `config.yaml`; overrides adapt it, e.g. `dataset.path=...` on
 another machine), kept only within `--tolerance`, and recorded under `exports` in the run's
-`summary.json`. A format that cannot carry the model is refused with the reason (exit 2).
+`summary.json` as `final/FORMAT` (`best/FORMAT`), beside training's own records. A format that cannot carry the model is refused with the reason (exit 2).
 
 The files go to `RUN_DIR/exports/final/` (or `exports/best/`): an export adds files and never
 replaces what training wrote (its model.keras, saved_model/, ...). With `--name NAME` the
@@ -133,6 +133,8 @@ def _export(options, run, run_files) -> dict:
     except export.ExportError as error:
         raise SystemExit(f"tfrecipe export: failed: {error}") from None
     summary = home.summary() or {}
-    summary["exports"] = {**summary.get("exports", {}), **report}
+    # keyed by where they went (final/onnx): training's own records stay as they were
+    added = {f"{options.model}/{fmt}": record for fmt, record in report.items()}
+    summary["exports"] = {**summary.get("exports", {}), **added}
     home.write_summary(summary)
     return report
