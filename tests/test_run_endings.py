@@ -371,6 +371,15 @@ def test_a_rerun_whose_only_backup_is_unreadable_ends_failed_not_running(cli, tm
     assert "can be restored" in summary["error"]
 
 
+def test_a_second_ctrl_c_is_recorded_as_what_it_was(tmp_path):
+    """A second Ctrl-C stops at once (KeyboardInterrupt, no text of its own): summary.json's
+    error says so and how to go on (it said "KeyboardInterrupt: ")."""
+    from tfrecipe.fault.disk import error_text
+
+    text = error_text(KeyboardInterrupt(), tmp_path)
+    assert text.startswith("interrupted (a second Ctrl-C)") and "resume" in text, text
+
+
 @pytest.mark.heavy
 def test_ctrl_c_saves_a_backup_and_exits_preempted_in_one_line(tmp_path):
     run_dir = tmp_path / "run"

@@ -69,6 +69,11 @@ def is_disk_full(error: BaseException | None) -> bool:
 
 def error_text(error: BaseException, run_dir: Path) -> str:
     """summary.json's `error` (and the console's line): for a full disk, that it is one."""
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no text of its own
+        return (
+            "interrupted (a second Ctrl-C): stopped at once, without a backup of this point; "
+            "rerun the same command to resume from the last one"
+        )
     if not is_disk_full(error):
         return f"{type(error).__name__}: {error}"
     return (
