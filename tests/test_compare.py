@@ -62,24 +62,32 @@ def test_each_run_has_one_colour_and_the_legend_covers_no_panel(sweep):
     runs = find_runs([sweep])
     fig = curves_figure(runs, differing_keys(runs))
     fig.canvas.draw()
-    # val_loss, then each task's own metric in a panel of its own.
+    # val_loss of each task (a regression's loss is no classification's scale), then each
+    # task's own metric, each in a panel of its own.
     assert [ax.get_title() for ax in fig.axes] == [
-        "val_loss",
+        "val_loss (runs logging val_accuracy)",
+        "val_loss (runs logging val_mae)",
+        "val_loss (runs logging val_auc)",
         "val_accuracy",
         "val_mae",
         "val_auc",
     ]
     # One line per run and panel where the run has the metric, in the run's one colour.
-    assert [len(ax.lines) for ax in fig.axes] == [3, 1, 1, 1]
+    assert [len(ax.lines) for ax in fig.axes] == [1, 1, 1, 1, 1, 1]
     by_run = {}
     for ax in fig.axes:
         for line in ax.lines:
-            by_run.setdefault(ax.get_title(), []).append(line.get_color())
-    classification, regression, binary = by_run["val_loss"]
-    assert by_run["val_accuracy"] == [classification]
-    assert by_run["val_mae"] == [regression]
-    assert by_run["val_auc"] == [binary]
-    assert len({classification, regression, binary}) == 3
+            by_run.setdefault(ax.get_title().split(" ")[-1].rstrip(")"), []).append(
+                line.get_color()
+            )
+    classification, regression, binary = (
+        by_run["val_accuracy"],
+        by_run["val_mae"],
+        by_run["val_auc"],
+    )
+    assert classification[0] == classification[1]
+    assert regression[0] == regression[1] and binary[0] == binary[1]
+    assert len({classification[0], regression[0], binary[0]}) == 3
     # One legend, for the figure, naming each run once, below every panel.
     assert not any(ax.get_legend() for ax in fig.axes)
     (legend,) = fig.legends

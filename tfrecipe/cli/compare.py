@@ -305,28 +305,34 @@ def plot(runs: list[Run], keys: list[str], path: Path) -> None:
 
 def curves_figure(runs: list[Run], keys: list[str]):
     """Validation curves: val_loss, then each task's first metric (val_accuracy, val_auc,
-    val_mae, ...) in a panel of its own, so runs of different tasks never share a scale. A run
-    keeps one colour in every panel; one legend below the panels names the runs (a legend inside
-    a panel covers its curves, and `loc="best"` warns when placing it takes long)."""
+    val_mae, ...) in a panel of its own, so runs of different tasks never share a scale (nor
+    val_loss: a panel for each first metric where runs differ in it). A run keeps one colour in
+    every panel; one legend below the panels names the runs (a legend inside a panel covers its
+    curves, and `loc="best"` warns when placing it takes long)."""
     import matplotlib.pyplot as plt
 
-    metrics = ["val_loss", *dict.fromkeys(filter(None, map(_first_val_metric, runs)))]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    firsts = [_first_val_metric(run) for run in runs]  # a task's kind, by its first metric
+    kinds = list(dict.fromkeys(firsts))
+    losses = [("val_loss", kind if len(kinds) > 1 else None) for kind in kinds]
+    panels = [*dict.fromkeys(losses), *((metric, None) for metric in filter(None, kinds))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     palette = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
     handles = {}
-    for index, run in enumerate(runs):
+    for index, (run, first) in enumerate(zip(runs, firsts, strict=True)):
         label = " ".join(f"{k}={run.overrides.get(k, '')}" for k in keys) or run.path.name
         label = printed.printable(label)  # a received file's text, shown as text
         rows = _history(run)
-        for ax, metric in zip(axes[0], metrics, strict=True):
+        for ax, (metric, kind) in zip(axes[0], panels, strict=True):
+            if kind is not None and kind != first:
+                continue  # another task's val_loss: another scale
             name = metric if rows and metric in rows[0] else metric.removeprefix("val_")
             points = [(int(r["epoch"]), float(r[name])) for r in rows if r.get(name)]
             if points:
                 x, y = zip(*points, strict=True)
                 (line,) = ax.plot(x, y, marker="o", color=palette(index % palette.N))
                 handles.setdefault(label, line)
-    for ax, metric in zip(axes[0], metrics, strict=True):
-        ax.set_title(metric)
+    for ax, (metric, kind) in zip(axes[0], panels, strict=True):
+        ax.set_title(metric if kind is None else f"{metric} (runs logging {kind})")
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
