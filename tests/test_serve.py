@@ -288,6 +288,12 @@ def test_a_bad_cell_or_a_missing_column_is_predicts_own_line(customers):
     )
     status, answer = _post(server, {"inputs": {**{n: [1.0] for n in COLUMNS}, "age": ["Inf"]}})
     assert status == 400 and "column 'age': 'Inf' is not a finite number" in answer["error"]
+    # a category is text, as in a CSV: an object or a list is no unknown category, but refused
+    status, answer = _post(server, {"instances": [{**row, "income": "1", "city": {"n": "Oslo"}}]})
+    assert (status, answer["error"]) == (
+        400,
+        "predict: instances[0]: column 'city': a cell is a string or a number, got an object",
+    )
 
 
 def test_sigterm_stops_the_server_within_2_s(customers):

@@ -168,7 +168,15 @@ def _table(value: Any, fmt: str, columns: Sequence[str]) -> dict[str, list]:
 def _cells(cells: list, column: str, kind: str, fmt: str, reading: Reading) -> np.ndarray:
     """A column's cells as the model takes them: strings, or numbers checked as predict checks
     a CSV's (missing cells: NaN where the run fills them, as training did)."""
+    where = (lambda i: f"instances[{i}]") if fmt == ROWS else (lambda i: f"inputs[{column!r}][{i}]")
     if kind == "string":
+        for index, cell in enumerate(cells):
+            if isinstance(cell, dict | list):  # a CSV's cell is text: no JSON of its own
+                shape = "an object" if isinstance(cell, dict) else "a list"
+                raise ConfigError(
+                    f"predict: {where(index)}: column {column!r}: a cell is a string or a "
+                    f"number, got {shape}"
+                )
         return np.asarray(["" if c is None else str(c) for c in cells], dtype=object)
     values = np.empty(len(cells), dtype=np.float32)
     for index, cell in enumerate(cells):
@@ -180,8 +188,8 @@ def _cells(cells: list, column: str, kind: str, fmt: str, reading: Reading) -> n
         else:
             fault = number_fault(text, reading.na_values)
         if fault is not None:
-            where = f"instances[{index}]" if fmt == ROWS else f"inputs[{column!r}][{index}]"
-            raise ConfigError(f"predict: {where}: {fault_text(fault, text, column, predict=True)}")
+            text = fault_text(fault, text, column, predict=True)
+            raise ConfigError(f"predict: {where(index)}: {text}")
         values[index] = np.nan if text is None or text in reading.na_values else float(text)
     return values.astype(kind)
 
