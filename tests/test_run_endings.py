@@ -299,6 +299,26 @@ def test_early_stopping_resumed_stops_and_restores_as_the_uninterrupted_run(cli,
         np.testing.assert_array_equal(resumed_weights, uninterrupted)
 
 
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_an_epoch_resumed_mid_way_logs_the_uninterrupted_runs_training_metrics(cli, tmp_path, loop):
+    """The backup keeps the training metrics' running totals: the epoch a preempted run resumes
+    in logs its loss and accuracy over all its steps, as the uninterrupted run does (they were
+    over the steps after the resume only), in history.csv and summary.json's metrics."""
+    one_step = "batching.steps_per_execution=1" if loop == "fit" else "loop.steps_per_loop=1"
+    run = [*TINY, "loop.epochs=3", f"loop={loop}", one_step]
+    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(*run, f"hydra.run.dir={whole}").returncode == 0
+    first = cli(*run, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    assert _summary(resumed)["steps_completed"] == 5  # mid-epoch 2
+    assert cli(*run, f"hydra.run.dir={resumed}").returncode == 0
+    rows = [(d / "history.csv").read_text().splitlines() for d in (whole, resumed)]
+    assert rows[0] == rows[1]  # epoch 2, resumed after its second step, to the last digit
+    assert _summary(resumed)["metrics"] == _summary(whole)["metrics"]
+
+
 def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
     from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.config.compose import compose

@@ -237,7 +237,7 @@ def _fit(
         model=built.model,
         run_dir=ctx.home.path,
         steps_per_epoch=built.data.steps_per_epoch,
-        resumed=built.resumed is not None,
+        resumed=built.resumed,
     )
     hosts = summary["provenance"]["hosts"]
     measure = loop.measurer(ctx, built, hosts=hosts, validation_freq=loop_spec.validation_freq)

@@ -2,7 +2,8 @@
 
 What a backup holds (one `tf.train.Checkpoint`): the model (weights, and the state of its Keras
 seed generators, e.g. dropout's RNG), the optimizer (slots, `iterations`, a float16 loss scale:
-`LossScaleOptimizer` tracks its scale variables) and so the step counter. The epoch and the
+`LossScaleOptimizer` tracks its scale variables) and so the step counter, and the running totals
+of the epoch's training metrics (an epoch resumed mid-way goes on from them: `Backup`). The epoch and the
 position in the input follow from the step: an epoch is `steps_per_epoch` steps of one endless,
 seeded (hence deterministic) iterator, and a backup is only ever taken at a step where every
 epoch before it has finished its epoch-end work (validation, history), so
@@ -85,6 +86,25 @@ def _rng_states(model: keras.Model) -> dict[str, tf.Variable]:
         for index, generator in enumerate(compat.seed_generators(layer)):
             states[f"{layer.name}-{index}"] = generator.state.value
     return states
+
+
+# Per model, the metrics a custom loop trains with (its own objects; fit's are the model's).
+_LOOP_METRICS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def training_metrics(model: keras.Model, metrics: tuple[keras.metrics.Metric, ...]) -> None:
+    """The metrics a loop of its own trains `model` with (their running totals are backed up);
+    fit's are the model's own."""
+    _LOOP_METRICS[model] = metrics
+
+
+def _running_totals(model: keras.Model) -> tf.train.Checkpoint:
+    """The variables of the training metrics (fit's compiled ones are built by `on_train_begin`;
+    a metric built at its first update, e.g. F1, only once it has one)."""
+    metrics = _LOOP_METRICS.get(model) or model.metrics
+    return tf.train.Checkpoint(
+        **{f"{m.name}-{i}": v.value for m in metrics for i, v in enumerate(m.variables)}
+    )
 
 
 def current_step(model: keras.Model) -> int:
@@ -224,6 +244,9 @@ class Backup(StepCounter):
       steps_per_epoch: the loop's steps per epoch.
       check_preemption: called at each step where a backup may be taken, with the save function;
         saves and raises `preemption.Preempted` when the cluster is being preempted.
+      resumed_from: the backup the run restored: an epoch resumed mid-way reads its training
+        metrics' running totals back from it once the loop has reset them (at its epoch begin),
+        so its row in history.csv is the uninterrupted run's.
     """
 
     def __init__(
@@ -233,9 +256,10 @@ class Backup(StepCounter):
         options: BackupOptions,
         steps_per_epoch: int,
         check_preemption: Callable[[], None] | None = None,
+        resumed_from: str | None = None,
     ):
         super().__init__()
-        self.manager = manager
+        self.manager, self.resumed_from = manager, resumed_from
         self.options = options
         self.steps_per_epoch = steps_per_epoch
         self.check_preemption = check_preemption
@@ -252,9 +276,17 @@ class Backup(StepCounter):
         if not _all_finite(self.model.trainable_variables):
             self.diverged = True
             return None
+        self.manager.checkpoint.metrics = _running_totals(self.model)  # as built by now
         path = self.manager.save(checkpoint_number=step)
         self.last_saved = self._interval_start = step
         return path
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        restored, self.resumed_from = self.resumed_from, None  # the run's first epoch only
+        if restored and self._epoch_start % self.steps_per_epoch:
+            totals = tf.train.Checkpoint(metrics=_running_totals(self.model))
+            totals.read(restored).expect_partial()  # a backup from before they were kept: none
 
     def on_train_begin(self, logs=None):
         # Training (re)starts from a good state: the start of the run, a resumed backup or a

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from tfrecipe import graph, optim
 from tfrecipe.data.resident import HeldEval, HeldSplit, ResidentIterator, StepReads
+from tfrecipe.fault import backup
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops import resident_fit
 from tfrecipe.loops.objective import Objective
@@ -346,6 +347,7 @@ def run(
     make = objectives.required(options.objective, "custom")
     optim.build_optimizer_variables(model)
     objective = objectives.build(model, make)
+    backup.training_metrics(model, (objective.loss, *objective.metrics))  # backed up mid-epoch
     train_steps = _make_train_function(model, objective, options)
     validate = None
     if validation_data is not None:

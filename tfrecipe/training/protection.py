@@ -76,26 +76,26 @@ def fault_tolerance(
     model: keras.Model,
     run_dir: Path,
     steps_per_epoch: int,
-    resumed: bool,
+    resumed: backup.ResumePoint | None,
 ) -> Protection:
     """Backups (periodic as the plan says: `RunPlan.periodic_backups`) and the SIGTERM watcher
     that saves one on preemption.
 
     Args:
       spec: `callbacks.backup`, for how many backups to keep.
-      resumed: the run restored a backup (a fresh run that rolls back also backs up the state
-        training starts from).
+      resumed: the backup the run restored, or None (a fresh run that rolls back also backs up
+        the state training starts from).
     """
-    options = backup.BackupOptions(
-        periodic=plan.periodic_backups,
-        every_n_steps=plan.backup_every_n_steps,
-        max_to_keep=spec.max_to_keep,
-        save_at_start=plan.save_at_start(resumed=resumed),
-    )
+    options = _backup_options(plan, spec, resumed=resumed is not None)
     manager = backup.make_manager(
         backup.training_state(model), run_dir / BACKUP_DIR, options.max_to_keep
     )
-    callback = backup.Backup(manager=manager, options=options, steps_per_epoch=steps_per_epoch)
+    callback = backup.Backup(
+        manager=manager,
+        options=options,
+        steps_per_epoch=steps_per_epoch,
+        resumed_from=resumed and resumed.path,
+    )
     callback.set_model(model)
     watcher = preemption.watch(
         save=callback.save,
@@ -107,3 +107,12 @@ def fault_tolerance(
         return Protection([callback], lambda: None)
     callback.check_preemption = watcher.check
     return Protection([callback], watcher.close)
+
+
+def _backup_options(plan: RunPlan, spec: schema.Backup, *, resumed: bool) -> backup.BackupOptions:
+    return backup.BackupOptions(
+        periodic=plan.periodic_backups,
+        every_n_steps=plan.backup_every_n_steps,
+        max_to_keep=spec.max_to_keep,
+        save_at_start=plan.save_at_start(resumed=resumed),
+    )
