@@ -270,6 +270,22 @@ def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_bat
     assert (summary["resumed_from_step"], summary["global_batch_size"]) == (saved, 32)
 
 
+def _whole_and_resumed_at_step_4(cli, tmp_path: Path, run: list[str]):
+    """(whole, resumed, the resume's result): `run` uninterrupted into `whole`, and into
+    `resumed` preempted after step 5 (mid-epoch 2 of 3-step epochs, one step per call), then
+    run again to its end."""
+    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(*run, f"hydra.run.dir={whole}").returncode == 0
+    first = cli(*run, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    assert _summary(resumed)["steps_completed"] == 5
+    again = cli(*run, f"hydra.run.dir={resumed}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    return whole, resumed, again
+
+
 def test_early_stopping_resumed_stops_and_restores_as_the_uninterrupted_run(cli, tmp_path):
     """Early stopping counts the epochs a preempted run trained before its resume: an epoch that
     does not beat epoch 1 by `min_delta` waits, so both runs stop after epoch 3 and keep epoch
@@ -280,15 +296,7 @@ def test_early_stopping_resumed_stops_and_restores_as_the_uninterrupted_run(cli,
     stopping = [*TINY, "loop.epochs=6", "batching.steps_per_execution=1", "deterministic=true",
                 "callbacks.early_stopping.enabled=true", "callbacks.early_stopping.patience=2",
                 "callbacks.early_stopping.min_delta=10", "callbacks.model_checkpoint.mode=max"]  # fmt: skip
-    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
-            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    assert cli(*stopping, f"hydra.run.dir={whole}").returncode == 0
-    first = cli(*stopping, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
-    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
-    assert _summary(resumed)["steps_completed"] == 5  # mid-epoch 2
-    again = cli(*stopping, f"hydra.run.dir={resumed}")
-    assert again.returncode == 0, again.stderr[-3000:]
+    whole, resumed, again = _whole_and_resumed_at_step_4(cli, tmp_path, stopping)
     assert "Warning" not in again.stderr, again.stderr[-3000:]  # none of Keras' on the load
 
     expected = {"epochs_completed": 3, "stopped_epoch": 3, "steps_completed": 9}
@@ -306,14 +314,7 @@ def test_an_epoch_resumed_mid_way_logs_the_uninterrupted_runs_training_metrics(c
     over the steps after the resume only), in history.csv and summary.json's metrics."""
     one_step = "batching.steps_per_execution=1" if loop == "fit" else "loop.steps_per_loop=1"
     run = [*TINY, "loop.epochs=3", f"loop={loop}", one_step]
-    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
-            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    assert cli(*run, f"hydra.run.dir={whole}").returncode == 0
-    first = cli(*run, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
-    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
-    assert _summary(resumed)["steps_completed"] == 5  # mid-epoch 2
-    assert cli(*run, f"hydra.run.dir={resumed}").returncode == 0
+    whole, resumed, _ = _whole_and_resumed_at_step_4(cli, tmp_path, run)
     rows = [(d / "history.csv").read_text().splitlines() for d in (whole, resumed)]
     assert rows[0] == rows[1]  # epoch 2, resumed after its second step, to the last digit
     assert _summary(resumed)["metrics"] == _summary(whole)["metrics"]
