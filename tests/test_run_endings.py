@@ -274,8 +274,11 @@ def _whole_and_resumed_at_step_4(cli, tmp_path: Path, run: list[str]):
     """(whole, resumed, the resume's result): `run` uninterrupted into `whole`, and into
     `resumed` preempted after step 5 (mid-epoch 2 of 3-step epochs, one step per call), then
     run again to its end."""
-    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
-            "+callbacks.extra.stop.step=4", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    stop = [
+        "+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+        "+callbacks.extra.stop.step=4",
+        "allowed_targets=[tests.helpers]",
+    ]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert cli(*run, f"hydra.run.dir={whole}").returncode == 0
     first = cli(*run, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
@@ -293,9 +296,16 @@ def test_early_stopping_resumed_stops_and_restores_as_the_uninterrupted_run(cli,
     Keras' callback would start afresh, stop after epoch 4 and restore epoch 2's)."""
     import keras
 
-    stopping = [*TINY, "loop.epochs=6", "batching.steps_per_execution=1", "deterministic=true",
-                "callbacks.early_stopping.enabled=true", "callbacks.early_stopping.patience=2",
-                "callbacks.early_stopping.min_delta=10", "callbacks.model_checkpoint.mode=max"]  # fmt: skip
+    stopping = [
+        *TINY,
+        "loop.epochs=6",
+        "batching.steps_per_execution=1",
+        "deterministic=true",
+        "callbacks.early_stopping.enabled=true",
+        "callbacks.early_stopping.patience=2",
+        "callbacks.early_stopping.min_delta=10",
+        "callbacks.model_checkpoint.mode=max",
+    ]
     whole, resumed, again = _whole_and_resumed_at_step_4(cli, tmp_path, stopping)
     assert "Warning" not in again.stderr, again.stderr[-3000:]  # none of Keras' on the load
 

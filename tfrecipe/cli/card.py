@@ -43,9 +43,8 @@ def main(args: list[str]) -> None:
     from tfrecipe import files
     from tfrecipe.runs import RunDir
 
-    RunDir.at(run_dir).lock(
-        command="card"
-    )  # refuses a run dir a run is writing; the card becomes its file
+    # refuses a run dir a run is writing; the card becomes its file
+    RunDir.at(run_dir).lock(command="card")
     files.write_atomic(run_dir / CARD, render(records))
     print(run_dir / CARD)
 

@@ -134,9 +134,8 @@ def main(args: list[str]) -> None:
     options = parser.parse_intermixed_args(args)
     if not options.run_dir.is_dir():
         raise ConfigError(f"evaluate: {options.run_dir} is not a directory")
-    RunDir.at(options.run_dir).lock(
-        command="evaluate"
-    )  # a run still writing there: refused before the work
+    # a run still writing there: refused before the work
+    RunDir.at(options.run_dir).lock(command="evaluate")
     result = evaluate_run(options.run_dir, which=options.model, overrides=options.overrides)
     files.write_atomic(options.run_dir / rundir.EVALUATION, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -5,7 +5,8 @@ The same exports as `export.formats` at the end of training (tfrecipe/models/exp
 file is loaded in its own runtime and compared with Keras on the run's held-out examples (its
 test split, rebuilt from the run's `config.yaml`; overrides adapt it, e.g. `dataset.path=...` on
 another machine), kept only within `--tolerance`, and recorded under `exports` in the run's
-`summary.json` as `final/FORMAT` (`best/FORMAT`), beside training's own records. A format that cannot carry the model is refused with the reason (exit 2).
+`summary.json` as `final/FORMAT` (`best/FORMAT`), beside training's own records. A format that
+cannot carry the model is refused with the reason (exit 2).
 
 The files go to `RUN_DIR/exports/final/` (or `exports/best/`): an export adds files and never
 replaces what training wrote (its model.keras, saved_model/, ...). With `--name NAME` the

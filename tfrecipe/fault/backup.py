@@ -3,10 +3,10 @@
 What a backup holds (one `tf.train.Checkpoint`): the model (weights, and the state of its Keras
 seed generators, e.g. dropout's RNG), the optimizer (slots, `iterations`, a float16 loss scale:
 `LossScaleOptimizer` tracks its scale variables) and so the step counter, and the running totals
-of the epoch's training metrics (an epoch resumed mid-way goes on from them: `Backup`). The epoch and the
-position in the input follow from the step: an epoch is `steps_per_epoch` steps of one endless,
-seeded (hence deterministic) iterator, and a backup is only ever taken at a step where every
-epoch before it has finished its epoch-end work (validation, history), so
+of the epoch's training metrics (an epoch resumed mid-way goes on from them: `Backup`). The epoch
+and the position in the input follow from the step: an epoch is `steps_per_epoch` steps of one
+endless, seeded (hence deterministic) iterator, and a backup is only ever taken at a step where
+every epoch before it has finished its epoch-end work (validation, history), so
 
     epoch = step // steps_per_epoch, step in that epoch = step % steps_per_epoch,
     input position = step x gradient_accumulation_steps global batches.
