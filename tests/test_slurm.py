@@ -28,6 +28,12 @@ RUN = [
     "callbacks.backup.every_n_steps=5",
 ]
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+HOLD = [  # a sweep's job holds at step 7 until its preemption (_preempted_sweep) comes
+    "logger.csv.every_n_steps=1",
+    "+callbacks.extra.hold._target_=helpers.slow_steps.HoldForSignal",
+    "+callbacks.extra.hold.steps=7",
+    "allowed_targets=[helpers]",
+]
 
 
 # --- the resolver (no cluster needed) -----------------------------------------------------------
@@ -206,8 +212,11 @@ def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
     # SIGTERM to every task once 100 s of the time limit are left. The limit is set once training
     # is under way (a signal during start-up would find nothing to save: exit 143, requeued too).
     # SLURM checks time limits every 30 s: steps of at least 0.5 s keep the run training longer.
-    slow = ["+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
-            "+callbacks.extra.slow.seconds=0.5", "allowed_targets=[helpers]"]  # fmt: skip
+    slow = [
+        "+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
+        "+callbacks.extra.slow.seconds=0.5",
+        "allowed_targets=[helpers]",
+    ]
     job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *slow])
     job.wait_for_backup()
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=2")
@@ -262,8 +271,6 @@ def test_a_preempted_submitit_sweep_job_is_requeued_and_resumes_at_the_saved_ste
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
     sweep = tmp_path / "sweep"
-    slow = ["+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
-            "+callbacks.extra.slow.seconds=0.2", "allowed_targets=[helpers]"]  # fmt: skip
     run_dir, logs = _preempted_sweep(
         slurm,
         tmp_path,
@@ -277,8 +284,7 @@ def test_a_preempted_submitit_sweep_job_is_requeued_and_resumes_at_the_saved_ste
             f"hydra.sweep.dir={sweep}",
             "seed=1",
             *RUN,
-            "logger.csv.every_n_steps=1",
-            *slow,
+            *HOLD,
         ],
     )
     saved = _saved_steps(logs)
@@ -339,11 +345,6 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
     optuna = pytest.importorskip("optuna")
 
     sweep = tmp_path / "sweep"
-    slow = [
-        "+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
-        "+callbacks.extra.slow.seconds=0.2",
-        "allowed_targets=[helpers]",
-    ]
     sweep_args = [
         *("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1"),
         *("hydra/launcher=submitit_slurm", "hydra.launcher.partition=low"),
@@ -351,7 +352,7 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
         "hydra.launcher.max_num_timeout=1",  # submitit may take a preemption for a time-out
         *("optimizer.learning_rate=interval(0.001,0.01)", f"hydra.sweep.dir={sweep}"),
         *RUN,
-        *("logger.csv.every_n_steps=1", *slow),
+        *HOLD,
     ]
     run_dir, logs = _preempted_sweep(slurm, tmp_path, sweep_args)
     saved = _saved_steps(logs)
@@ -367,8 +368,8 @@ def test_a_preempted_optuna_array_task_retries_its_trial_at_the_saved_step(slurm
 
 def _preempted_sweep(slurm, tmp_path: Path, sweep_args: list[str]) -> tuple[Path, str]:
     """Runs `python -m tfrecipe SWEEP_ARGS` (a submitit sweep into tmp_path/sweep), preempts
-    its first job once it has logged 6 steps, and waits for the sweep's own end. Returns that
-    job's run dir and the submitit logs."""
+    its first job once it has logged 6 steps (HOLD keeps it at step 7 until then), and waits
+    for the sweep's own end. Returns that job's run dir and the submitit logs."""
     import subprocess
 
     sweep = tmp_path / "sweep"

@@ -7,6 +7,9 @@ on its own schedule, e.g. a time limit's, finds the run still training on any ma
 
 from __future__ import annotations
 
+import select
+import signal
+import socket
 import time
 
 import keras
@@ -31,3 +34,37 @@ class SlowEpochs(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         time.sleep(self.seconds)
+
+
+class HoldForSignal(keras.callbacks.Callback):
+    """Holds training after `steps` steps until this process gets a signal it handles (the
+    preemption a test sends once it saw those steps in steps.csv), so that the signal finds the
+    run mid-way however late a loaded machine delivers it: an event, not a per-step budget. A
+    signal that came before the hold is kept (Python's wakeup fd, set when training begins), so
+    it releases the hold at once; a run resumed past `steps` does not hold.
+
+        +callbacks.extra.hold._target_=helpers.slow_steps.HoldForSignal
+        +callbacks.extra.hold.steps=7 allowed_targets=[helpers]
+    """
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+        self._held = False
+
+    def on_train_begin(self, logs=None):
+        self._held = int(self.model.optimizer.iterations) >= self.steps  # resumed past it
+        self._read, write = socket.socketpair()
+        write.setblocking(False)
+        self._write = write
+        self._previous = signal.set_wakeup_fd(write.fileno())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._held and int(self.model.optimizer.iterations) >= self.steps:
+            self._held = True
+            select.select([self._read], [], [])
+
+    def on_train_end(self, logs=None):
+        signal.set_wakeup_fd(self._previous)
+        self._read.close()
+        self._write.close()
