@@ -100,12 +100,16 @@ def zygote(tmp_path_factory):
 def cli(tmp_path, zygote) -> Callable[..., subprocess.CompletedProcess]:
     """cli(*args, cwd=tmp_path, env=None, fresh=False): runs `python -m tfrecipe ARGS` in its own
     process, forked from one that imported TensorFlow already (tests/helpers/zygote.py), or in a
-    new interpreter where `env` changes what those imports read, or with `fresh=True`."""
+    new interpreter where `env` changes what those imports read, or with `fresh=True`. The repo
+    under test leads PYTHONPATH: a venv installed editable from another checkout would import
+    that checkout's tfrecipe otherwise."""
     from tests.helpers.zygote import import_sensitive
 
-    def _cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300,
-             fresh: bool = False):  # fmt: skip
+    def _cli(*args: str, cwd=None, env: dict | None = None, timeout=300, fresh=False):
         full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO), *filter(None, full_env.get("PYTHONPATH", "").split(os.pathsep))]
+        )
         if not fresh and not import_sensitive(full_env, zygote.env):
             return zygote.run(list(args), cwd=cwd or tmp_path, env=full_env, timeout=timeout)
         return subprocess.run(
