@@ -216,7 +216,8 @@ def test_bad_requests_get_predicts_line_as_400_and_the_server_lives_on(digits):
 
 def test_bodies_past_what_json_or_floats_carry_get_400_and_the_server_lives_on(digits):
     """A body nested past Python's recursion limit and an integer past float64 are bad requests
-    (they were 500 Internal Server Error, with a traceback in the server's log)."""
+    (they were 500 Internal Server Error, with a traceback in the server's log), and so is a
+    boolean where a number goes (it was scored as 1)."""
     _, server = digits
     deep = b'{"instances":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, answer = _call(server.url + ":predict", deep)
@@ -225,6 +226,9 @@ def test_bodies_past_what_json_or_floats_carry_get_400_and_the_server_lives_on(d
     image[0][3][4][0] = 10**400  # JSON carries it as an integer of 401 digits
     status, answer = _post(server, {"instances": image})
     assert status == 400 and "examples must be arrays of numbers" in answer["error"]
+    image[0][3][4][0] = True  # TF Serving refuses a boolean in a float tensor; numpy takes 1.0
+    status, answer = _post(server, {"instances": image})
+    assert status == 400 and "(got true, a boolean)" in answer["error"], answer
     assert _post(server, {"instances": _digits_images(1).tolist()})[0] == 200  # still serving
 
 

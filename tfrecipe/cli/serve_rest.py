@@ -87,6 +87,8 @@ def _parse(body: bytes, reading: Reading) -> Request:
         raise BadRequest(
             f"signature_name: {signature!r} is not served here; the model serves {SIGNATURE!r}"
         )
+    if b"true" in body or b"false" in body:  # rare: a walk over every number only then
+        _refuse_booleans(payload[formats[0]], formats[0], reading.signature["inputs"])
     try:
         features = _features(payload[formats[0]], formats[0], reading)
     except ConfigError as error:  # predict's own line
@@ -118,6 +120,24 @@ def _features(value: Any, fmt: str, reading: Reading) -> np.ndarray | dict[str, 
         cells = [_cells(table[name], name, "float32", fmt, reading) for name in names]
         return _array(np.stack(cells, axis=1), fmt, inputs)
     return _array(_batch(value, fmt), fmt, inputs)
+
+
+def _refuse_booleans(value: Any, fmt: str, inputs: Mapping[str, Any]) -> None:
+    """TF Serving refuses `true`/`false` where a tensor of numbers is expected; numpy would take
+    them as 1 and 0. (A table's cells are checked one by one, by `_cells`.)"""
+    if inputs["kind"] in ("columns", "text") or _named(value, inputs.get("feature_names") or []):
+        return
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            raise BadRequest(
+                f"predict: {fmt}: examples must be arrays of numbers of shape {inputs['shape']} "
+                f"(got {json.dumps(item)}, a boolean)"
+            )
+        stack.extend(
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
 
 
 def _named(value: Any, names: Sequence[str]) -> bool:
