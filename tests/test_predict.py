@@ -155,7 +155,10 @@ def test_bad_input_is_one_line_and_writes_nothing(customers_run, tmp_path, capsy
     assert "--keep column(s) nope" in _refused(
         capsys, run, str(tmp_path / "new.csv"), "--keep", "nope"
     )
-    assert "model takes table columns" in _refused(capsys, run, str(tmp_path))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("no table here\n")
+    assert "notes: a folder without table (.csv" in _refused(capsys, run, str(tmp_path / "notes"))
+    assert "model takes table columns" in _refused(capsys, run, str(tmp_path / "notes" / "a.txt"))
     assert not out.exists() and not list(tmp_path.glob(".*partial"))
 
 
@@ -367,3 +370,25 @@ def test_a_kept_column_named_as_an_output_column_is_refused(customers_run, tmp_p
         "column(s) of that name (prediction, prob_no, prob_yes); rename the input's column to "
         "keep it"
     )
+
+
+def test_a_folder_of_tables_is_read_as_training_reads_one(customers_run, tmp_path):
+    """A table model takes a folder of CSV and Parquet parts (sorted, recursively, hidden files
+    and other kinds left out), as `dataset.path` takes a folder; it was refused as "an unknown
+    kind of file"."""
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    _new_rows(tmp_path / "whole.csv", count=30)
+    whole = pa_csv.read_csv(tmp_path / "whole.csv")
+    parts = tmp_path / "parts"
+    (parts / "later").mkdir(parents=True)
+    pa_csv.write_csv(whole.slice(0, 12), parts / "a.csv")
+    pq.write_table(whole.slice(12), parts / "later" / "b.parquet")
+    (parts / ".draft.csv").write_text("not,a,table\n")
+    (parts / "README.txt").write_text("scored weekly\n")
+
+    for source, out in ((tmp_path / "whole.csv", "of_whole.csv"), (parts, "of_parts.csv")):
+        main(["predict", str(customers_run), str(source), "-o", str(tmp_path / out)])
+    got = _read(tmp_path / "of_parts.csv")
+    assert got == _read(tmp_path / "of_whole.csv") and len(got) == 30

@@ -1,8 +1,8 @@
 """`tfrecipe predict RUN_DIR INPUT... [--output FILE] [--model final|best] [--batch-size N]
 [--keep COL]`: a trained run's predictions for new files.
 
-Reads what training reads: CSV and Parquet tables (streamed in record batches with pyarrow, never
-a whole file in memory), image folders or files, text folders or `.txt` files, `.npz` arrays and
+Reads what training reads: CSV and Parquet tables, files or folders of them (streamed in record
+batches with pyarrow, never a whole file in memory), image folders or files, text folders or `.txt` files, `.npz` arrays and
 TFRecord files. The run dir says what the model takes and what its outputs mean
 (`signature.json`): the input columns and their kinds, the class names, the task's threshold. A
 label column in the input is ignored. Writes one row per example: the `--keep` columns (a table's

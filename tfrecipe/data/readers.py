@@ -75,7 +75,8 @@ def open_sources(
         )
     if kind == "table":
         stacked = inputs["kind"] == "array"  # a bundled table's vector, from named columns
-        return Table(list(paths), _table_columns(inputs), keep, dataset=dataset, stacked=stacked)
+        tables = _list_files(paths, TABLE_SUFFIXES, kind, limit=None)  # streamed: no cap
+        return Table(tables, _table_columns(inputs), keep, dataset=dataset, stacked=stacked)
     if kind == "npz":
         return Arrays(list(paths), inputs["shape"], key=dataset.get("x_key", "x"))
     if kind == "tfrecord":
@@ -91,8 +92,10 @@ def _kind(path: Path, inputs: Mapping[str, Any]) -> str:
     suffix = path.suffix.lower()
     shape, model_kind = inputs.get("shape"), inputs["kind"]
     images = model_kind == "array" and len(shape) == 3
-    if path.is_dir():
+    tables = model_kind == "columns" or bool(inputs.get("feature_names"))
+    if path.is_dir():  # a folder holds what the model takes, as training reads folders
         kind = "texts" if model_kind == "text" else "images" if images else None
+        kind = "table" if tables else kind
     elif path.name.lower().endswith(TABLE_SUFFIXES):
         kind = "table"
     elif suffix in (".npz", ".npy"):
