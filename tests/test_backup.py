@@ -160,6 +160,10 @@ def test_resume_from_a_path_starts_a_new_run_dir_from_that_checkpoint(train_in, 
     )
     assert resumed["resumed_from_step"] == 9
     assert resumed["steps_completed"] == 15
+    # counted as its steps are, from the model's start: epochs 2 (its rest) and 3 trained here
+    assert resumed["epochs_completed"] == 3
+    history = (tmp_path / "second" / "history.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in history] == ["epoch", "2", "3"]
     assert _summary(tmp_path / "first")["steps_completed"] == 10  # untouched
 
 
@@ -169,8 +173,8 @@ def test_a_run_started_from_another_runs_checkpoint_and_trained_to_its_end_did_n
     """Its history starts at the checkpoint's epoch: fewer rows than epochs is no early stop."""
     train_in(tmp_path / "first", *BACKUP)
     stopping = ["callbacks.early_stopping.enabled=true", "callbacks.early_stopping.patience=9"]
-    resumed = train_in(tmp_path / "second", *BACKUP, *stopping, "loop.epochs=3",
-                       f"resume={tmp_path / 'first/backup/ckpt-5'}")  # fmt: skip
+    checkpoint = f"resume={tmp_path / 'first/backup/ckpt-5'}"
+    resumed = train_in(tmp_path / "second", *BACKUP, *stopping, "loop.epochs=3", checkpoint)
     assert resumed["steps_completed"] == 15 and resumed["stopped_epoch"] is None
     assert resumed["best"]["epoch"] in (2, 3)
 

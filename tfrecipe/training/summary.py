@@ -80,7 +80,7 @@ class RunSummary:
         self.fields.update(
             status=status,
             steps_completed=steps_completed,
-            epochs_completed=len(rows),
+            epochs_completed=int(rows[-1].get("epoch", len(rows))) if rows else 0,  # from step 0
             metrics=final_metrics(rows),
             wall_time_s=round(time.perf_counter() - self.started, 3),
         )
