@@ -179,6 +179,25 @@ def test_a_run_started_from_another_runs_checkpoint_and_trained_to_its_end_did_n
     assert resumed["best"]["epoch"] in (2, 3)
 
 
+def test_a_resume_stops_sooner_but_never_before_the_epoch_its_backup_is_in(train_in, tmp_path):
+    """`loop.epochs` may change on a resume; one that ends before the backup's epoch would have
+    to untrain steps: refused, naming the epochs that can be given, and nothing is written (it
+    used to finish the backup's epoch silently)."""
+    from tfrecipe.errors import ConfigError
+
+    train_in(tmp_path / "first", *BACKUP)
+    backup = tmp_path / "first" / "backup"
+    with pytest.raises(ConfigError) as refused:
+        train_in(tmp_path / "second", *BACKUP, "loop.epochs=1", f"resume={backup / 'ckpt-9'}")
+    assert str(refused.value) == (
+        f"loop.epochs=1: the backup to resume ({backup / 'ckpt-9'}) is at step 9, in epoch 2 of 5 "
+        "steps; give loop.epochs=2 or more, or resume=never in a new run dir"
+    )
+    assert not (tmp_path / "second").exists()
+    at_the_end = train_in(tmp_path / "third", *BACKUP, "loop.epochs=1", f"resume={backup}/ckpt-5")
+    assert at_the_end["status"] == "completed" and at_the_end["steps_completed"] == 5
+
+
 def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, tmp_path):
     from tfrecipe.errors import ConfigError
 

@@ -99,6 +99,7 @@ def _train(ctx: RunContext, run: schema.RunConfig) -> dict[str, Any]:
         built = _restore(
             ctx, batches, compiled, run.callbacks.terminate_on_nan, run.resume, run.model
         )
+        protection.check_epochs_left(built.resumed, batches.steps_per_epoch, run.loop.epochs)
         summary = _start_summary(ctx, built, run.dataset, started, data_files)
         attempt["summary"] = summary
         fitting = _Fitting(

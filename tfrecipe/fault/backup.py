@@ -218,7 +218,8 @@ def restore_latest(checkpoint: tf.train.Checkpoint, candidates: list[str]) -> st
     """
     for path in candidates:
         try:
-            checkpoint.restore(path).assert_existing_objects_matched()
+            # the metrics' running totals it also holds are read at the first epoch's begin
+            checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
         except Exception as error:  # DataLossError, IndexError (truncated), a mismatch: any
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
             log.warning("backup %s cannot be restored (%s); trying the one before it", path, reason)

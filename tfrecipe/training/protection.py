@@ -11,6 +11,7 @@ import keras
 from tfrecipe import optim
 from tfrecipe.config import schema
 from tfrecipe.config.plan import RunPlan
+from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.fault import backup, preemption
 from tfrecipe.fault.recovery import Recovery, candidates, restore
 from tfrecipe.outcome import BACKUP_DIR
@@ -67,6 +68,27 @@ def restore_protected(
         spec, resume=resume, model=model, backup_dir=backup_dir, steps_per_epoch=steps_per_epoch
     )
     return policy, restore(model, resume=resume, backup_dir=backup_dir)
+
+
+def check_epochs_left(resumed: backup.ResumePoint | None, steps_per_epoch: int, epochs: int):
+    """A resumed run stops at the end of epoch `loop.epochs` (sooner or later than the first
+    attempt's), never before the epoch its backup is in: the steps it holds cannot be untrained.
+
+    Raises:
+      ConfigError: the backup is past the end of epoch `epochs`.
+    """
+    if resumed is None or resumed.step <= steps_per_epoch * epochs:
+        return
+    epoch = -(-resumed.step // steps_per_epoch)  # the epoch the backup's step is in, from 1
+    raise ConfigError(
+        Problem(
+            "loop.epochs",
+            epochs,
+            f"the backup to resume ({resumed.path}) is at step {resumed.step}, in epoch {epoch} "
+            f"of {steps_per_epoch} steps; give loop.epochs={epoch} or more, or resume=never in "
+            "a new run dir",
+        )
+    )
 
 
 def fault_tolerance(
