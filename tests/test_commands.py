@@ -267,6 +267,52 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(cli, tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_to_a_joblib_sweep_saves_each_training_job_and_a_rerun_resumes_them(tmp_path):
+    """SIGTERM reaches the sweep's process only (Kubernetes, `kill PID`): it passes it on to
+    joblib's worker processes, so each job saves a backup at its next step and the sweep exits
+    75; the same command again resumes both. (The jobs used to train on to their end, and the
+    sweep exited 0.)"""
+    import os
+    import signal
+    import time
+
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    command = [
+        *(sys.executable, "-m", "tfrecipe", "-m", "loop.epochs=2", "loop.steps_per_epoch=20"),
+        *("loop.verbose=0", "batching.per_replica_batch_size=16", "logger.csv.every_n_steps=1"),
+        *(f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"),
+        *("model=mlp", "seed=1,2", "allowed_targets=[tests.helpers]"),
+        # each job holds at step 7 until its signal comes (tests/helpers/slow_steps.py)
+        "+callbacks.extra.hold._target_=tests.helpers.slow_steps.HoldForSignal",
+        "+callbacks.extra.hold.steps=7",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    driver = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    logs = [sweep / str(job) / "steps.csv" for job in (0, 1)]
+    held = lambda: all(p.exists() and len(p.read_text().splitlines()) > 7 for p in logs)  # noqa: E731
+    while not held() and driver.poll() is None:
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGTERM)
+    output = driver.communicate(timeout=300)[0]
+    assert driver.returncode == 75, output[-3000:]
+    assert "SIGTERM: stopping the sweep's 2 worker process(es)" in output
+    assert "tfrecipe: sweep stopped (SIGTERM)" in output and "Traceback" not in output
+    saved = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [s["status"] for s in saved] == ["preempted", "preempted"], output[-3000:]
+    steps = [s["steps_completed"] for s in saved]
+    assert all(7 <= step < 40 for step in steps), steps
+
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    done = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [(s["status"], s["steps_completed"]) for s in done] == [("completed", 40)] * 2
+    assert [s["resumed_from_step"] for s in done] == steps
+
+
+@pytest.mark.slow
 def test_a_failed_job_in_a_joblib_worker_fails_the_sweep(cli, tmp_path):
     """The job fails in another process: the sweep still counts it and exits 1."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")

@@ -89,6 +89,9 @@ class _Job:
                 self._record_failure(error)
                 raise SystemExit(_exit_code(error)) from None
             return self._failed(error)
+        if summary.get("status") == "preempted":  # in a sweep's worker process (`_train`)
+            sweep_jobs.note_job(run_dir, "preempted", {})
+            return float("nan")
         self._log_result(summary)
         if sweeping:
             metrics = sweep_jobs.main_metrics(summary, cfg.sweep.objective)
@@ -143,10 +146,16 @@ class _Job:
 
     def _train(self) -> dict:
         """train()'s summary; a signal before or during it ends the job as preempted (exit
-        code)."""
+        code). In a sweep's worker process (joblib's) a preempted job returns its summary
+        instead: an exception would make joblib kill the other workers, which may be saving
+        their own backups; the sweep's process ends with exit code 75 once they all have."""
         from tfrecipe.cli.console import discover_devices
+        from tfrecipe.fault import preemption
         from tfrecipe.fault.preemption import Preempted, hand_over_to_submitit, stop_if_signalled
 
+        worker = preemption.in_worker_process()
+        if worker:  # between jobs, a stop signal is noted for the next job, not fatal
+            preemption.defer_stops()
         try:
             stop_if_signalled()
             self._use_compile_cache()  # before TensorFlow lists its devices (it reads it then)
@@ -160,7 +169,10 @@ class _Job:
             mark_preempted(self.run_dir, preempted)  # when it came before train() could
             log.warning("%s\nrun dir: %s", preempted, self.run_dir)
             hand_over_to_submitit(preempted)  # a submitit job: requeued, and exits
-            raise SystemExit(EXIT_PREEMPTED) from None
+            if not worker:
+                raise SystemExit(EXIT_PREEMPTED) from None
+            preemption.note_stop(preempted.signal_name)
+            return {"status": "preempted"}
 
     def _use_compile_cache(self) -> None:
         """XLA's persistent cache (`batching.compile_cache`), decided from the devices read

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from tfrecipe.cli import optuna_workers, sweep_jobs
 from tfrecipe.cli.job import JobConfigError, mark_preempted, task
@@ -71,8 +72,15 @@ def _run_hydra_job(argv: list[str], hydra_main, invocation: Invocation) -> None:
         raise SystemExit(run_local_cluster([*typed, sys.argv[-1]], invocation.cluster))
     started = time.time()
     with sweep_jobs.jobs_file() as sweep_jobs_done, _logging_config_errors():
-        hydra_main()
+        if invocation.sweep is None:
+            hydra_main()
+        else:
+            _sweep(hydra_main)
         jobs = sweep_jobs_done()
+    if any(job["status"] == "preempted" for job in jobs):  # in joblib's workers (cli.job)
+        from tfrecipe.fault.preemption import stop_requested
+
+        _sweep_stopped(stop_requested() or "SIGTERM")
     # An Optuna sweep's extra worker (cli.optuna_workers) leaves the report to the sweep's process.
     worker = os.environ.get(optuna_workers.WORKER_ENV)
     if invocation.sweep is not None and invocation.sweep.sweep_dir.is_dir() and not worker:
@@ -82,6 +90,32 @@ def _run_hydra_job(argv: list[str], hydra_main, invocation: Invocation) -> None:
     if failed:
         print(f"tfrecipe: {len(failed)} sweep job(s) failed: {', '.join(failed)}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING)
+
+
+def _sweep(hydra_main) -> None:
+    """Hydra's sweep, whose worker processes (joblib's) get this process's stop signal: each job
+    that trains saves a backup and ends preempted, as an in-process job does (`_run_hydra_job`
+    then exits 75). A worker the signal found before its first job ends without one (it had
+    nothing to save): the sweep stops all the same, in one line, not joblib's traceback of a
+    terminated worker."""
+    from tfrecipe.fault.preemption import forwarded_to_workers, stop_requested
+
+    with forwarded_to_workers():
+        try:
+            hydra_main()
+        except Exception as error:
+            if type(error).__name__ != "TerminatedWorkerError" or stop_requested() is None:
+                raise
+            _sweep_stopped(stop_requested())
+
+
+def _sweep_stopped(signal_name: str) -> NoReturn:
+    print(
+        f"tfrecipe: sweep stopped ({signal_name}): its jobs saved their backups where they had "
+        "begun training; rerun the same command to resume it",
+        file=sys.stderr,
+    )
+    raise SystemExit(EXIT_PREEMPTED)
 
 
 @contextlib.contextmanager

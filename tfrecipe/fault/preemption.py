@@ -151,6 +151,26 @@ def defer_stops() -> None:
         signal.signal(signum, note)
 
 
+def stop_requested() -> str | None:
+    """The stop signal `defer_stops` noted (its name), if any."""
+    return _pending[0] if _pending else None
+
+
+def in_worker_process() -> bool:
+    """Whether this process is a worker a sweep's process started with multiprocessing (joblib's
+    loky workers run its jobs one after another)."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
+def note_stop(signal_name: str) -> None:
+    """A worker process remembers that its job was stopped: the sweep is stopping, and the next
+    job it is handed stops before it trains (`stop_if_signalled`)."""
+    if not _pending:
+        _pending.append(signal_name)
+
+
 def stop_if_signalled() -> None:
     """Raises `Preempted` (nothing saved) when a stop signal was noted (`defer_stops`)."""
     if _pending:
@@ -164,6 +184,40 @@ def restore_default_stops() -> None:
         signal.signal(signum, handlers[signum])
     if _pending:
         signal.raise_signal(getattr(signal, _pending[0]))
+
+
+@contextlib.contextmanager
+def forwarded_to_workers() -> Iterator[None]:
+    """A sweep's process whose jobs train in worker processes it started (Hydra's joblib
+    launcher: loky's workers) passes SIGTERM and Ctrl-C on to them as SIGTERM, so each job saves
+    its backup and ends preempted, as an in-process job would; the sweep then ends with them.
+    The signal is noted here as before (`defer_stops`). A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame) -> None:
+        import multiprocessing
+
+        workers = multiprocessing.active_children()  # loky's are Process objects; none else
+        if workers and not _pending:
+            log.warning(
+                "%s: stopping the sweep's %d worker process(es): each job saves a backup",
+                signal.Signals(signum).name,
+                len(workers),
+            )
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGTERM)
+        if callable(previous[signum]):  # `defer_stops`' note (a second Ctrl-C: at once)
+            previous[signum](signum, frame)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _watched_signals()}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class Watcher:
