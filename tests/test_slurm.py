@@ -28,7 +28,7 @@ RUN = [
     "callbacks.backup.every_n_steps=5",
 ]
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
-HOLD = [  # a sweep's job holds at step 7 until its preemption (_preempted_sweep) comes
+HOLD = [  # a job holds at step 7 until its preemption comes (tests/helpers/slow_steps.py)
     "logger.csv.every_n_steps=1",
     "+callbacks.extra.hold._target_=helpers.slow_steps.HoldForSignal",
     "+callbacks.extra.hold.steps=7",
@@ -196,7 +196,7 @@ def test_the_sbatch_script_trains_two_tasks_as_one_cluster(slurm, tmp_path):
 
 @pytest.mark.slow
 def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
-    job = Job(slurm, tmp_path)
+    job = Job(slurm, tmp_path, overrides=[*RUN, *HOLD])  # both tasks hold at step 7 until then
     job.wait_for_backup()
     slurm.preempt(tmp_path)  # a job of the high-priority partition needs the whole node
     fields = job.finish("COMPLETED", "FAILED", "CANCELLED")
@@ -211,13 +211,8 @@ def test_a_preempted_job_saves_is_requeued_and_resumes(slurm, tmp_path):
 def test_a_time_limit_signal_saves_every_task_and_requeues(slurm, tmp_path):
     # SIGTERM to every task once 100 s of the time limit are left. The limit is set once training
     # is under way (a signal during start-up would find nothing to save: exit 143, requeued too).
-    # SLURM checks time limits every 30 s: steps of at least 0.5 s keep the run training longer.
-    slow = [
-        "+callbacks.extra.slow._target_=helpers.slow_steps.SlowSteps",
-        "+callbacks.extra.slow.seconds=0.5",
-        "allowed_targets=[helpers]",
-    ]
-    job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *slow])
+    # SLURM checks time limits every 30 s: both tasks hold at step 7 until the signal comes.
+    job = Job(slurm, tmp_path, "--time=10", "--signal=TERM@100", overrides=[*RUN, *HOLD])
     job.wait_for_backup()
     slurm.run("scontrol", "update", f"JobId={job.id}", "TimeLimit=2")
     slurm.wait_while_running(job.id, lambda: "requeueing job" in job.log)

@@ -14,6 +14,8 @@ import time
 
 import keras
 
+from tfrecipe.fault.backup import current_step
+
 
 class SlowSteps(keras.callbacks.Callback):
     def __init__(self, seconds: float):
@@ -53,14 +55,14 @@ class HoldForSignal(keras.callbacks.Callback):
         self._held = False
 
     def on_train_begin(self, logs=None):
-        self._held = int(self.model.optimizer.iterations) >= self.steps  # resumed past it
+        self._held = current_step(self.model) >= self.steps  # resumed past it
         self._read, write = socket.socketpair()
         write.setblocking(False)
         self._write = write
         self._previous = signal.set_wakeup_fd(write.fileno())
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._held and int(self.model.optimizer.iterations) >= self.steps:
+        if not self._held and current_step(self.model) >= self.steps:
             self._held = True
             select.select([self._read], [], [])
 
