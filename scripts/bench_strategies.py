@@ -47,11 +47,19 @@ STRATEGIES = {
 def run(strategy: str, *, global_batch: int, steps: int, epochs: int, out: Path) -> dict:
     run_dir = out / strategy
     command = [
-        sys.executable, "-m", "tfrecipe", f"strategy={strategy}", *STRATEGIES[strategy],
-        "batching=global", f"batching.global_batch_size={global_batch}",
-        f"loop.epochs={epochs}", f"loop.steps_per_epoch={steps}", "loop.verbose=0",
-        "callbacks.model_checkpoint.enabled=false", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "tfrecipe",
+        f"strategy={strategy}",
+        *STRATEGIES[strategy],
+        "batching=global",
+        f"batching.global_batch_size={global_batch}",
+        f"loop.epochs={epochs}",
+        f"loop.steps_per_epoch={steps}",
+        "loop.verbose=0",
+        "callbacks.model_checkpoint.enabled=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, cwd=out)
     wall = time.perf_counter() - started

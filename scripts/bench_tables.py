@@ -90,9 +90,12 @@ def read_rates(csv_path: Path, parquet_path: Path, seconds: float) -> dict[str, 
         ("tfrecipe parquet", tabular.parquet, parquet_path),
     ):
         splits = builder(
-            path=str(path), label="label", categorical=CATEGORICAL, stream=True,
+            path=str(path),
+            label="label",
+            categorical=CATEGORICAL,
+            stream=True,
             stats_rows=100_000,
-        )  # fmt: skip
+        )
         rates[name] = _rows_per_s(splits.train.rebatch(1024).prefetch(4), seconds)
 
     defaults = [[0.0]] * len(NUMERIC) + [[""]] * len(CATEGORICAL) + [[0]]
@@ -197,8 +200,10 @@ def _measure(command: list[str]) -> tuple[float, float, str]:
         started = time.perf_counter()
         result = subprocess.run(
             [sys.executable, "-c", parent, peak_file.name, *command],
-            capture_output=True, text=True, cwd=REPO,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         wall = time.perf_counter() - started
         peak_kb = int(Path(peak_file.name).read_text() or 0)
     if result.returncode:
@@ -224,8 +229,11 @@ def main() -> None:
     parser.add_argument("--no-keras", action="store_true", help="skip the plain Keras script")
     args = parser.parse_args()
     csv_path, parquet_path = generate(args.rows, args.data_dir)
-    print(f"table: {args.rows:,} rows; CSV {csv_path.stat().st_size / 1e6:.0f} MB, "
-          f"Parquet {parquet_path.stat().st_size / 1e6:.0f} MB", flush=True)  # fmt: skip
+    print(
+        f"table: {args.rows:,} rows; CSV {csv_path.stat().st_size / 1e6:.0f} MB, "
+        f"Parquet {parquet_path.stat().st_size / 1e6:.0f} MB",
+        flush=True,
+    )
     if args.only in (None, "read"):
         for name, rate in read_rates(csv_path, parquet_path, args.read_seconds).items():
             print(f"read  {name:36s} {rate / 1e3:8.0f}k rows/s", flush=True)

@@ -30,8 +30,11 @@ def _interrupted_at(run_dir: Path, step: int) -> None:
     import tensorflow as tf
 
     backup = run_dir / "backup"
-    kept = [p for p in tf.train.get_checkpoint_state(str(backup)).all_model_checkpoint_paths
-            if int(p.rsplit("-", 1)[1]) <= step]  # fmt: skip
+    kept = [
+        p
+        for p in tf.train.get_checkpoint_state(str(backup)).all_model_checkpoint_paths
+        if int(p.rsplit("-", 1)[1]) <= step
+    ]
     tf.compat.v1.train.update_checkpoint_state(
         str(backup), kept[-1], all_model_checkpoint_paths=kept
     )
@@ -149,8 +152,11 @@ def test_an_unreadable_state_file_resumes_from_the_newest_intact_listed_backup(
 
     state_now = tf.train.get_checkpoint_state(str(run_dir / "backup"))
     assert [Path(p).name for p in state_now.all_model_checkpoint_paths][:4] == [
-        "ckpt-3", "ckpt-5", "ckpt-6", "ckpt-9"
-    ]  # fmt: skip
+        "ckpt-3",
+        "ckpt-5",
+        "ckpt-6",
+        "ckpt-9",
+    ]
 
 
 def test_resume_from_a_path_starts_a_new_run_dir_from_that_checkpoint(train_in, tmp_path):

@@ -109,9 +109,14 @@ def test_multilabel_baselines_per_label():
     from tfrecipe.data.bundled import synthetic
 
     splits = synthetic(
-        num_examples=300, shape=[6], num_classes=4, validation_fraction=0.1,
-        test_fraction=0.2, split_seed=0, targets="multi_hot",
-    )  # fmt: skip
+        num_examples=300,
+        shape=[6],
+        num_classes=4,
+        validation_fraction=0.1,
+        test_fraction=0.2,
+        split_seed=0,
+        targets="multi_hot",
+    )
     fitted = _fit(splits, "multilabel")
     assert fitted["metric"] == "f1_macro"
     assert set(fitted["models"]) == {"logistic_regression", "hist_gradient_boosting", "label_rate"}
@@ -127,9 +132,12 @@ def test_a_streamed_tables_baselines_use_a_capped_sample_and_say_so(tmp_path):
 
     path = tables.write(tmp_path / "t.csv", 1200)
     splits = load_csv(
-        path=str(path), label="y", features=["x0", "x1", "x2", "city"], categorical=["city"],
+        path=str(path),
+        label="y",
+        features=["x0", "x1", "x2", "city"],
+        categorical=["city"],
         stream=True,
-    )  # fmt: skip
+    )
     fitted = _fit(splits, "binary", max_rows=500)
     assert fitted["capped"] and fitted["train_rows"] == 500
     assert fitted["test_rows"] == splits.info.num_test < 500  # the test split is whole
@@ -186,15 +194,22 @@ def test_positive_class_relabels_and_every_output_names_it(train_run):
     from tfrecipe.training.dataset import load_splits
 
     spec = schema.Target.model_validate(
-        {"_target_": "tfrecipe.data.tabular.csv", "path": str(CUSTOMERS), "label": "churned",
-         "features": ["age", "income", "visits", "city", "plan"], "categorical": ["city", "plan"]}
-    )  # fmt: skip
+        {
+            "_target_": "tfrecipe.data.tabular.csv",
+            "path": str(CUSTOMERS),
+            "label": "churned",
+            "features": ["age", "income", "visits", "city", "plan"],
+            "categorical": ["city", "plan"],
+        }
+    )
     plain = load_splits(spec, grants=Grants(), task=_task("binary"))
     flipped = load_splits(spec, grants=Grants(), task=_task("binary", positive_class="no"))
     assert plain.info.class_names == ("no", "yes") and flipped.info.class_names == ("yes", "no")
     np.testing.assert_array_equal(flipped.info.targets, 1 - plain.info.targets)
-    ys = [np.concatenate([y for _, y in s.test.batch(500).as_numpy_iterator()])
-          for s in (plain, flipped)]  # fmt: skip
+    ys = [
+        np.concatenate([y for _, y in s.test.batch(500).as_numpy_iterator()])
+        for s in (plain, flipped)
+    ]
     np.testing.assert_array_equal(ys[1], 1 - ys[0])  # the same rows, relabelled
 
     summary, run_dir = train_run(*CSV_RUN, "model=linear", "task.positive_class=no")

@@ -132,9 +132,10 @@ def test_the_saved_model_names_keras_batch_normalization(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "where", [[], ["strategy=mirrored", "strategy.logical_cpus=2", "loop=custom"]],
+    "where",
+    [[], ["strategy=mirrored", "strategy.logical_cpus=2", "loop=custom"]],
     ids=["default-fit", "mirrored-custom"],
-)  # fmt: skip
+)
 def test_a_resnet_run_trains_on_the_fused_kernel_and_says_so(train_run, where):
     """On two replicas too, where each replica updates the moving statistics as Keras' does."""
     overrides = ["model=resnet", "model.stage_filters=[4,8]", "model.blocks_per_stage=1", *where]

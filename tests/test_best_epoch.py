@@ -21,7 +21,7 @@ def test_summary_and_compare_give_the_best_and_the_stopped_epoch(train_run, caps
         "callbacks.early_stopping.enabled=true",
         "callbacks.early_stopping.patience=0",
         "callbacks.early_stopping.min_delta=10",
-    )  # fmt: skip  (no epoch improves by 10: stops after the second)
+    )  # no epoch improves by 10: stops after the second
     rows = list(csv.DictReader(io.StringIO((run_dir / "history.csv").read_text())))
     assert summary["epochs_completed"] == len(rows) == 2
     assert summary["stopped_epoch"] == 2

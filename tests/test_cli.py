@@ -214,9 +214,14 @@ def _run_user_model(cli, tmp_path: Path, model_yaml: str, *overrides: str):
     conf = _user_conf(tmp_path, f"_target_: {USER_MODEL}\n{model_yaml}")
     run_dir = tmp_path / "run"
     result = cli(
-        "--config-dir", str(conf), "model=tiny_dense", *overrides, *TINY,
-        f"hydra.run.dir={run_dir}", env=USER_ENV,
-    )  # fmt: skip
+        "--config-dir",
+        str(conf),
+        "model=tiny_dense",
+        *overrides,
+        *TINY,
+        f"hydra.run.dir={run_dir}",
+        env=USER_ENV,
+    )
     return result, run_dir
 
 
@@ -320,8 +325,11 @@ def test_default_command_trains_the_default_task_and_fills_the_run_dir(cli, tmp_
     ]
     assert "done: completed" in done[-1]
     # its last line says where the time went: throughput, step time, input wait, FLOP/s, MFU
-    assert re.search(r"perf [\d.e+]+ ex/s, step [\d.]+ ms \(p90 [\d.]+\), input wait \d+%, "
-                     r"[\d.]+ GFLOP/s of [\d.]+ \(MFU [\d.]+%\)", done[-1]), done[-1]  # fmt: skip
+    assert re.search(
+        r"perf [\d.e+]+ ex/s, step [\d.]+ ms \(p90 [\d.]+\), input wait \d+%, "
+        r"[\d.]+ GFLOP/s of [\d.]+ \(MFU [\d.]+%\)",
+        done[-1],
+    ), done[-1]
     assert "config: what differs from the defaults" in result.stdout
     assert "  print_config=true\n" in result.stdout and "\nplan:\n" in result.stdout
     assert "├── model" not in result.stdout  # the whole tree: config.yaml

@@ -123,8 +123,10 @@ def copied_recipe_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("copied")
     copied = subprocess.run(
         [sys.executable, "-m", "tfrecipe", "cp", "digits_cnn_mirrored", "mine.yaml"],
-        cwd=cwd, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     assert copied.returncode == 0, copied.stderr
     first_line = (cwd / "mine.yaml").read_text().splitlines()[0]
     command = shlex.split(first_line.removeprefix("# "))
@@ -133,8 +135,11 @@ def copied_recipe_run(tmp_path_factory):
     short = ["loop.epochs=2", "loop.steps_per_epoch=3", "batching.per_replica_batch_size=16"]
     run = subprocess.run(
         [sys.executable, *command[1:], *short, "hydra.run.dir=run"],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return run, cwd / "run"
 
 
@@ -163,10 +168,15 @@ def test_a_local_cluster_console_has_the_chiefs_lines_only(cli, tmp_path):
     """Two workers train in step: the chief alone shows the config and the progress; the launcher
     says nothing when all goes well; TensorFlow's collective INFO lines stay off."""
     run = cli(
-        "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
-        "loop.epochs=2", "loop.steps_per_epoch=3", "batching.per_replica_batch_size=16",
-        "print_config=true", f"hydra.run.dir={tmp_path / 'run'}",
-    )  # fmt: skip
+        "strategy=multi_worker_mirrored",
+        "cluster=local",
+        "cluster.num_workers=2",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=3",
+        "batching.per_replica_batch_size=16",
+        "print_config=true",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     console = run.stdout + run.stderr
     assert run.returncode == 0, console[-3000:]
     assert "[worker 0] config" in console and "[worker 1] config" not in console
@@ -192,9 +202,12 @@ def test_evaluate_export_and_predict_load_tensorflow_off_the_console():
         "os.write(2, b'after\\n')\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},  # as tfrecipe's main sets it
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["42", "True"]
     for noise in NOISE:

@@ -114,9 +114,11 @@ def test_combinations_that_cannot_work_are_refused(compose_cfg, overrides, messa
 def test_the_command_line_refuses_fit_on_parameter_servers(cli, tmp_path):
     run_dir = tmp_path / "run"
     result = cli(
-        "strategy=parameter_server", "cluster=local", "cluster.num_ps=1",
+        "strategy=parameter_server",
+        "cluster=local",
+        "cluster.num_ps=1",
         f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+    )
     assert result.returncode == 2
     assert "use loop=custom" in result.stderr and "Traceback" not in result.stderr
     assert not run_dir.exists()
@@ -135,8 +137,13 @@ def test_the_cluster_spec_lists_loopback_addresses_only():
 
 
 def test_tasks_run_the_same_overrides_joining_through_tf_config():
-    overrides = ["model=mlp", "cluster=local", "cluster.num_workers=3", "+cluster.x=1",
-                 "hydra.run.dir='/tmp/r'"]  # fmt: skip
+    overrides = [
+        "model=mlp",
+        "cluster=local",
+        "cluster.num_workers=3",
+        "+cluster.x=1",
+        "hydra.run.dir='/tmp/r'",
+    ]
     argv = launcher.task_argv(overrides, chief=True)
     assert argv[:4] == [sys.executable, "-P", "-m", "tfrecipe"]  # not the current folder's
     assert argv[4:] == ["model=mlp", "hydra.run.dir='/tmp/r'", "cluster=tf_config"]
@@ -191,8 +198,9 @@ def test_slurm_tasks_become_workers_on_cpu_nodes(monkeypatch, compose_cfg, rank)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: CPU nodes
     for name, value in {**SLURM_JOB, "SLURM_PROCID": str(rank)}.items():
         monkeypatch.setenv(name, value)
-    run = validate(compose_cfg("strategy=multi_worker_mirrored", "cluster=slurm",
-                               "cluster.port_base=9000"))  # fmt: skip
+    run = validate(
+        compose_cfg("strategy=multi_worker_mirrored", "cluster=slurm", "cluster.port_base=9000")
+    )
     task = cluster.current_task(run.cluster)
     assert task.cluster == {"worker": ["node01:9000", "node01:9001", "node02:9000", "node02:9001"]}
     assert (task.type, task.index, task.is_chief) == ("worker", rank, rank == 0)

@@ -106,9 +106,11 @@ def test_every_cluster_recipe_smoke_runs(recipe, tmp_path):
     uses_tfds = "tfds" in str(_dataset_target(recipe))
     for launch in launching(tmp_path):
         run = launch(
-            f"recipe={recipe}", *TINY, *(["dataset=digits"] if uses_tfds else []),
+            f"recipe={recipe}",
+            *TINY,
+            *(["dataset=digits"] if uses_tfds else []),
             f"hydra.run.dir={run_dir}",
-        )  # fmt: skip
+        )
         assert run.finish() == 0, run.output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
@@ -318,9 +320,14 @@ def test_a_failed_job_in_a_joblib_worker_fails_the_sweep(cli, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "joblib"
     result = cli(
-        "-m", *TINY, f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2", "model=mlp", "batching.per_replica_batch_size=0,16",
-    )  # fmt: skip
+        "-m",
+        *TINY,
+        f"hydra.sweep.dir={sweep}",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "model=mlp",
+        "batching.per_replica_batch_size=0,16",
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"1 sweep job(s) failed: {sweep / '0'}" in result.stderr
     assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "completed"

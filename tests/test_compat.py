@@ -266,6 +266,9 @@ def test_weights_saved_with_cached_skip_sets_load_back_the_same(tmp_path):
     other.set_weights([w + 1 for w in other.get_weights()])
     model.save_weights(tmp_path / "m.weights.h5")
     other.load_weights(tmp_path / "m.weights.h5")
-    for saved, loaded in zip(model.weights + model.optimizer.variables,
-                             other.weights + other.optimizer.variables, strict=True):  # fmt: skip
+    for saved, loaded in zip(
+        model.weights + model.optimizer.variables,
+        other.weights + other.optimizer.variables,
+        strict=True,
+    ):
         np.testing.assert_array_equal(np.asarray(saved), np.asarray(loaded))

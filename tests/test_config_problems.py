@@ -86,8 +86,10 @@ def test_a_refused_target_carries_its_slot_and_value(compose_cfg):
 
 def test_validating_one_class_twice_gives_the_same_answer(capsys):
     # The source of a class is parsed once and cached; checking its __init__ must not change it.
-    right = ["+callbacks.extra.stop._target_=keras.callbacks.EarlyStopping",
-             "+callbacks.extra.stop.monitor=loss"]  # fmt: skip
+    right = [
+        "+callbacks.extra.stop._target_=keras.callbacks.EarlyStopping",
+        "+callbacks.extra.stop.monitor=loss",
+    ]
     wrong = [*right, "+callbacks.extra.stop.nope=1"]
     for _ in range(2):
         commands.validate(right)

@@ -71,9 +71,13 @@ def test_what_differs_from_the_defaults_shows_on_a_terminal_not_in_a_log(cli, tm
     watched = _on_a_terminal([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
     shown = watched.split(CHANGES, 1)[1].split("\n", 1)[1].split("\nplan:\n", 1)
     assert shown[0].splitlines() == [
-        "  model=mlp", "  model.hidden_units=[32]", "  batching.per_replica_batch_size=16",
-        "  loop.epochs=2", "  loop.steps_per_epoch=3", "  loop.verbose=2",
-    ], watched[-3000:]  # fmt: skip
+        "  model=mlp",
+        "  model.hidden_units=[32]",
+        "  batching.per_replica_batch_size=16",
+        "  loop.epochs=2",
+        "  loop.steps_per_epoch=3",
+        "  loop.verbose=2",
+    ], watched[-3000:]
     assert shown[1].startswith("  loop: fit (one process)\n  precision: float32\n")
     assert not TREE.search(watched)
     done = re.search(r"done: completed in [\d.]+s; test accuracy=(\S+) loss=(\S+);", watched)

@@ -145,8 +145,14 @@ def test_fit_accumulates_gradients_as_the_custom_loop_does(train_run):
     for a, b in zip(_final_weights(fit_dir), _final_weights(custom_dir), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     with pytest.raises(ConfigError, match=r"loop=fit accumulates.*2 replicas.*use loop=custom"):
-        train_run(*COMMON, *data, "strategy=mirrored", "strategy.logical_cpus=2",
-                  "loop.gradient_accumulation_steps=2", tiny=False)  # fmt: skip
+        train_run(
+            *COMMON,
+            *data,
+            "strategy=mirrored",
+            "strategy.logical_cpus=2",
+            "loop.gradient_accumulation_steps=2",
+            tiny=False,
+        )
 
 
 def _recorded_calls(train_run, tmp_path, *overrides: str) -> tuple[dict, list[dict]]:
@@ -251,8 +257,17 @@ def test_a_restored_epoch_realigns_its_calls_to_the_epochs_multiples():
     )
     options = LoopOptions(epochs=1, steps_per_epoch=7, steps_per_loop=2)
     _train_epoch(Model(), train_steps, None, keras.callbacks.CallbackList([recorder]), options, 3)
-    assert run == [("begin", 3), 1, ("end", 3), ("begin", 4), 2, ("end", 5), ("begin", 6), 1,
-                   ("end", 6)]  # fmt: skip
+    assert run == [
+        ("begin", 3),
+        1,
+        ("end", 3),
+        ("begin", 4),
+        2,
+        ("end", 5),
+        ("begin", 6),
+        1,
+        ("end", 6),
+    ]
 
 
 def test_early_stopping_ends_the_custom_loop(train_run):

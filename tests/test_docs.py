@@ -66,8 +66,18 @@ def test_every_relative_link_leads_to_a_file_and_heading(page):
 
 def test_the_readme_links_one_page_per_topic():
     linked = {t.partition("#")[0] for t in _relative_links(README)}
-    topics = ["strategies", "data", "tasks_and_models", "transfer_learning", "using_a_model",
-              "fault_tolerance", "sweeps", "configuration", "benchmarks", "layout"]  # fmt: skip
+    topics = [
+        "strategies",
+        "data",
+        "tasks_and_models",
+        "transfer_learning",
+        "using_a_model",
+        "fault_tolerance",
+        "sweeps",
+        "configuration",
+        "benchmarks",
+        "layout",
+    ]
     assert {f"docs/{topic}.md" for topic in topics} <= linked
 
 
@@ -225,8 +235,13 @@ def test_the_tensorflow_free_subcommands_run_as_the_pages_show_them(tmp_path):
     ]
     assert {args[0] for args in shown} >= {"ls", "cat", "cp", "validate"}
     for args in shown:
-        result = subprocess.run([sys.executable, "-m", "tfrecipe", *args], cwd=tmp_path,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "tfrecipe", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, f"tfrecipe {shlex.join(args)}: {result.stderr[-2000:]}"
 
 
@@ -239,9 +254,10 @@ def test_the_recipe_table_and_the_recipes_headers_agree():
     drifted = []
     for recipe, measured in rows:
         header = "".join(
-            line for line in (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()
+            line
+            for line in (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()
             if line.startswith("#")
-        )  # fmt: skip
+        )
         figures = re.findall(r"\b0\.\d{3,4}\b", measured.split("(")[0])
         drifted += [f"{recipe}: {f}" for f in figures if f not in header.replace("\n", " ")]
     assert not drifted, f"docs/sweeps.md and the recipes' headers differ: {drifted}"

@@ -11,8 +11,13 @@ import pytest
 
 from tfrecipe.errors import ConfigError
 
-RUN = ["recipe=breast_cancer_binary", "baseline=none", "ensemble.seeds=2", "loop.epochs=2",
-       "loop.steps_per_epoch=3"]  # fmt: skip
+RUN = [
+    "recipe=breast_cancer_binary",
+    "baseline=none",
+    "ensemble.seeds=2",
+    "loop.epochs=2",
+    "loop.steps_per_epoch=3",
+]
 
 
 def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run, tmp_path):
@@ -31,10 +36,15 @@ def test_an_ensemble_averages_its_members_and_resumes_member_by_member(train_run
 
     register_custom_objects()
     ensemble = keras.saving.load_model(run_dir / "model.keras", compile=False)
-    parts = [keras.saving.load_model(run_dir / m["run_dir"] / "model.keras", compile=False)
-             for m in members]  # fmt: skip
-    rows = breast_cancer(standardize=True, validation_fraction=0.15, test_fraction=0.2,
-                         split_seed=0).test.batch(64).take(1)  # fmt: skip
+    parts = [
+        keras.saving.load_model(run_dir / m["run_dir"] / "model.keras", compile=False)
+        for m in members
+    ]
+    rows = (
+        breast_cancer(standardize=True, validation_fraction=0.15, test_fraction=0.2, split_seed=0)
+        .test.batch(64)
+        .take(1)
+    )
     x = next(iter(rows))[0].numpy()
     mean = np.mean([1 / (1 + np.exp(-p.predict(x, verbose=0))) for p in parts], axis=0)
     expected = np.log(mean) - np.log1p(-mean)
@@ -66,5 +76,4 @@ def test_an_ensemble_on_a_cluster_is_refused(compose_cfg):
     from tests.helpers.configs import validate
 
     with pytest.raises(ConfigError, match=r"ensemble.seeds.*one process.*cluster=local"):
-        validate(compose_cfg("ensemble.seeds=3", "strategy=multi_worker_mirrored",
-                             "cluster=local"))  # fmt: skip
+        validate(compose_cfg("ensemble.seeds=3", "strategy=multi_worker_mirrored", "cluster=local"))

@@ -29,8 +29,14 @@ def digits_run(tmp_path_factory) -> Path:
     from tfrecipe.train import train
 
     run_dir = tmp_path_factory.mktemp("digits") / "run"
-    overrides = [*TINY, "loop.steps_per_epoch=20", "model=mlp", "model.hidden_units=[256]", ALL,
-                 "export.litert.quantize=int8"]  # fmt: skip
+    overrides = [
+        *TINY,
+        "loop.steps_per_epoch=20",
+        "model=mlp",
+        "model.hidden_units=[256]",
+        ALL,
+        "export.litert.quantize=int8",
+    ]
     train(compose(overrides), run_dir=run_dir)
     return run_dir
 
@@ -119,11 +125,16 @@ def test_an_invalid_onnx_file_is_caught_and_removed(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["model=text", "dataset=text_folder", "dataset.path=x"], "model=text cannot be exported to onnx"),
-        (["dataset=csv", "dataset.path=x.csv", "dataset.label=y", "dataset.categorical=[city]"],
-         "dataset.categorical=['city'] are encoded by StringLookup"),
+        (
+            ["model=text", "dataset=text_folder", "dataset.path=x"],
+            "model=text cannot be exported to onnx",
+        ),
+        (
+            ["dataset=csv", "dataset.path=x.csv", "dataset.label=y", "dataset.categorical=[city]"],
+            "dataset.categorical=['city'] are encoded by StringLookup",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_format_that_cannot_carry_the_model_is_refused_at_config_check(
     compose_cfg, overrides, expected
 ):
@@ -159,9 +170,13 @@ def test_int8_calibration_of_named_columns_is_one_export_error():
 
 def test_a_mixed_precision_model_exports_through_a_float32_rebuild(train_run):
     summary, _ = train_run(
-        "model=cnn", "model.filters=[4]", "model.dense_units=8", "precision=mixed_bfloat16",
-        "precision.require_native=false", "export.formats=[keras,onnx,litert]",
-    )  # fmt: skip
+        "model=cnn",
+        "model.filters=[4]",
+        "model.dense_units=8",
+        "precision=mixed_bfloat16",
+        "precision.require_native=false",
+        "export.formats=[keras,onnx,litert]",
+    )
     assert summary["precision"] == "mixed_bfloat16"
     for fmt in ("onnx", "litert"):  # against the float32 rebuild the file was converted from
         assert summary["exports"][fmt]["max_abs_diff"] <= 1e-4, summary["exports"]

@@ -29,8 +29,14 @@ def named_run(tmp_path_factory) -> Path:
     from tfrecipe.train import train
 
     run_dir = tmp_path_factory.mktemp("layout") / "run"
-    overrides = [*TINY, "model=cnn", "model.filters=[4]", "model.dense_units=8",
-                 "export.formats=[keras,saved_model,onnx]", "export.name=digits"]  # fmt: skip
+    overrides = [
+        *TINY,
+        "model=cnn",
+        "model.filters=[4]",
+        "model.dense_units=8",
+        "export.formats=[keras,saved_model,onnx]",
+        "export.name=digits",
+    ]
     train(compose(overrides), run_dir=run_dir)
     return run_dir
 
@@ -51,11 +57,21 @@ def test_saved_model_is_where_tf_serving_loads_it_with_the_signatures_inputs(nam
     assert not (named_run / "saved_model").exists()  # laid out instead of the flat folder
 
     shown = subprocess.run(
-        [str(Path(sys.executable).parent / "saved_model_cli"), "show", "--dir",
-         str(named_run / "exports/serving/digits/1"), "--tag_set", "serve",
-         "--signature_def", "serving_default"],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "saved_model_cli"),
+            "show",
+            "--dir",
+            str(named_run / "exports/serving/digits/1"),
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serving_default",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     inputs = json.loads((named_run / "signature.json").read_text())["inputs"]
     listed = re.findall(
         r"inputs\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+shape: \(([^)]*)\)", shown
@@ -82,10 +98,16 @@ def test_triton_config_names_the_onnx_graphs_inputs_outputs_types_and_shapes(nam
 
     def in_graph(values):
         return [
-            (v.name, triton_type[v.type.tensor_type.elem_type],
-             [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim])
+            (
+                v.name,
+                triton_type[v.type.tensor_type.elem_type],
+                [
+                    d.dim_value if d.HasField("dim_value") else -1
+                    for d in v.type.tensor_type.shape.dim
+                ],
+            )
             for v in values
-        ]  # fmt: skip
+        ]
 
     weights = {t.name for t in graph.initializer}
     assert _pbtxt_tensors(text, "input") == in_graph(

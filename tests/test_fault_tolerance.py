@@ -18,11 +18,16 @@ pytestmark = pytest.mark.slow
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 2, 12, 4
 TRAINING = [
-    "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
-    "cluster.max_restarts=1", f"loop.epochs={EPOCHS}", f"loop.steps_per_epoch={STEPS_PER_EPOCH}",
-    "loop.verbose=0", "batching.per_replica_batch_size=16",
+    "strategy=multi_worker_mirrored",
+    "cluster=local",
+    "cluster.num_workers=2",
+    "cluster.max_restarts=1",
+    f"loop.epochs={EPOCHS}",
+    f"loop.steps_per_epoch={STEPS_PER_EPOCH}",
+    "loop.verbose=0",
+    "batching.per_replica_batch_size=16",
     f"callbacks.backup.every_n_steps={EVERY}",
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -99,10 +104,16 @@ def test_a_worker_preempted_alone_restarts_the_cluster_losing_no_step(launch, tm
 
 
 PARAMETER_SERVERS = [
-    "strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1",
-    "loop=custom", "loop.epochs=4", "loop.steps_per_epoch=15", "loop.verbose=0",
+    "strategy=parameter_server",
+    "cluster=local",
+    "cluster.num_workers=2",
+    "cluster.num_ps=1",
+    "loop=custom",
+    "loop.epochs=4",
+    "loop.steps_per_epoch=15",
+    "loop.verbose=0",
     "cluster.grace_period_s=5",
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("max_restarts", [0, 1])
@@ -116,9 +127,12 @@ def test_a_killed_parameter_server_worker_is_absorbed_by_the_coordinator(
     # Long enough (~30 s) for the restarted worker to start while training goes on.
     epochs = 20 if max_restarts else 4
     run = launch(
-        *PARAMETER_SERVERS, f"loop.epochs={epochs}", "loop.steps_per_epoch=30",
-        f"cluster.max_restarts={max_restarts}", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *PARAMETER_SERVERS,
+        f"loop.epochs={epochs}",
+        "loop.steps_per_epoch=30",
+        f"cluster.max_restarts={max_restarts}",
+        f"hydra.run.dir={run_dir}",
+    )
     run.wait_for(lambda: (run_dir / "history.csv").exists(), timeout=240)  # epoch 1 done
     assert (run_dir / "history.csv").exists(), run.output[-3000:]
     _task(run.process.pid, {"type": "worker", "index": 1}).send_signal(signal.SIGKILL)

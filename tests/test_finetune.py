@@ -109,8 +109,13 @@ def test_a_run_resumed_from_a_backup_lands_in_its_phase_at_the_exact_step(
 ):
     """A backup at the switch step holds phase one (it is taken before the switch), a later one
     phase two; either way the resumed run ends exactly as the uninterrupted one."""
-    backups = ["callbacks.backup.enabled=true", "callbacks.backup.every_n_steps=1",
-               "callbacks.backup.max_to_keep=20", "deterministic=true", f"loop={loop}"]  # fmt: skip
+    backups = [
+        "callbacks.backup.enabled=true",
+        "callbacks.backup.every_n_steps=1",
+        "callbacks.backup.max_to_keep=20",
+        "deterministic=true",
+        f"loop={loop}",
+    ]
     whole, whole_dir = train_run(*_finetune(tmp_path / "a.jsonl", epochs=2), *backups)
     resumed, _ = train_run(
         *_finetune(tmp_path / "b.jsonl", epochs=2),
@@ -134,12 +139,19 @@ def test_sigterm_after_the_switch_resumes_in_phase_two(tmp_path):
     run_dir, probe, repo = tmp_path / "run", tmp_path / "probe.jsonl", Path(__file__).parents[1]
     stop_at = SWITCH_EPOCH * STEPS_PER_EPOCH + 2
     command = [
-        sys.executable, "-m", "tfrecipe", *_finetune(probe), "loop=custom", "loop.verbose=0",
+        sys.executable,
+        "-m",
+        "tfrecipe",
+        *_finetune(probe),
+        "loop=custom",
+        "loop.verbose=0",
         # one step per call, so the signal lands mid-epoch (auto runs a 3-step epoch in one call)
-        "loop.steps_per_loop=1", "batching.per_replica_batch_size=16",
+        "loop.steps_per_loop=1",
+        "batching.per_replica_batch_size=16",
         "+callbacks.extra.term._target_=helpers.finetune_models.SignalAtStep",
-        f"+callbacks.extra.term.step={stop_at}", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        f"+callbacks.extra.term.step={stop_at}",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {"PYTHONPATH": f"{repo}:{repo / 'tests'}"}
     first = _run(command, tmp_path, env)
     assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
@@ -175,10 +187,16 @@ def test_two_workers_switch_together_with_fit(launch, tmp_path):
     run_dir, repo = tmp_path / "run", Path(__file__).parents[1]
     probe = tmp_path / "probe.jsonl"  # both workers append to it; only the chief's summary counts
     run = launch(
-        *_finetune(probe), "loop=fit", "loop.verbose=0", "batching.per_replica_batch_size=16",
-        "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
-        f"hydra.run.dir={run_dir}", env={"PYTHONPATH": f"{repo}:{repo / 'tests'}"},
-    )  # fmt: skip
+        *_finetune(probe),
+        "loop=fit",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=16",
+        "strategy=multi_worker_mirrored",
+        "cluster=local",
+        "cluster.num_workers=2",
+        f"hydra.run.dir={run_dir}",
+        env={"PYTHONPATH": f"{repo}:{repo / 'tests'}"},
+    )
     assert run.finish() == 0, run.output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["num_replicas"] == 2
@@ -257,10 +275,14 @@ def test_unfreeze_matches_names_inside_nested_models_and_keeps_batch_norm_frozen
     from tfrecipe.models.freeze import frozen_layers, unfreeze
 
     backbone = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(8, name="block1_dense"),
-         keras.layers.BatchNormalization(name="block1_bn"), keras.layers.Dense(8, name="block2_dense")],
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, name="block1_dense"),
+            keras.layers.BatchNormalization(name="block1_bn"),
+            keras.layers.Dense(8, name="block2_dense"),
+        ],
         name="backbone",
-    )  # fmt: skip
+    )
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2, name="head")(backbone(inputs)))
     backbone.trainable = False
@@ -268,8 +290,12 @@ def test_unfreeze_matches_names_inside_nested_models_and_keeps_batch_norm_frozen
 
     assert unfreeze(model, "^block2") == ["block2_dense"]
     trainable = {v.path for v in model.trainable_variables}
-    assert trainable == {"backbone/block2_dense/kernel", "backbone/block2_dense/bias",
-                         "head/kernel", "head/bias"}  # fmt: skip
+    assert trainable == {
+        "backbone/block2_dense/kernel",
+        "backbone/block2_dense/bias",
+        "head/kernel",
+        "head/bias",
+    }
     assert unfreeze(model) == ["block1_dense"]  # the rest; the BatchNormalization stays frozen
     assert not backbone.get_layer("block1_bn").trainable
     assert len(model.trainable_variables) == 6

@@ -97,9 +97,19 @@ MAIN_METRIC = {"binary": "auc", "multilabel": "f1_macro", "regression": "mae"}
 REPLICAS = {"mirrored": 2, "central_storage": 2}  # with strategy.logical_cpus=2; others: 1
 EPOCHS, STEPS_PER_EPOCH, PER_REPLICA_BATCH = 2, 3, 16
 SUMMARY_FIELDS = {
-    "status", "strategy", "num_replicas", "loop", "global_batch_size", "epochs_completed",
-    "steps_completed", "resumed_from_step", "metrics", "test", "examples_per_sec", "wall_time_s",
-}  # fmt: skip
+    "status",
+    "strategy",
+    "num_replicas",
+    "loop",
+    "global_batch_size",
+    "epochs_completed",
+    "steps_completed",
+    "resumed_from_step",
+    "metrics",
+    "test",
+    "examples_per_sec",
+    "wall_time_s",
+}
 
 
 def overrides_for(group: str, option: str, *extra: str) -> list[str]:

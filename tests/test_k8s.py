@@ -74,8 +74,10 @@ def test_the_spec_is_tfjobs_for_two_workers_and_a_parameter_server():
         mine = {**env, cluster.K8S_INDEX: str(index)}
         cluster.export_k8s_tf_config(validate_k8s(), mine)
         ours = json.loads(mine["TF_CONFIG"])
-        same_pods = {f"mnist-{role}-{n}.default.svc": f"mnist-{pods.index((role, n))}.mnist"
-                     for role, n in pods}  # fmt: skip
+        same_pods = {
+            f"mnist-{role}-{n}.default.svc": f"mnist-{pods.index((role, n))}.mnist"
+            for role, n in pods
+        }
         renamed = {
             role: [f"{same_pods[a.rpartition(':')[0]]}:{a.rpartition(':')[2]}" for a in addrs]
             for role, addrs in theirs["cluster"].items()
@@ -97,12 +99,19 @@ def validate_k8s(*overrides: str):
 
 
 def test_a_chief_and_an_evaluator_follow_tf_configs_rules():
-    env = {cluster.K8S_JOB: "j", cluster.K8S_SERVICE: "s", cluster.K8S_PORT: "3000",
-           cluster.K8S_REPLICAS: "chief=1,worker=1,ps=1,evaluator=1"}  # fmt: skip
+    env = {
+        cluster.K8S_JOB: "j",
+        cluster.K8S_SERVICE: "s",
+        cluster.K8S_PORT: "3000",
+        cluster.K8S_REPLICAS: "chief=1,worker=1,ps=1,evaluator=1",
+    }
     tasks = [cluster.k8s_task({**env, cluster.K8S_INDEX: str(i)}) for i in range(4)]
     assert [(t.type, t.index, t.is_chief) for t in tasks] == [
-        ("chief", 0, True), ("worker", 0, False), ("ps", 0, False), ("evaluator", 0, False)
-    ]  # fmt: skip
+        ("chief", 0, True),
+        ("worker", 0, False),
+        ("ps", 0, False),
+        ("evaluator", 0, False),
+    ]
     assert tasks[0].cluster == {
         "chief": ["j-0.s:3000"],
         "worker": ["j-1.s:3000"],
@@ -119,15 +128,24 @@ def test_a_chief_and_an_evaluator_follow_tf_configs_rules():
         ({cluster.K8S_REPLICAS: "ps=1"}, "has no worker"),
         ({cluster.K8S_SERVICE: "My_Service"}, "TFRECIPE_K8S_SERVICE='My_Service': expected a"),
         ({cluster.K8S_PORT: "80"}, "TFRECIPE_K8S_PORT=80: expected a TCP port 1024..65535"),
-        ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'},
-         "cluster=k8s: TF_CONFIG is already set to another cluster"),
-        ({cluster.K8S_REPLICAS: "worker=2,evaluator=1"},
-         "cluster.evaluator=false: TFRECIPE_K8S_REPLICAS=worker=2,evaluator=1 has 1 evaluator"),
+        (
+            {"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'},
+            "cluster=k8s: TF_CONFIG is already set to another cluster",
+        ),
+        (
+            {cluster.K8S_REPLICAS: "worker=2,evaluator=1"},
+            "cluster.evaluator=false: TFRECIPE_K8S_REPLICAS=worker=2,evaluator=1 has 1 evaluator",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_job_environment_is_one_line_naming_the_variable(change, message):
-    env = {cluster.K8S_INDEX: "1", cluster.K8S_JOB: "j", cluster.K8S_SERVICE: "s",
-           cluster.K8S_REPLICAS: "worker=2", **change}  # fmt: skip
+    env = {
+        cluster.K8S_INDEX: "1",
+        cluster.K8S_JOB: "j",
+        cluster.K8S_SERVICE: "s",
+        cluster.K8S_REPLICAS: "worker=2",
+        **change,
+    }
     env = {name: value for name, value in env.items() if value is not None}
     with pytest.raises(ConfigError) as caught:
         cluster.export_k8s_tf_config(validate_k8s(), env)
@@ -153,7 +171,11 @@ def test_the_manifests_command_validates_and_every_pod_joins(name, capsys):
     assert [t.is_chief for t in tasks].count(True) == 1 and tasks[0].is_chief
     # Restarts: podFailurePolicy needs restartPolicy Never; 75 (preempted) is not counted.
     assert pod["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] >= 1
-    rules = {r["action"]: r.get("onExitCodes", {}).get("values") for r in spec["podFailurePolicy"]["rules"] if "onExitCodes" in r}  # fmt: skip
+    rules = {
+        r["action"]: r.get("onExitCodes", {}).get("values")
+        for r in spec["podFailurePolicy"]["rules"]
+        if "onExitCodes" in r
+    }
     assert rules == {"Ignore": [75], "FailJob": [2]}  # 1 and 76 (stalled) count as restarts
     if "ps" in tasks[0].cluster:  # the servers never end: the Job ends with the coordinator
         assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
@@ -161,9 +183,15 @@ def test_the_manifests_command_validates_and_every_pod_joins(name, capsys):
 
 # --- the multi-worker Job's environment as two local processes --------------------------------
 STEPS = 2 * 8  # loop.epochs=2 x loop.steps_per_epoch=8
-RUN = [*TINY, "loop.steps_per_epoch=8", "callbacks.backup.every_n_steps=2",
-       "callbacks.progress.enabled=false", "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowSteps",
-       "+callbacks.extra.slow.seconds=0.3", "allowed_targets=[tests.helpers]"]  # fmt: skip
+RUN = [
+    *TINY,
+    "loop.steps_per_epoch=8",
+    "callbacks.backup.every_n_steps=2",
+    "callbacks.progress.enabled=false",
+    "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowSteps",
+    "+callbacks.extra.slow.seconds=0.3",
+    "allowed_targets=[tests.helpers]",
+]
 
 
 class Pod:
@@ -173,15 +201,31 @@ class Pod:
     def __init__(self, job: dict, index: int, port: int, run_dir: Path, tmp: Path):
         args = job["spec"]["template"]["spec"]["containers"][0]["args"]
         args = [a for a in args if not a.startswith("hydra.run.dir=")]
-        env = {**os.environ, **_job_env(job, index), cluster.K8S_PORT: str(port),
-               "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}  # fmt: skip
+        env = {
+            **os.environ,
+            **_job_env(job, index),
+            cluster.K8S_PORT: str(port),
+            "PYTHONPATH": str(REPO),
+            "TMPDIR": str(tmp),
+        }
         env.pop("TF_CONFIG", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tfrecipe", *args, "cluster.loopback=true",
-             "cluster.stall_timeout=12", f"hydra.run.dir={run_dir}", *RUN],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tfrecipe",
+                *args,
+                "cluster.loopback=true",
+                "cluster.stall_timeout=12",
+                f"hydra.run.dir={run_dir}",
+                *RUN,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def finish(self, timeout: float) -> tuple[int, str]:
         try:
@@ -216,7 +260,9 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
     pods = [start_pod(i) for i in range(2)]
     state = run_dir / "backup" / "checkpoint"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not ('ckpt-4"' in _read(state) or any(p.process.poll() is not None for p in pods)):  # fmt: skip
+    while time.monotonic() < deadline and not (
+        'ckpt-4"' in _read(state) or any(p.process.poll() is not None for p in pods)
+    ):
         time.sleep(0.2)
     ended = [pod.finish(5)[1][-3000:] for pod in pods if pod.process.poll() is not None]
     assert not ended, ended  # both still training: what an early exit printed, if one did

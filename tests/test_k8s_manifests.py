@@ -58,11 +58,21 @@ def test_the_schema_check_names_a_typo_and_a_missing_field():
     ("manifest", "args"),
     [
         ("k8s_multi_worker.yaml", ["--name", "tfrecipe-mwms", "strategy=multi_worker_mirrored"]),
-        ("k8s_parameter_server.yaml",
-         ["--name", "tfrecipe-ps", "--workers", "2", "--ps", "1", "strategy=parameter_server",
-          "loop=custom"]),
+        (
+            "k8s_parameter_server.yaml",
+            [
+                "--name",
+                "tfrecipe-ps",
+                "--workers",
+                "2",
+                "--ps",
+                "1",
+                "strategy=parameter_server",
+                "loop=custom",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_command_writes_the_shipped_manifests_for_their_shapes(capsys, manifest, args):
     volume, service, job = _written(capsys, "--image", IMAGE, *args)
     assert [schema_problems(d) for d in (volume, service, job)] == [[], [], []]
@@ -71,39 +81,70 @@ def test_the_command_writes_the_shipped_manifests_for_their_shapes(capsys, manif
 
 
 def test_the_written_job_is_the_shape_asked_for_and_every_pod_joins(capsys):
-    args = ["--name", "big", "--workers", "3", "--ps", "2", "--storage-class", "nfs",
-            "strategy=parameter_server", "loop=custom", "model=mlp", "hydra.run.dir=elsewhere"]  # fmt: skip
+    args = [
+        "--name",
+        "big",
+        "--workers",
+        "3",
+        "--ps",
+        "2",
+        "--storage-class",
+        "nfs",
+        "strategy=parameter_server",
+        "loop=custom",
+        "model=mlp",
+        "hydra.run.dir=elsewhere",
+    ]
     volume, service, job = _written(capsys, *args)
     assert volume["spec"]["storageClassName"] == "nfs"
     spec = job["spec"]
     assert spec["completions"] == spec["parallelism"] == 1 + 3 + 2
     container = spec["template"]["spec"]["containers"][0]
     assert container["args"] == [
-        "strategy=parameter_server", "loop=custom", "model=mlp", "cluster=k8s",
+        "strategy=parameter_server",
+        "loop=custom",
+        "model=mlp",
+        "cluster=k8s",
         "hydra.run.dir=/runs/big",
-    ]  # fmt: skip
+    ]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    base = {cluster.K8S_JOB: "big", cluster.K8S_SERVICE: env[cluster.K8S_SERVICE],
-            cluster.K8S_REPLICAS: env[cluster.K8S_REPLICAS], cluster.K8S_PORT: "2222"}  # fmt: skip
+    base = {
+        cluster.K8S_JOB: "big",
+        cluster.K8S_SERVICE: env[cluster.K8S_SERVICE],
+        cluster.K8S_REPLICAS: env[cluster.K8S_REPLICAS],
+        cluster.K8S_PORT: "2222",
+    }
     tasks = [cluster.k8s_task({**base, cluster.K8S_INDEX: str(i)}) for i in range(6)]
     assert [(t.type, t.index) for t in tasks] == [
-        ("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0), ("ps", 1)
-    ]  # fmt: skip
+        ("chief", 0),
+        ("worker", 0),
+        ("worker", 1),
+        ("worker", 2),
+        ("ps", 0),
+        ("ps", 1),
+    ]
     assert tasks[0].is_chief and service["metadata"]["name"] == "big"
 
 
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["model=mlp"], "k8s: strategy=default: a Job of several pods trains under "
-                        "strategy=multi_worker_mirrored or strategy=parameter_server"),
-        (["--name", "Bad_Name", "strategy=multi_worker_mirrored"],
-         "k8s: --name=Bad_Name: expected a DNS label (lowercase letters, digits, '-', starting "
-         "with a letter, at most 42 characters)"),
-        (["strategy=multi_worker_mirrored", "loop.epochs=0"],
-         "loop.epochs=0: input should be greater than 0"),
+        (
+            ["model=mlp"],
+            "k8s: strategy=default: a Job of several pods trains under "
+            "strategy=multi_worker_mirrored or strategy=parameter_server",
+        ),
+        (
+            ["--name", "Bad_Name", "strategy=multi_worker_mirrored"],
+            "k8s: --name=Bad_Name: expected a DNS label (lowercase letters, digits, '-', starting "
+            "with a letter, at most 42 characters)",
+        ),
+        (
+            ["strategy=multi_worker_mirrored", "loop.epochs=0"],
+            "loop.epochs=0: input should be greater than 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_shape_or_config_is_one_line(args, line, capsys):
     with pytest.raises(ConfigError) as refused:
         k8s_main(args)
@@ -115,8 +156,9 @@ def test_the_dockerfile_installs_this_checkout():
     """What the wheel is built from is copied in (pyproject's package and force-included
     folders), and pip installs the copy, not a package of that name from PyPI."""
     text = (REPO / "Dockerfile").read_text()
-    copied = {p.strip("./") for line in re.findall(r"^COPY (.+) \S+$", text, re.M)
-              for p in line.split()}  # fmt: skip
+    copied = {
+        p.strip("./") for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for p in line.split()
+    }
     assert {"pyproject.toml", "README.md", "tfrecipe", "conf", "recipes"} <= copied
     assert re.search(r"^RUN pip install --no-cache-dir \.$", text, re.M)
 

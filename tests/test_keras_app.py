@@ -278,8 +278,10 @@ def test_the_preprocessing_is_the_applications_own(name):
 
     from tfrecipe.models.keras_app import _pixel_transform
 
-    app = getattr(keras.applications, {"MobileNetV2": "mobilenet_v2", "ResNet50": "resnet",
-                                       "DenseNet121": "densenet"}[name])  # fmt: skip
+    app = getattr(
+        keras.applications,
+        {"MobileNetV2": "mobilenet_v2", "ResNet50": "resnet", "DenseNet121": "densenet"}[name],
+    )
     kernel, bias = _pixel_transform(name, 3, scale=255.0, preprocess=True)
     images = np.random.default_rng(0).uniform(0, 1, (4, 5, 5, 3)).astype("float32")
     expected = app.preprocess_input(images * 255.0)

@@ -36,9 +36,13 @@ def test_the_sweep_leaves_the_model_as_it_was(train_run):
 def test_lr_find_alone_on_two_replicas_with_the_custom_loop(train_run):
     """`tfrecipe lr-find` is `loop.lr_find.only=true`: the sweep and nothing else."""
     summary, run_dir = train_run(
-        *TABLE, *SWEEP, "loop.lr_find.only=true", "strategy=mirrored", "strategy.logical_cpus=2",
+        *TABLE,
+        *SWEEP,
+        "loop.lr_find.only=true",
+        "strategy=mirrored",
+        "strategy.logical_cpus=2",
         "loop=custom",
-    )  # fmt: skip
+    )
     assert summary["status"] == "completed" and summary["num_replicas"] == 2
     assert summary["epochs_completed"] == 0 and summary["test"] == {}
     assert summary["lr_find"]["steps"] == 12 and not (run_dir / "model.keras").exists()

@@ -39,12 +39,27 @@ def mlflow_server(tmp_path_factory):
     port = _free_port()
     log_file = (root / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
-         "--artifacts-destination", str(root / "artifacts")],
-        stdout=log_file, stderr=subprocess.STDOUT, cwd=root,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'server.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=root,
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-    )  # fmt: skip
+    )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -101,8 +116,11 @@ def _hparams(run_dir: Path) -> dict:
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     content = events.PluginTagToContent(metadata.PLUGIN_NAME)
-    (start,) = [metadata.parse_session_start_info_plugin_data(c) for t, c in content.items()
-                if t == metadata.SESSION_START_INFO_TAG]  # fmt: skip
+    (start,) = [
+        metadata.parse_session_start_info_plugin_data(c)
+        for t, c in content.items()
+        if t == metadata.SESSION_START_INFO_TAG
+    ]
     values = {k: v.ListFields()[0][1] for k, v in start.hparams.items()}
     scalars = {t: events.Tensors(t)[-1] for t in events.Tags()["tensors"] if "hparams/" in t}
     return {"hparams": values, "metrics": scalars}
@@ -115,11 +133,13 @@ def test_a_run_logs_its_config_epochs_test_metrics_tags_and_artifacts(train_run,
     secret = "s3cr3t-token-value-42"
     monkeypatch.setenv("TFRECIPE_TEST_TOKEN", secret)
     summary, run_dir = train_run(
-        *MLFLOW, "model=mlp", "+logger.mlflow.tags.team=vision",
+        *MLFLOW,
+        "model=mlp",
+        "+logger.mlflow.tags.team=vision",
         "+callbacks.extra.quiet._target_=helpers.failing_callback.Quiet",
         "+callbacks.extra.quiet.api_key=${oc.env:TFRECIPE_TEST_TOKEN}",
         "allowed_targets=[helpers]",
-    )  # fmt: skip
+    )
     record = json.loads((run_dir / "mlflow" / "run.json").read_text())
     client = _client(f"sqlite:///{run_dir / 'mlflow.db'}")
     run = client.get_run(record["run_id"])
@@ -135,8 +155,11 @@ def test_a_run_logs_its_config_epochs_test_metrics_tags_and_artifacts(train_run,
     assert metrics["examples_per_sec"] == pytest.approx(summary["examples_per_sec"])
     tags = run.data.tags
     assert {k: tags[k] for k in ("status", "strategy", "replicas", "team")} == {
-        "status": "completed", "strategy": "default", "replicas": "1", "team": "vision",
-    }  # fmt: skip
+        "status": "completed",
+        "strategy": "default",
+        "replicas": "1",
+        "team": "vision",
+    }
     assert len(tags["git_sha"]) == 40  # the tests run in a checkout
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"model.keras", "summary.json", "history.csv", "config.yaml"} <= artifacts
@@ -156,18 +179,24 @@ def test_a_resumed_run_continues_its_mlflow_run(compose_cfg, tmp_path):
     from tfrecipe.train import train
 
     run_dir = tmp_path / "run"
-    overrides = ["logger=[csv,mlflow]", "logger.mlflow.log_artifacts=false", "loop.epochs=2",
-                 "loop.steps_per_epoch=5", "callbacks.backup.enabled=true",
-                 "callbacks.backup.every_n_steps=3"]  # fmt: skip
+    overrides = [
+        "logger=[csv,mlflow]",
+        "logger.mlflow.log_artifacts=false",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=5",
+        "callbacks.backup.enabled=true",
+        "callbacks.backup.every_n_steps=3",
+    ]
     failing = [
         "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
         "allowed_targets=[helpers]",
     ]
     with pytest.raises(TrainingError, match="deliberate failure"):
         train(
-            compose_cfg(*overrides, *failing), run_dir=run_dir,
+            compose_cfg(*overrides, *failing),
+            run_dir=run_dir,
             trust=Trust.from_command_line([*overrides, *failing]),
-        )  # fmt: skip
+        )
     first = json.loads((run_dir / "mlflow" / "run.json").read_text())["run_id"]
     client = _client(f"sqlite:///{run_dir / 'mlflow.db'}")
     assert client.get_run(first).info.status == "FAILED"
@@ -223,10 +252,18 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_hparams_per_job(
     winner sweep.json names; each job's TensorBoard holds its swept values."""
     sweep = tmp_path / "sweep"
     result = cli(
-        "-m", *TINY, "loop.epochs=1", "loop.steps_per_epoch=2", "model=mlp", *MLFLOW,
-        "logger.mlflow.experiment=sweeps", f"logger.mlflow.tracking_uri={mlflow_server}",
-        "optimizer.learning_rate=0.001,0.01,0.1", "seed=1,2", f"hydra.sweep.dir={sweep}",
-    )  # fmt: skip
+        "-m",
+        *TINY,
+        "loop.epochs=1",
+        "loop.steps_per_epoch=2",
+        "model=mlp",
+        *MLFLOW,
+        "logger.mlflow.experiment=sweeps",
+        f"logger.mlflow.tracking_uri={mlflow_server}",
+        "optimizer.learning_rate=0.001,0.01,0.1",
+        "seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((sweep / "sweep.json").read_text())
     assert report["counts"] == {"completed": 6}
@@ -245,8 +282,9 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_hparams_per_job(
     best_child = json.loads((Path(best["run_dir"]) / "mlflow" / "run.json").read_text())
     assert parent.data.tags["best_run_id"] == best_child["run_id"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {
-        "sweep.json", "sweep.png",
-    }  # fmt: skip
+        "sweep.json",
+        "sweep.png",
+    }
     assert "model.keras" in {a.path for a in client.list_artifacts(best_child["run_id"])}
 
     for job in report["jobs"]:
@@ -288,8 +326,9 @@ def test_the_tracking_extra_leaves_pyarrow_as_tables_need_it():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]
     assert any(r.startswith("mlflow-skinny") for r in extras["tracking"])
-    assert not any(r.split("<")[0].split(">")[0].strip() == "mlflow" for e in extras.values()
-                   for r in e)  # fmt: skip
+    assert not any(
+        r.split("<")[0].split(">")[0].strip() == "mlflow" for e in extras.values() for r in e
+    )
     needed = [r for r in requires("mlflow-skinny") or [] if "extra ==" not in r]
     assert not any("pyarrow" in r for r in needed), needed
     assert int(version("pyarrow").split(".")[0]) >= 26

@@ -81,9 +81,13 @@ def test_two_workers_train_together(launch, tmp_path, loop):
 def test_a_crashed_worker_restarts_the_cluster(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(
-        *MWMS, "cluster.max_restarts=1", *TINY, *crash_worker_1(times=1),
-        f"hydra.run.dir={run_dir}", env=USER_ENV,
-    )  # fmt: skip
+        *MWMS,
+        "cluster.max_restarts=1",
+        *TINY,
+        *crash_worker_1(times=1),
+        f"hydra.run.dir={run_dir}",
+        env=USER_ENV,
+    )
     code = run.finish()
     assert code == 0, run.output[-4000:]
     assert f"worker 1 exited with code {EXIT_CODE}" in run.output
@@ -95,9 +99,13 @@ def test_a_crashed_worker_restarts_the_cluster(launch, tmp_path):
 def test_the_launcher_fails_when_restarts_are_exhausted(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(
-        *MWMS, "cluster.max_restarts=1", *TINY, *crash_worker_1(times=99),
-        f"hydra.run.dir={run_dir}", env=USER_ENV,
-    )  # fmt: skip
+        *MWMS,
+        "cluster.max_restarts=1",
+        *TINY,
+        *crash_worker_1(times=99),
+        f"hydra.run.dir={run_dir}",
+        env=USER_ENV,
+    )
     code = run.finish()
     assert code != 0
     assert run.output.count(f"worker 1 exited with code {EXIT_CODE}") == 2

@@ -128,9 +128,15 @@ def test_a_resumed_seeded_study_does_not_draw_its_first_trials_again(cli, tmp_pa
     """A seeded sampler starts from its seed in every process: a rerun that continues the study
     would sample trial 0's parameters again, and train them again, unless it is reseeded."""
     sweep = tmp_path / "sw"
-    command = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0",
-               "optimizer.learning_rate=interval(0.001,0.01)", *TRIAL, "loop.epochs=1",
-               f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=0",
+        "optimizer.learning_rate=interval(0.001,0.01)",
+        *TRIAL,
+        "loop.epochs=1",
+        f"hydra.sweep.dir={sweep}",
+    ]
     for n_trials in (1, 2):  # a study of one trial, continued to two
         result = cli(*command, f"hydra.sweeper.n_trials={n_trials}")
         assert result.returncode == 0, result.stderr[-3000:]

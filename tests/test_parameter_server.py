@@ -34,8 +34,14 @@ def test_parameter_servers_train_digits_to_95_percent_with_exact_steps(launch, t
     last steps, so the final model sits near the optimum whatever the order: that is what the
     95% bar measures."""
     run_dir = tmp_path / "run"
-    run = launch(*PS, "loop.epochs=12", "loop.steps_per_epoch=25", "loop.verbose=2",
-                 "optimizer.schedule=cosine", f"hydra.run.dir={run_dir}")  # fmt: skip
+    run = launch(
+        *PS,
+        "loop.epochs=12",
+        "loop.steps_per_epoch=25",
+        "loop.verbose=2",
+        "optimizer.schedule=cosine",
+        f"hydra.run.dir={run_dir}",
+    )
     code = run.finish(timeout=400)
     assert code == 0, run.output[-4000:]
     for task in ("[ps 0]", "[worker 0]", "[worker 1]"):

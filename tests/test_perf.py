@@ -13,10 +13,19 @@ import pytest
 from tfrecipe.perf import cache, peak, provenance, report
 
 PERF_KEYS = {
-    "examples_per_sec", "step_time_ms", "input_wait_fraction", "flops_per_example",
-    "achieved_flops_per_sec", "peak_flops_per_sec", "peak_source", "mfu", "replicas",
-    "per_replica", "wall_split", "diagnosis",
-}  # fmt: skip
+    "examples_per_sec",
+    "step_time_ms",
+    "input_wait_fraction",
+    "flops_per_example",
+    "achieved_flops_per_sec",
+    "peak_flops_per_sec",
+    "peak_source",
+    "mfu",
+    "replicas",
+    "per_replica",
+    "wall_split",
+    "diagnosis",
+}
 SLOW_INPUT = (
     "dataset._target_=tests.helpers.slow_input.slow_digits",
     "+dataset.seconds_per_example=0.004",
@@ -70,8 +79,14 @@ def test_diagnosis_names_only_what_the_run_does_not_do_already():
     """The default pipeline already caches, maps in parallel and prefetches: advising it would
     send a user in circles. A 0.8 ms step is mostly the work around it: the batch comes first.
     One call per epoch has no hook between its steps."""
-    done = report.Knobs(cache="memory", num_parallel_calls="autotune", steps_per_call=10,
-                        steps_per_epoch=10, per_replica_batch=16, prefetches=True)  # fmt: skip
+    done = report.Knobs(
+        cache="memory",
+        num_parallel_calls="autotune",
+        steps_per_call=10,
+        steps_per_epoch=10,
+        per_replica_batch=16,
+        prefetches=True,
+    )
     line = report.diagnosis(0.77, done, step_ms=5.0)
     assert "cache" not in line and "num_parallel_calls" not in line and "prefetch" not in line
     assert "steps per call" not in line  # one call per epoch already
@@ -124,10 +139,15 @@ def test_the_profiler_window_takes_its_steps_one_per_call(tmp_path):
 
 def test_perf_words_on_the_console_line():
     words = report.perf_words(
-        {"examples_per_sec": 1234.5, "step_time_ms": {"median": 5.1, "p90": 6.0},
-         "input_wait_fraction": 0.03, "achieved_flops_per_sec": 2.6e10,
-         "peak_flops_per_sec": 1.4e11, "mfu": 0.186}
-    )  # fmt: skip
+        {
+            "examples_per_sec": 1234.5,
+            "step_time_ms": {"median": 5.1, "p90": 6.0},
+            "input_wait_fraction": 0.03,
+            "achieved_flops_per_sec": 2.6e10,
+            "peak_flops_per_sec": 1.4e11,
+            "mfu": 0.186,
+        }
+    )
     assert words == (
         "perf 1234 ex/s, step 5.1 ms (p90 6), input wait 3%, 26 GFLOP/s of 140 (MFU 18.6%)"
     )
@@ -190,8 +210,12 @@ def test_cache_measures_once_and_writes_atomically(tmp_path, monkeypatch):
 def test_the_cache_never_replaces_what_it_did_not_write(kind, tmp_path, monkeypatch, caplog):
     """TFRECIPE_PERF_CACHE naming a folder, a link, /dev/null or someone's file: the value is
     measured, a warning says the cache was not written, and the target is left whole."""
-    target = {"folder": tmp_path / "keep", "link": tmp_path / "link", "devnull": Path(os.devnull),
-              "user_file": tmp_path / "notes.json"}[kind]  # fmt: skip
+    target = {
+        "folder": tmp_path / "keep",
+        "link": tmp_path / "link",
+        "devnull": Path(os.devnull),
+        "user_file": tmp_path / "notes.json",
+    }[kind]
     if kind == "folder":
         target.mkdir()
         (target / "precious.txt").write_text("mine")
@@ -219,8 +243,10 @@ def test_provenance_differences():
     base = {
         "versions": {"tensorflow": "2.21.0", "keras": "3.15.1"},
         "cpu": {"model": "AMD EPYC", "flags": ["avx512_bf16"], "count": 2},
-        "gpus": [], "hosts": 1, "replicas": 1,
-    }  # fmt: skip
+        "gpus": [],
+        "hosts": 1,
+        "replicas": 1,
+    }
     other_cpu = {**base, "cpu": {**base["cpu"], "model": "Intel Xeon"}}
     other_tf = {**base, "versions": {**base["versions"], "tensorflow": "2.22.0"}}
     assert provenance.differences(base, base) == ""
@@ -235,9 +261,11 @@ def test_profiler_verdict_reads_xprof_tables():
     steps = {
         "cols": [{"id": "stepnum"}, {"id": "stepTimeMs"}],
         "rows": [{"c": [{"v": "train 5"}, {"v": 10.0}]}, {"c": [{"v": "train 6"}, {"v": 12.0}]}],
-        "p": {"input_conclusion": "Your program is HIGHLY input-bound because 48.4% of the "
-              "total step time sampled is waiting for input."},
-    }  # fmt: skip
+        "p": {
+            "input_conclusion": "Your program is HIGHLY input-bound because 48.4% of the "
+            "total step time sampled is waiting for input."
+        },
+    }
     found = verdict([{}, steps])
     assert found["steps"] == 2
     assert found["step_time_ms"] == 11.0
@@ -251,8 +279,11 @@ def test_compare_shows_perf_and_marks_runs_from_other_hardware(tmp_path):
     base = {
         "versions": {"tensorflow": "2.21.0"},
         "cpu": {"model": "AMD EPYC", "flags": [], "count": 2},
-        "gpus": [], "hosts": 1, "replicas": 1, "git": {"sha": "a", "dirty": False},
-    }  # fmt: skip
+        "gpus": [],
+        "hosts": 1,
+        "replicas": 1,
+        "git": {"sha": "a", "dirty": False},
+    }
     ran = {
         "a": base,
         "b": {**base, "git": {"sha": "b", "dirty": True}},  # another commit: still comparable
@@ -261,11 +292,17 @@ def test_compare_shows_perf_and_marks_runs_from_other_hardware(tmp_path):
     for name, found in ran.items():
         (tmp_path / name).mkdir()
         summary = {
-            "status": "completed", "metrics": {"loss": 0.1}, "examples_per_sec": 100.0,
-            "perf": {"step_time_ms": {"median": 4.0, "p90": 5.0}, "input_wait_fraction": 0.02,
-                     "mfu": 0.19, "wall_split": {"steps": 0.7, "validation": 0.1, "other": 0.2}},
+            "status": "completed",
+            "metrics": {"loss": 0.1},
+            "examples_per_sec": 100.0,
+            "perf": {
+                "step_time_ms": {"median": 4.0, "p90": 5.0},
+                "input_wait_fraction": 0.02,
+                "mfu": 0.19,
+                "wall_split": {"steps": 0.7, "validation": 0.1, "other": 0.2},
+            },
             "provenance": found,
-        }  # fmt: skip
+        }
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
     header, rows = table(find_runs([tmp_path]), [])
     shown = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
@@ -358,8 +395,9 @@ def test_intra_op_threads_are_set_before_tensorflow_starts_or_refused():
         "print(tf.config.threading.get_intra_op_parallelism_threads())"
     )
     for value, expected in (("auto", 1 if cores() <= 2 else 0), ("3", 3)):
-        ran = subprocess.run([sys.executable, "-c", script, value], capture_output=True,
-                             text=True, check=True)  # fmt: skip
+        ran = subprocess.run(
+            [sys.executable, "-c", script, value], capture_output=True, text=True, check=True
+        )
         assert ran.stdout.split()[-1] == str(expected), ran.stderr[-500:]
     tf.constant(1) + 1  # this process's TensorFlow has started
     running = tf.config.threading.get_intra_op_parallelism_threads()
@@ -402,9 +440,13 @@ def test_slow_input_is_measured_and_diagnosed_in_both_loops(train_run, loop):
     input they waited for. A profiled fit run takes one step per call throughout; the custom
     loop only around its window (calls of 1, 1, 1, 2 in its first epoch, then 6)."""
     summary, run_dir = train_run(
-        f"loop={loop}", "loop.steps_per_epoch=6", *SLOW_INPUT, "logger=[tensorboard]",
-        "logger.tensorboard.profile_batch=2", "logger.tensorboard.profile_steps=2",
-    )  # fmt: skip
+        f"loop={loop}",
+        "loop.steps_per_epoch=6",
+        *SLOW_INPUT,
+        "logger=[tensorboard]",
+        "logger.tensorboard.profile_batch=2",
+        "logger.tensorboard.profile_steps=2",
+    )
     assert summary["steps_per_execution"] == (1 if loop == "fit" else 6)
     perf = summary["perf"]
     assert perf["input_wait_fraction"] >= 0.3, perf

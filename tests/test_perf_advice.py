@@ -15,11 +15,17 @@ def _suggested_values(line: str) -> dict[str, str]:
 
 def test_every_value_the_diagnosis_suggests_differs_from_the_runs():
     knobs = report.Knobs(
-        cache="memory", num_parallel_calls="autotune", steps_per_call=2, steps_per_epoch=10,
-        per_replica_batch=64, validation_freq=1, prefetches=True,
-    )  # fmt: skip
-    line = report.diagnosis(0.5, knobs, step_ms=0.8,
-                            wall_split={"steps": 0.2, "validation": 0.5, "other": 0.3})  # fmt: skip
+        cache="memory",
+        num_parallel_calls="autotune",
+        steps_per_call=2,
+        steps_per_epoch=10,
+        per_replica_batch=64,
+        validation_freq=1,
+        prefetches=True,
+    )
+    line = report.diagnosis(
+        0.5, knobs, step_ms=0.8, wall_split={"steps": 0.2, "validation": 0.5, "other": 0.3}
+    )
     suggested = _suggested_values(line)
     assert suggested["batching.per_replica_batch_size"] == "128"
     assert suggested["loop.validation_freq"] == "2"
@@ -34,8 +40,14 @@ def test_a_run_of_seconds_says_nothing_on_the_console_and_a_long_one_does():
 
 
 def test_a_run_that_applies_every_remedy_is_told_none():
-    done = report.Knobs(cache="memory", num_parallel_calls="autotune", steps_per_call=10,
-                        steps_per_epoch=10, per_replica_batch=16, prefetches=True)  # fmt: skip
+    done = report.Knobs(
+        cache="memory",
+        num_parallel_calls="autotune",
+        steps_per_call=10,
+        steps_per_epoch=10,
+        per_replica_batch=16,
+        prefetches=True,
+    )
     line = report.diagnosis(0.97, done, step_ms=5.0)
     assert line == "input-bound: the steps waited on input 97% of the training time"
 

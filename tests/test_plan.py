@@ -41,10 +41,13 @@ def test_the_plan_is_made_without_tensorflow():
         ((), "fit", False),
         (("loop=custom",), "custom", False),
         (("strategy=multi_worker_mirrored", "cluster=tf_config"), "fit", True),
-        (("strategy=parameter_server", "loop=custom", "cluster=tf_config"), "parameter_server",
-         True),
+        (
+            ("strategy=parameter_server", "loop=custom", "cluster=tf_config"),
+            "parameter_server",
+            True,
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_plan_picks_the_loop_and_says_whether_the_run_is_in_a_cluster(
     compose_cfg, overrides, loop, in_cluster
 ):
@@ -67,10 +70,17 @@ def test_auto_precision_is_float32_on_a_cluster_and_kept_on_one_process(compose_
         (("strategy=multi_worker_mirrored", "cluster=tf_config"), True, True),
         (("callbacks.terminate_on_nan.max_rollbacks=2",), True, True),
         (("callbacks.backup.enabled=true",), True, True),
-        (("strategy=multi_worker_mirrored", "cluster=tf_config", "callbacks.backup.enabled=false"),
-         False, False),
+        (
+            (
+                "strategy=multi_worker_mirrored",
+                "cluster=tf_config",
+                "callbacks.backup.enabled=false",
+            ),
+            False,
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_one_rule_decides_periodic_backups_and_the_steps_they_keep(
     compose_cfg, overrides, periodic, backup_interval_kept
 ):
@@ -94,8 +104,9 @@ def test_profiled_and_parameter_server_runs_take_one_step_per_call(compose_cfg):
     profiled = _plan(compose_cfg, "logger=tensorboard", "logger.tensorboard.profile_batch=2")
     assert profiled.one_step_per_call and profiled.steps_per_call(**numbers) == 1
     # the custom loop takes only its profiler window one step per call (StepProfiler)
-    custom = _plan(compose_cfg, "loop=custom", "logger=tensorboard",
-                   "logger.tensorboard.profile_batch=2")  # fmt: skip
+    custom = _plan(
+        compose_cfg, "loop=custom", "logger=tensorboard", "logger.tensorboard.profile_batch=2"
+    )
     assert custom.one_step_per_call is None and custom.steps_per_call(**numbers) == 8
     fixed = _plan(compose_cfg, "batching.steps_per_execution=4")
     assert fixed.steps_per_call(**numbers) == 4

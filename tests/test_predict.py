@@ -36,10 +36,15 @@ def _train(tmp_path_factory, name: str, *overrides: str) -> Path:
 def customers_run(tmp_path_factory) -> Path:
     """A binary task on a CSV with string labels ("no"/"yes") and categorical columns."""
     return _train(
-        tmp_path_factory, "customers", "dataset=csv", f"dataset.path={CUSTOMERS}",
-        "dataset.label=churned", f"dataset.features=[{','.join(COLUMNS)}]",
-        "dataset.categorical=[city,plan]", "task=binary",
-    )  # fmt: skip
+        tmp_path_factory,
+        "customers",
+        "dataset=csv",
+        f"dataset.path={CUSTOMERS}",
+        "dataset.label=churned",
+        f"dataset.features=[{','.join(COLUMNS)}]",
+        "dataset.categorical=[city,plan]",
+        "task=binary",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +55,12 @@ def digits_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def diabetes_run(tmp_path_factory) -> Path:
     return _train(
-        tmp_path_factory, "diabetes", "dataset=diabetes", "task=regression",
+        tmp_path_factory,
+        "diabetes",
+        "dataset=diabetes",
+        "task=regression",
         "task.standardize_targets=true",
-    )  # fmt: skip
+    )
 
 
 def _new_rows(path: Path, count: int = 40) -> list[dict[str, str]]:
@@ -106,8 +114,19 @@ def test_parquet_in_and_every_output_format_agree(customers_run, tmp_path):
     for source in ("new.csv", "new.parquet"):
         for suffix in (".csv", ".parquet", ".jsonl"):
             out = tmp_path / f"{source}{suffix}"
-            main(["predict", str(customers_run), str(tmp_path / source), "-o", str(out),
-                  "--keep", "customer_id", "--batch-size", "64"])  # fmt: skip
+            main(
+                [
+                    "predict",
+                    str(customers_run),
+                    str(tmp_path / source),
+                    "-o",
+                    str(out),
+                    "--keep",
+                    "customer_id",
+                    "--batch-size",
+                    "64",
+                ]
+            )
             outputs[out.name] = _read(out)
     first = outputs["new.csv.csv"]
     assert len(first) == 300
@@ -172,8 +191,11 @@ def test_arguments_are_checked_without_tensorflow(customers_run, tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-c", code, "predict", str(customers_run), str(tmp_path / "missing.csv")],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert result.stdout.split() == ["2", "False"], result.stderr
 
 
@@ -240,9 +262,13 @@ def test_numpy_string_arrays_are_model_input(customers_run):
     from tfrecipe.cli.predict import model_inputs
 
     model = keras.saving.load_model(customers_run / "model.keras")
-    features = {"age": np.array([30.0, 60.0]), "income": np.array([1e4, 5e4]),
-                "visits": np.array([1.0, 9.0]), "city": np.array(["Paris", "Nice"]),
-                "plan": np.array(["basic", "pro"])}  # fmt: skip
+    features = {
+        "age": np.array([30.0, 60.0]),
+        "income": np.array([1e4, 5e4]),
+        "visits": np.array([1.0, 9.0]),
+        "city": np.array(["Paris", "Nice"]),
+        "plan": np.array(["basic", "pro"]),
+    }
     assert features["city"].dtype.kind == "U"
     logits = np.asarray(model.predict_on_batch(model_inputs(features, normalize=None)))
     assert logits.shape == (2, 1) and np.isfinite(logits).all()
@@ -266,8 +292,11 @@ def test_the_output_is_never_an_input_a_runs_file_or_a_planted_links_target(
     (tmp_path / "folder.csv").mkdir()
     before = new.read_bytes()
     history = (customers_run / "history.csv").read_bytes()
-    for output, named in [(new, "input"), (customers_run / "history.csv", "run"),
-                          (tmp_path / "folder.csv", "directory")]:  # fmt: skip
+    for output, named in [
+        (new, "input"),
+        (customers_run / "history.csv", "run"),
+        (tmp_path / "folder.csv", "directory"),
+    ]:
         assert named in _refused(capsys, str(customers_run), str(new), "-o", str(output))
     assert new.read_bytes() == before
     assert (customers_run / "history.csv").read_bytes() == history

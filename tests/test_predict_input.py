@@ -25,11 +25,16 @@ def _run_dir(tmp_path: Path, *, na_values: str = "[]", delimiter: str = ",") -> 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     signature = {
-        "task": "binary", "threshold": 0.5, "outputs": ["no", "yes"], "positive_class": "yes",
-        "inputs": {"kind": "columns",
-                   "columns": {"age": "float32", "income": "float32", "city": "string"}},
+        "task": "binary",
+        "threshold": 0.5,
+        "outputs": ["no", "yes"],
+        "positive_class": "yes",
+        "inputs": {
+            "kind": "columns",
+            "columns": {"age": "float32", "income": "float32", "city": "string"},
+        },
         "normalize": "scale",
-    }  # fmt: skip
+    }
     (run_dir / "signature.json").write_text(json.dumps(signature))
     (run_dir / "config.yaml").write_text(
         f"dataset:\n  _target_: tfrecipe.data.tabular.csv\n  na_values: {na_values}\n"
@@ -52,17 +57,29 @@ def _refused(capsys, run_dir: Path, table: Path) -> str:
 @pytest.mark.parametrize(
     ("cell", "expected"),
     [
-        ("lots", "'lots' is not a number; the run's model takes a number (float32) in this "
-         "column: correct the cell, or leave the row out"),
-        ("", "missing value; the run's model was trained without a missing-value marker for "
-         "this column (dataset.na_values) and takes a number in every cell: fill the cell, or "
-         "leave the row out"),
-        ("nan", "'nan' is not a finite number; the run's model takes finite numbers in this "
-         "column: correct the cell, or leave the row out"),
-        ("1e39", "'1e39' is beyond float32's range (at most 3.403e+38 in size); the run's model "
-         "takes float32 numbers in this column: correct the cell, or leave the row out"),
+        (
+            "lots",
+            "'lots' is not a number; the run's model takes a number (float32) in this "
+            "column: correct the cell, or leave the row out",
+        ),
+        (
+            "",
+            "missing value; the run's model was trained without a missing-value marker for "
+            "this column (dataset.na_values) and takes a number in every cell: fill the cell, or "
+            "leave the row out",
+        ),
+        (
+            "nan",
+            "'nan' is not a finite number; the run's model takes finite numbers in this "
+            "column: correct the cell, or leave the row out",
+        ),
+        (
+            "1e39",
+            "'1e39' is beyond float32's range (at most 3.403e+38 in size); the run's model "
+            "takes float32 numbers in this column: correct the cell, or leave the row out",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_cell_names_file_line_column_value_and_what_the_model_takes(
     tmp_path, capsys, cell, expected
 ):
@@ -100,8 +117,10 @@ def test_a_bad_cell_is_refused_before_tensorflow_is_imported(tmp_path):
     table.write_text(HEADER + "31,2000,Nice\n" * 5000 + "32,lots,Lyon\n")
     result = subprocess.run(
         [sys.executable, "-c", _NO_TF, "predict", str(_run_dir(tmp_path)), str(table)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.stdout.split() == ["NO-TENSORFLOW", "2"], result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(

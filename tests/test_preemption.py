@@ -22,11 +22,17 @@ EPOCHS, STEPS_PER_EPOCH = 2, 40
 
 def _command(run_dir: Path, *overrides: str) -> list[str]:
     return [
-        sys.executable, "-m", "tfrecipe", *overrides,
-        f"loop.epochs={EPOCHS}", f"loop.steps_per_epoch={STEPS_PER_EPOCH}", "loop.verbose=0",
-        "batching.per_replica_batch_size=16", "logger.csv.every_n_steps=1",
+        sys.executable,
+        "-m",
+        "tfrecipe",
+        *overrides,
+        f"loop.epochs={EPOCHS}",
+        f"loop.steps_per_epoch={STEPS_PER_EPOCH}",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=16",
+        "logger.csv.every_n_steps=1",
         f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+    ]
 
 
 def _wait_for_steps(path: Path, steps: int, process: subprocess.Popen, timeout: float) -> None:

@@ -39,8 +39,11 @@ def test_the_command_line_refuses_a_completed_run_dir_by_its_key(tmp_path):
     run_dir = _completed(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "tfrecipe", f"hydra.run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
         f"tfrecipe: invalid configuration: hydra.run.dir={run_dir}: already holds a completed run "

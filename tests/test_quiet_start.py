@@ -20,9 +20,12 @@ NOISE = ("I0000 ", "absl::InitializeLog", "To enable the following instructions"
 def _fresh(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300,
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.heavy  # a fresh interpreter imports TensorFlow

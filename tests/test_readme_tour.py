@@ -65,8 +65,11 @@ def test_the_readme_tour_runs_as_written(cli, tmp_path):
     assert "├── strategy" not in result.stdout
     table = result.stdout.split("sweep: 6 jobs (6 completed)\n", 1)[1].splitlines()[:7]
     assert table[0].split()[:4] == [
-        "job", "optimizer.learning_rate", "batching.per_replica_batch_size", "status"
-    ]  # fmt: skip
+        "job",
+        "optimizer.learning_rate",
+        "batching.per_replica_batch_size",
+        "status",
+    ]
     assert [row.split()[:4] for row in table[1:]] == [
         [str(i), rate, batch, "completed"]
         for i, (rate, batch) in enumerate(
@@ -101,6 +104,10 @@ def test_the_tour_shows_each_of_its_steps():
     above unpacks)."""
     commands = _commands(_tour())
     assert [c[0] if c[0] in ("compare", "predict") else "-m" in c for c in commands] == [
-        False, True, "compare", False, "predict"
-    ]  # fmt: skip
+        False,
+        True,
+        "compare",
+        False,
+        "predict",
+    ]
     assert Path("outputs/churn") == Path(commands[4][1])

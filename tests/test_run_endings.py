@@ -65,10 +65,18 @@ def _wait(predicate, process: subprocess.Popen, timeout: float) -> None:
 def test_a_second_process_on_a_busy_run_dir_is_refused_and_a_killed_one_frees_it(cli, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(
-        [sys.executable, "-m", "tfrecipe", "loop.epochs=100", "loop.verbose=0",
-         f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tfrecipe",
+            "loop.epochs=100",
+            "loop.verbose=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         # Without a lock, wait until it trains (its summary.json says "running").
         _wait(lambda: _is_locked(run_dir) or (run_dir / "summary.json").exists(), first, 120)
@@ -124,11 +132,17 @@ def test_a_command_on_a_run_dir_in_use_says_so_in_its_own_words(tmp_path, capsys
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
     """A process holding `run_dir`'s lock, as a training run does, until killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from tfrecipe.rundir import RunFiles; RunFiles(Path(sys.argv[1])).lock(); "
-         "print('locked', flush=True); time.sleep(120)", str(run_dir)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from tfrecipe.rundir import RunFiles; RunFiles(Path(sys.argv[1])).lock(); "
+            "print('locked', flush=True); time.sleep(120)",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -251,8 +265,11 @@ def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_bat
     """Two replicas at 16 examples each, preempted after step 2; one replica would read from
     step x 16 instead of step x 32 (the config unchanged but for the allowed strategy)."""
     run_dir = tmp_path / "run"
-    stop = ["+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
-            "+callbacks.extra.stop.step=2", "allowed_targets=[tests.helpers]"]  # fmt: skip
+    stop = [
+        "+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+        "+callbacks.extra.stop.step=2",
+        "allowed_targets=[tests.helpers]",
+    ]
     common = [*TINY, "batching.steps_per_execution=1", *stop, f"hydra.run.dir={run_dir}"]
     first = cli("strategy=mirrored", "strategy.logical_cpus=2", *common, env=USER_ENV)
     assert first.returncode == 75, first.stderr[-3000:]
@@ -263,8 +280,13 @@ def test_resuming_on_another_number_of_replicas_is_refused_unless_the_global_bat
     assert "trained on 2 replicas at a global batch of 32" in line, line
     assert line.endswith("batching=global batching.global_batch_size=32"), line
 
-    kept = cli(*moved, "batching=global", "batching.global_batch_size=32",
-               "resume_allow_changes=[strategy,batching]", env=USER_ENV)  # fmt: skip
+    kept = cli(
+        *moved,
+        "batching=global",
+        "batching.global_batch_size=32",
+        "resume_allow_changes=[strategy,batching]",
+        env=USER_ENV,
+    )
     assert kept.returncode == 0, kept.stderr[-3000:]
     summary = _summary(run_dir)
     assert (summary["resumed_from_step"], summary["global_batch_size"]) == (saved, 32)
@@ -358,10 +380,15 @@ def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
 def test_a_failure_while_building_the_model_leaves_a_failed_summary(cli, tmp_path):
     run_dir = tmp_path / "run"
     result = cli(
-        *TINY, "model._target_=tests.helpers.failing_model.out_of_memory", "~model.filters",
-        "~model.dense_units", "~model.dropout", "allowed_targets=[tests.helpers]",
-        f"hydra.run.dir={run_dir}", env=USER_ENV,
-    )  # fmt: skip
+        *TINY,
+        "model._target_=tests.helpers.failing_model.out_of_memory",
+        "~model.filters",
+        "~model.dense_units",
+        "~model.dropout",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.run.dir={run_dir}",
+        env=USER_ENV,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "summary.json and traceback.txt have the details" in result.stdout + result.stderr
     summary = _summary(run_dir)
@@ -375,10 +402,14 @@ def test_a_run_ends_when_a_users_thread_pool_was_never_shut_down(cli, tmp_path):
     stopped (the fast exit once joined that thread first and waited forever)."""
     run_dir, epochs = tmp_path / "run", tmp_path / "epochs.jsonl"
     result = cli(
-        *TINY, "+callbacks.extra.pool._target_=tests.helpers.pooled_callback.PooledCallback",
-        f"+callbacks.extra.pool.path={epochs}", "allowed_targets=[tests.helpers]",
-        f"hydra.run.dir={run_dir}", env=USER_ENV, timeout=120,
-    )  # fmt: skip
+        *TINY,
+        "+callbacks.extra.pool._target_=tests.helpers.pooled_callback.PooledCallback",
+        f"+callbacks.extra.pool.path={epochs}",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.run.dir={run_dir}",
+        env=USER_ENV,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [json.loads(line)["epoch"] for line in epochs.read_text().splitlines()] == [0, 1]
     assert _summary(run_dir)["status"] == "completed"
@@ -417,17 +448,27 @@ def test_a_second_ctrl_c_is_recorded_as_what_it_was(tmp_path):
 def test_ctrl_c_saves_a_backup_and_exits_preempted_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "tfrecipe", "loop.epochs=2", "loop.steps_per_epoch=200",
-        "loop.verbose=0", "batching.per_replica_batch_size=16", "logger.csv.every_n_steps=1",
+        sys.executable,
+        "-m",
+        "tfrecipe",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=200",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=16",
+        "logger.csv.every_n_steps=1",
         f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+    ]
     # A terminal's process: SIGINT not ignored. A pytest-xdist worker ignores SIGINT and its
     # children inherit that, and tfrecipe rightly leaves an ignored SIGINT ignored (a shell
     # script's background job), so without this the run would finish untouched.
     process = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     try:
         steps = run_dir / "steps.csv"
         _wait(lambda: steps.exists() and len(steps.read_text().splitlines()) > 3, process, 120)
@@ -449,9 +490,12 @@ def test_a_signal_while_the_run_starts_is_recorded_as_preempted(tmp_path, signum
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "tfrecipe", *TINY, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
-    )  # fmt: skip
+    )
     try:
         _wait(run_dir.exists, process, 60)
         process.send_signal(signum)
@@ -467,8 +511,11 @@ def test_a_signal_before_the_run_dir_is_known_is_recorded_once_it_is(tmp_path):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "tfrecipe", *TINY, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     time.sleep(0.5)  # importing the command line, composing the config
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
@@ -502,8 +549,9 @@ print("summary:", open(os.path.join(root, "summary.json")).read().replace(chr(10
 def _unshare() -> list[str] | None:
     """The `unshare` that gives this process a mount namespace it can mount a tmpfs in."""
     for command in (["unshare", "-m"], ["unshare", "-U", "-r", "-m"]):
-        probe = subprocess.run([*command, "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-                               capture_output=True)  # fmt: skip
+        probe = subprocess.run(
+            [*command, "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True
+        )
         if probe.returncode == 0:
             return command
     return None
@@ -545,10 +593,26 @@ def test_a_full_disk_ends_failed_disk_full_in_one_line_without_partial_files(
     disk = tmp_path / "disk"
     disk.mkdir()
     result = subprocess.run(
-        [*unshare, "sh", "-c", _ON_A_SMALL_DISK, "sh", size, str(disk), sys.executable, "-m",
-         "tfrecipe", *TINY, *overrides, f"hydra.run.dir={disk}/run"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *unshare,
+            "sh",
+            "-c",
+            _ON_A_SMALL_DISK,
+            "sh",
+            size,
+            str(disk),
+            sys.executable,
+            "-m",
+            "tfrecipe",
+            *TINY,
+            *overrides,
+            f"hydra.run.dir={disk}/run",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     assert "exit code: 1\n" in result.stdout, output[-3000:]  # not 139 (h5py's segfault)
     assert "Traceback" not in output and "Logging error" not in output, output[-3000:]
@@ -559,8 +623,13 @@ def test_a_full_disk_ends_failed_disk_full_in_one_line_without_partial_files(
     files = set(json.loads(result.stdout.split("left: ", 1)[1].splitlines()[0]))
     # no .reserve, .NAME.tmp, .partial-*, *_temp: only complete files (and what failed says)
     # (and the run's own manifest and data fingerprint, written whole at its start)
-    assert files == {*left, "summary.json", "traceback.txt", ".tfrecipe-files",
-                     "data_fingerprint.json"}, files  # fmt: skip
+    assert files == {
+        *left,
+        "summary.json",
+        "traceback.txt",
+        ".tfrecipe-files",
+        "data_fingerprint.json",
+    }, files
 
 
 # Fills the tmpfs to 8 KB free before the command runs: Hydra's own .hydra/ files do not fit.
@@ -583,10 +652,24 @@ def test_a_disk_full_before_training_starts_is_one_line_and_a_failed_summary(tmp
     disk = tmp_path / "disk"
     disk.mkdir()
     result = subprocess.run(
-        [*unshare, "sh", "-c", _ON_A_FULL_DISK, "sh", str(disk), sys.executable, "-m",
-         "tfrecipe", *TINY, f"hydra.run.dir={disk}/run"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *unshare,
+            "sh",
+            "-c",
+            _ON_A_FULL_DISK,
+            "sh",
+            str(disk),
+            sys.executable,
+            "-m",
+            "tfrecipe",
+            *TINY,
+            f"hydra.run.dir={disk}/run",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "exit code: 1\n" in result.stdout, result.stdout + result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip() == (
@@ -605,9 +688,11 @@ def test_synthetic_data_that_cannot_fit_in_memory_is_refused_with_the_estimate(c
     run_dir = tmp_path / "run"
     # 10^6 images of 1024x1024x3 float32: 12.6 TB, more than any machine here has.
     result = cli(
-        "dataset=synthetic", "dataset.num_examples=1000000", "dataset.shape=[1024,1024,3]",
+        "dataset=synthetic",
+        "dataset.num_examples=1000000",
+        "dataset.shape=[1024,1024,3]",
         f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+    )
     line = _one_line_refusal(result, "dataset.num_examples=1000000", "TB", "available")
     assert "[1024, 1024, 3]" in line
     assert not run_dir.exists()

@@ -133,10 +133,17 @@ class Job:
             "TMPDIR": str(self.tmp),
         }
         self.id = slurm.run(
-            "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
-            f"--output={where}/slurm-%j.out", *sbatch_args, str(SCRIPT), *overrides,
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            f"--output={where}/slurm-%j.out",
+            *sbatch_args,
+            str(SCRIPT),
+            *overrides,
             env=env,
-        )  # fmt: skip
+        )
 
     @property
     def log(self) -> str:

@@ -29,8 +29,12 @@ def _job(sweep: Path, number: int, overrides: list[str], status: str | None, **m
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if status is not None:
-        summary = {"status": status, "metrics": metrics, "wall_time_s": 3.25 + number,
-                   "test": {"loss": 0.3, "accuracy": metrics.get("val_accuracy", 0.0)}}  # fmt: skip
+        summary = {
+            "status": status,
+            "metrics": metrics,
+            "wall_time_s": 3.25 + number,
+            "test": {"loss": 0.3, "accuracy": metrics.get("val_accuracy", 0.0)},
+        }
         (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -40,14 +44,38 @@ def sweep(tmp_path) -> Path:
     """Five jobs: the two best by val_accuracy failed or were preempted, one never started."""
     sweep = tmp_path / "sweep"
     base = ["loop.epochs=2", "recipe=my recipe.yaml"]
-    _job(sweep, 0, [*base, "model=mlp", "optimizer.learning_rate=0.001"], "completed",
-         val_accuracy=0.80, val_loss=0.5)  # fmt: skip
-    _job(sweep, 1, [*base, "model=mlp", "optimizer.learning_rate=0.1"], "failed",
-         val_accuracy=0.99, val_loss=0.1)  # fmt: skip
-    _job(sweep, 2, [*base, "model=cnn", "optimizer.learning_rate=0.001"], "completed",
-         val_accuracy=0.90, val_loss=0.7)  # fmt: skip
-    _job(sweep, 3, [*base, "model=cnn", "optimizer.learning_rate=0.1"], "preempted",
-         val_accuracy=0.95, val_loss=0.2)  # fmt: skip
+    _job(
+        sweep,
+        0,
+        [*base, "model=mlp", "optimizer.learning_rate=0.001"],
+        "completed",
+        val_accuracy=0.80,
+        val_loss=0.5,
+    )
+    _job(
+        sweep,
+        1,
+        [*base, "model=mlp", "optimizer.learning_rate=0.1"],
+        "failed",
+        val_accuracy=0.99,
+        val_loss=0.1,
+    )
+    _job(
+        sweep,
+        2,
+        [*base, "model=cnn", "optimizer.learning_rate=0.001"],
+        "completed",
+        val_accuracy=0.90,
+        val_loss=0.7,
+    )
+    _job(
+        sweep,
+        3,
+        [*base, "model=cnn", "optimizer.learning_rate=0.1"],
+        "preempted",
+        val_accuracy=0.95,
+        val_loss=0.2,
+    )
     _job(sweep, 4, [*base, "model=mlp", "optimizer.learning_rate=0.01"], None)
     return sweep
 
@@ -60,24 +88,40 @@ def test_the_best_completed_job_wins_and_its_command_reruns_it(sweep):
     report = write_report(_plan(sweep), invocation=invocation(["-m", "x=1,2"], 0.0))
 
     assert [(j["job"], j["status"]) for j in report["jobs"]] == [
-        (0, "completed"), (1, "failed"), (2, "completed"), (3, "preempted"), (4, "not started"),
-    ]  # fmt: skip
+        (0, "completed"),
+        (1, "failed"),
+        (2, "completed"),
+        (3, "preempted"),
+        (4, "not started"),
+    ]
     best = report["best"]
     assert best["job"] == 2 and best["val_accuracy"] == 0.90 and best["wall_time_s"] == 5.25
     assert report["varied"] == ["model", "optimizer.learning_rate"]
     assert report["counts"] == {"completed": 2, "failed": 1, "preempted": 1, "not started": 1}
     # The command is the job's own overrides, quoted for a shell: it reruns exactly this job.
     assert shlex.split(best["command"]) == [
-        "python", "-m", "tfrecipe", "loop.epochs=2", "recipe=my recipe.yaml", "model=cnn",
+        "python",
+        "-m",
+        "tfrecipe",
+        "loop.epochs=2",
+        "recipe=my recipe.yaml",
+        "model=cnn",
         "optimizer.learning_rate=0.001",
-    ]  # fmt: skip
+    ]
     assert json.loads((sweep / "sweep.json").read_text()) == report
     assert (sweep / "sweep.png").read_bytes()[:8] == PNG
 
     lines = console_text(report).splitlines()
     assert lines[0] == "sweep: 5 jobs (2 completed, 1 failed, 1 preempted, 1 not started)"
-    assert lines[1].split() == ["job", "model", "optimizer.learning_rate", "status",
-                                "val_accuracy", "test_accuracy", "wall_s"]  # fmt: skip
+    assert lines[1].split() == [
+        "job",
+        "model",
+        "optimizer.learning_rate",
+        "status",
+        "val_accuracy",
+        "test_accuracy",
+        "wall_s",
+    ]
     assert lines[2].split() == ["0", "mlp", "0.001", "completed", "0.8", "0.8", "3.2"]
     assert lines[3].split() == ["1", "mlp", "0.1", "failed", "0.99", "0.99", "4.2"]
     assert lines[4].split()[-1] == "*" and lines[4].startswith("2 ")
@@ -123,17 +167,18 @@ def test_jobs_in_a_nested_sweep_subdir_are_found_and_nothing_inside_a_job_is_one
     members inside a job and MLflow's copies of a run's files are no jobs."""
     sweep = tmp_path / "sweep"
     _job(sweep / "runs", 0, ["optimizer.learning_rate=0.1"], "completed", val_accuracy=0.7)
-    first = _job(sweep / "runs", 1, ["optimizer.learning_rate=0.01"], "completed",
-                 val_accuracy=0.9)  # fmt: skip
+    first = _job(sweep / "runs", 1, ["optimizer.learning_rate=0.01"], "completed", val_accuracy=0.9)
     _job(first / "members", 0, ["seed=0"], "completed", val_accuracy=0.99)
-    _job(sweep / "mlartifacts" / "1" / "abc" / "artifacts", 0, ["x=1"], "completed",
-         val_accuracy=1.0)  # fmt: skip
+    _job(
+        sweep / "mlartifacts" / "1" / "abc" / "artifacts", 0, ["x=1"], "completed", val_accuracy=1.0
+    )
 
     report = write_report(_plan(sweep), invocation={})
 
     assert [(j["job"], j["overrides"]) for j in report["jobs"]] == [
-        (0, {"optimizer.learning_rate": "0.1"}), (1, {"optimizer.learning_rate": "0.01"}),
-    ]  # fmt: skip
+        (0, {"optimizer.learning_rate": "0.1"}),
+        (1, {"optimizer.learning_rate": "0.01"}),
+    ]
     assert report["best"]["run_dir"] == str(first.resolve())
 
 
@@ -145,9 +190,13 @@ def test_the_metric_comes_from_sweep_metric_the_optuna_objective_or_the_task():
     assert (named.metric, named.direction, named.chosen_by) == ("test_mae", "min", "sweep.metric")
     optuna = plan(
         sweep={"metric": None, "objective": "val_accuracy"},
-        hydra={"sweeper": {"_target_": "hydra_plugins.tfrecipe_optuna_sweeper.optuna_sweeper."
-                           "OptunaSweeper", "direction": "maximize"}},
-    )  # fmt: skip
+        hydra={
+            "sweeper": {
+                "_target_": "hydra_plugins.tfrecipe_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                "direction": "maximize",
+            }
+        },
+    )
     assert (optuna.metric, optuna.direction) == ("val_accuracy", "max")
     regression = plan(task={"name": "regression"}, sweep={"metric": None})
     assert (regression.metric, regression.direction) == ("val_mae", "min")
@@ -189,8 +238,14 @@ def test_the_compare_legend_fits_the_figure_however_long_the_labels(tmp_path):
     matplotlib.use("Agg")
     for number in range(4):
         units = ",".join(["512"] * (8 + 12 * number))
-        run_dir = _job(tmp_path, number, [f"model.hidden_units=[{units}]"], "completed",
-                       val_loss=0.5, val_accuracy=0.5)  # fmt: skip
+        run_dir = _job(
+            tmp_path,
+            number,
+            [f"model.hidden_units=[{units}]"],
+            "completed",
+            val_loss=0.5,
+            val_accuracy=0.5,
+        )
         (run_dir / "history.csv").write_text("epoch,val_loss,val_accuracy\n1,0.6,0.4\n2,0.5,0.5\n")
     runs = compare.find_runs([tmp_path])
     fig = compare.curves_figure(runs, compare.differing_keys(runs))

@@ -53,8 +53,14 @@ def test_the_training_order_is_reshuffled_each_epoch_and_seeded(tmp_path):
 
     path = _csv(tmp_path, 400)
     splits = tabular.csv(path=str(path), label="y", categorical=["city"], stream=True)
-    shuffled = prepare(splits.train, PipelineOptions(shuffle_buffer=100), split="train",
-                       training=True, seed=3, chunks=True)  # fmt: skip
+    shuffled = prepare(
+        splits.train,
+        PipelineOptions(shuffle_buffer=100),
+        split="train",
+        training=True,
+        seed=3,
+        chunks=True,
+    )
     first, second = _ids(shuffled), _ids(shuffled)
     assert sorted(first) == sorted(second) == sorted(_ids(splits.train))
     assert first != second and first != sorted(first)
@@ -78,11 +84,18 @@ def test_csv_and_parquet_files_directories_partitions_and_globs_read_the_same_ro
         "csv directory (.gz too)": (tabular.csv, tmp_path / "csvs"),
     }
     for name, (builder, path) in kinds.items():
-        splits = builder(path=str(path), label="y", categorical=["city"], stream=True,
-                         validation_fraction=0, test_fraction=0)  # fmt: skip
+        splits = builder(
+            path=str(path),
+            label="y",
+            categorical=["city"],
+            stream=True,
+            validation_fraction=0,
+            test_fraction=0,
+        )
         assert sorted(_ids(splits.train)) == list(range(900)), name
-    hive = tabular.parquet(path=str(tmp_path / "hive"), label="y", categorical=["city", "part"],
-                           stream=True)  # fmt: skip
+    hive = tabular.parquet(
+        path=str(tmp_path / "hive"), label="y", categorical=["city", "part"], stream=True
+    )
     assert hive.info.input_shape == (6,)  # id, x0-x2, city and the partition column
 
 
@@ -100,8 +113,9 @@ def test_statistics_come_from_the_training_split_and_are_cached_in_the_run_dir(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cache = tabular.StatsCache(run_dir, chief=True)
-    splits = tabular.csv(path=str(path), label="y", categorical=["city"], stream=True,
-                         stats_cache=cache)  # fmt: skip
+    splits = tabular.csv(
+        path=str(path), label="y", categorical=["city"], stream=True, stats_cache=cache
+    )
     train = [f for f, _ in splits.train.as_numpy_iterator()]
     x0 = np.concatenate([f["x0"] for f in train])
     stats = json.loads((run_dir / table_stats.STATS_FILE).read_text())["stats"]
@@ -114,8 +128,13 @@ def test_statistics_come_from_the_training_split_and_are_cached_in_the_run_dir(
 
     monkeypatch.setattr(table_stats, "compute", recompute)
     for chief in (True, False):  # a resume, and another worker
-        again = tabular.csv(path=str(path), label="y", categorical=["city"], stream=True,
-                            stats_cache=tabular.StatsCache(run_dir, chief=chief))  # fmt: skip
+        again = tabular.csv(
+            path=str(path),
+            label="y",
+            categorical=["city"],
+            stream=True,
+            stats_cache=tabular.StatsCache(run_dir, chief=chief),
+        )
         assert again.info == splits.info
 
 
@@ -143,8 +162,14 @@ def test_the_statistics_line_shows_the_split_counts_the_table_uses(tmp_path, cap
 
 def test_stats_rows_bounds_the_sample_and_a_vocabulary_cap_keeps_the_frequent_categories(tmp_path):
     path = _csv(tmp_path, 3000)
-    splits = tabular.csv(path=str(path), label="y", categorical=["city"], stream=True,
-                         stats_rows=500, max_vocabulary=3)  # fmt: skip
+    splits = tabular.csv(
+        path=str(path),
+        label="y",
+        categorical=["city"],
+        stream=True,
+        stats_rows=500,
+        max_vocabulary=3,
+    )
     _, encoded = splits.preprocessing(None)
     assert encoded.shape[-1] == 4 + 3 + 1  # 4 numbers, 3 categories and the any-other slot
     assert splits.info.num_train + splits.info.num_validation + splits.info.num_test == 3000
@@ -169,14 +194,25 @@ def test_a_parquet_table_trains_and_its_model_takes_raw_rows(train_run, tmp_path
     import tfrecipe.tasks
 
     path = tables.write(tmp_path / "t.parquet", 1500)
-    summary, run_dir = train_run("dataset=parquet", f"dataset.path={path}", *TABLE,
-                                 "loop.epochs=4", "loop.steps_per_epoch=20",
-                                 "optimizer.learning_rate=0.01", tiny=False)  # fmt: skip
+    summary, run_dir = train_run(
+        "dataset=parquet",
+        f"dataset.path={path}",
+        *TABLE,
+        "loop.epochs=4",
+        "loop.steps_per_epoch=20",
+        "optimizer.learning_rate=0.01",
+        tiny=False,
+    )
     assert summary["status"] == "completed" and summary["test"]["auc"] > 0.9, summary["test"]
     tfrecipe.tasks.register_custom_objects()
     model = keras.saving.load_model(run_dir / "model.keras")
-    rows = {"id": np.array([1.0, 2.0]), "x0": np.array([3.0, -3.0]), "x1": np.array([-1.0, 1.0]),
-            "x2": np.array([0.0, 0.0]), "city": np.array(["c1", "c0"], dtype=object)}  # fmt: skip
+    rows = {
+        "id": np.array([1.0, 2.0]),
+        "x0": np.array([3.0, -3.0]),
+        "x1": np.array([-1.0, 1.0]),
+        "x2": np.array([0.0, 0.0]),
+        "city": np.array(["c1", "c0"], dtype=object),
+    }
     logits = model.predict(rows, verbose=0)
     assert logits[0, 0] > 0 > logits[1, 0]
 
@@ -235,14 +271,21 @@ def test_a_bad_cell_is_exit_2_with_one_line_and_no_run_dir(cli, tmp_path):
     rows = "".join(f"{i},{i}.5,c1,{i % 2}\n" for i in range(5000))
     path.write_text(f"id,x0,city,y\n{rows}5000,3..5,c1,0\n")
     run_dir = tmp_path / "run"
-    result = cli("dataset=csv", f"dataset.path={path}", *TABLE, "dataset.stream=true",
-                 f"hydra.run.dir={run_dir}")  # fmt: skip
+    result = cli(
+        "dataset=csv",
+        f"dataset.path={path}",
+        *TABLE,
+        "dataset.stream=true",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and not run_dir.exists()
     (line,) = [line for line in result.stderr.splitlines() if "bad.csv" in line]
-    assert line.endswith(f"{path}:5002: column 'x0': '3..5' is not a number; list the column in "
-                         "dataset.categorical if it holds categories, or the marker in "
-                         "dataset.na_values")  # fmt: skip
+    assert line.endswith(
+        f"{path}:5002: column 'x0': '3..5' is not a number; list the column in "
+        "dataset.categorical if it holds categories, or the marker in "
+        "dataset.na_values"
+    )
 
 
 @pytest.mark.slow
@@ -277,11 +320,22 @@ def test_parameter_servers_train_on_a_streamed_table_fed_by_the_coordinator(laun
     and sends each step its batch, so every scheduled step trains (exact step count)."""
     path = _csv(tmp_path, 800)
     run_dir = tmp_path / "run"
-    run = launch("strategy=parameter_server", "cluster=local", "cluster.num_workers=2",
-                 "cluster.num_ps=1", "loop=custom", "dataset=csv", f"dataset.path={path}",
-                 *TABLE, "dataset.stream=true", "loop.epochs=2", "loop.steps_per_epoch=10",
-                 "loop.verbose=0", "batching.per_replica_batch_size=32",
-                 f"hydra.run.dir={run_dir}")  # fmt: skip
+    run = launch(
+        "strategy=parameter_server",
+        "cluster=local",
+        "cluster.num_workers=2",
+        "cluster.num_ps=1",
+        "loop=custom",
+        "dataset=csv",
+        f"dataset.path={path}",
+        *TABLE,
+        "dataset.stream=true",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=10",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=32",
+        f"hydra.run.dir={run_dir}",
+    )
     assert run.finish(timeout=400) == 0, run.output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps_completed"] == 20
@@ -291,9 +345,16 @@ def test_parameter_servers_train_on_a_streamed_table_fed_by_the_coordinator(laun
 def test_a_streamed_run_caches_its_statistics_and_evaluate_scores_it_the_same(cli, tmp_path):
     path = _csv(tmp_path, 1500)
     run_dir = tmp_path / "run"
-    result = cli("dataset=csv", f"dataset.path={path}", *TABLE, "dataset.stream=true",
-                 "loop.epochs=2", "loop.steps_per_epoch=5", "loop.verbose=0",
-                 f"hydra.run.dir={run_dir}")  # fmt: skip
+    result = cli(
+        "dataset=csv",
+        f"dataset.path={path}",
+        *TABLE,
+        "dataset.stream=true",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=5",
+        "loop.verbose=0",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ran out of data" not in result.stderr  # Keras counts the streamed splits' batches
     cached = json.loads((run_dir / table_stats.STATS_FILE).read_text())
@@ -318,9 +379,17 @@ def test_delimiters_and_headerless_files_stream_like_the_others(tmp_path):
         validation_fraction=0,
         test_fraction=0,
     )
-    bare = tabular.csv(path=str(tmp_path / "bare.tsv"), label="y", categorical=["city"],
-                       delimiter="\t", header=False, column_names=["id", "x0", "city", "y"],
-                       stream=True, validation_fraction=0, test_fraction=0)  # fmt: skip
+    bare = tabular.csv(
+        path=str(tmp_path / "bare.tsv"),
+        label="y",
+        categorical=["city"],
+        delimiter="\t",
+        header=False,
+        column_names=["id", "x0", "city", "y"],
+        stream=True,
+        validation_fraction=0,
+        test_fraction=0,
+    )
     assert sorted(_ids(semi.train)) == sorted(_ids(bare.train)) == list(range(300))
 
 
@@ -338,8 +407,14 @@ def test_a_file_cache_holds_a_streamed_split_and_gives_the_same_rows(tmp_path):
 def test_splits_with_their_own_files_read_only_those(tmp_path):
     train = _csv(tmp_path, 400, name="train.csv")
     validation = _csv(tmp_path, 50, name="val.csv", first_id=1000)
-    splits = tabular.csv(path=str(train), label="y", categorical=["city"], stream=True,
-                         validation_path=str(validation), test_fraction=0.25)  # fmt: skip
+    splits = tabular.csv(
+        path=str(train),
+        label="y",
+        categorical=["city"],
+        stream=True,
+        validation_path=str(validation),
+        test_fraction=0.25,
+    )
     assert sorted(_ids(splits.validation)) == list(range(1000, 1050))
     test = _ids(splits.test)
     assert 60 <= len(test) <= 140 and sorted(_ids(splits.train) + test) == list(range(400))

@@ -190,16 +190,26 @@ def test_a_monitor_the_task_does_not_produce_lists_the_extra_metrics_too(compose
 
     extra = "task.metrics=[{_target_: keras.metrics.MeanSquaredLogarithmicError}]"
     with pytest.raises(ConfigError) as error:
-        validate(compose_cfg("task=regression", extra, "callbacks.early_stopping.enabled=true",
-                             "callbacks.early_stopping.monitor=val_auc"))  # fmt: skip
+        validate(
+            compose_cfg(
+                "task=regression",
+                extra,
+                "callbacks.early_stopping.enabled=true",
+                "callbacks.early_stopping.monitor=val_auc",
+            )
+        )
     (line,) = error.value.messages
     assert line.startswith("callbacks.early_stopping.monitor=val_auc: task=regression does not")
     assert "val_mean_squared_logarithmic_error" in line
     # ...which monitors may watch (min: an error), as a sweep may optimize it
     run = validate(
-        compose_cfg("task=regression", extra, "sweep.objective=test_mean_squared_logarithmic_error",
-                    "callbacks.model_checkpoint.monitor=val_mean_squared_logarithmic_error")
-    )  # fmt: skip
+        compose_cfg(
+            "task=regression",
+            extra,
+            "sweep.objective=test_mean_squared_logarithmic_error",
+            "callbacks.model_checkpoint.monitor=val_mean_squared_logarithmic_error",
+        )
+    )
     from tfrecipe.tasks import monitor_mode
 
     assert monitor_mode(run.callbacks.model_checkpoint.monitor) == "min"
@@ -236,8 +246,14 @@ def test_class_weights_train_on_parameter_servers(tmp_path):
     run_dir = tmp_path / "run"
     ps = ["strategy=parameter_server", "cluster=local", "cluster.num_workers=2", "cluster.num_ps=1"]
     for launch in launching(tmp_path):
-        run = launch(*ps, "loop=custom", *TINY, "model=mlp", "task.class_weight=balanced",
-                     f"hydra.run.dir={run_dir}")  # fmt: skip
+        run = launch(
+            *ps,
+            "loop=custom",
+            *TINY,
+            "model=mlp",
+            "task.class_weight=balanced",
+            f"hydra.run.dir={run_dir}",
+        )
         assert run.finish(timeout=300) == 0, run.output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["class_weight"]) == 10

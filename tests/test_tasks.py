@@ -186,9 +186,17 @@ def test_compare_shows_the_metrics_the_runs_logged(tmp_path):
 
     runs = [run("worse", 0.3), run("better", 0.5)]
     assert columns(runs) == [
-        "loss", "mae", "r2", "val_loss", "val_mae", "val_r2", "test_mae", "test_r2",
-        "examples_per_sec", "wall_time_s",
-    ]  # fmt: skip
+        "loss",
+        "mae",
+        "r2",
+        "val_loss",
+        "val_mae",
+        "val_r2",
+        "test_mae",
+        "test_r2",
+        "examples_per_sec",
+        "wall_time_s",
+    ]
     assert [r.path.name for r in _sorted(runs, "test_r2")] == ["better", "worse"]  # higher first
 
 

@@ -49,11 +49,18 @@ def test_text_folder_trains_through_the_cli_and_model_keras_takes_raw_strings(cl
     corpus = write_corpus(tmp_path / "reviews")
     run_dir = tmp_path / "run"
     result = cli(
-        "dataset=text_folder", f"dataset.path={corpus}", "dataset.test_fraction=0.2",
-        "task=binary", *SMALL_TEXT, "loop.epochs=5", "loop.verbose=0",
-        "batching.per_replica_batch_size=16", "optimizer.learning_rate=0.01",
-        "export.formats=[keras,saved_model]", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        "dataset=text_folder",
+        f"dataset.path={corpus}",
+        "dataset.test_fraction=0.2",
+        "task=binary",
+        *SMALL_TEXT,
+        "loop.epochs=5",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=16",
+        "optimizer.learning_rate=0.01",
+        "export.formats=[keras,saved_model]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test"]["accuracy"] >= 0.9, summary["test"]  # chance: 0.5
@@ -81,11 +88,20 @@ def test_text_folder_trains_through_the_cli_and_model_keras_takes_raw_strings(cl
 def test_three_classes_train_with_the_conv_encoder_and_the_custom_loop(train_run, tmp_path):
     corpus = write_corpus(tmp_path / "texts", classes=("mixed", "neg", "pos"), per_class=30)
     summary, _ = train_run(
-        "dataset=text_folder", f"dataset.path={corpus}", "dataset.test_fraction=0.2",
-        *SMALL_TEXT, "model.encoder=conv", "model.filters=[8]", "model.kernel_size=3",
-        "loop=custom", "loop.epochs=6", "loop.verbose=0", "batching.per_replica_batch_size=16",
-        "optimizer.learning_rate=0.01", tiny=False,
-    )  # fmt: skip
+        "dataset=text_folder",
+        f"dataset.path={corpus}",
+        "dataset.test_fraction=0.2",
+        *SMALL_TEXT,
+        "model.encoder=conv",
+        "model.filters=[8]",
+        "model.kernel_size=3",
+        "loop=custom",
+        "loop.epochs=6",
+        "loop.verbose=0",
+        "batching.per_replica_batch_size=16",
+        "optimizer.learning_rate=0.01",
+        tiny=False,
+    )
     assert summary["status"] == "completed" and summary["loop"] == "custom"
     assert summary["test"]["accuracy"] >= 0.8, summary["test"]  # chance: 1/3
 
@@ -95,12 +111,21 @@ def test_mirrored_trains_text_as_the_default_strategy_does(train_run, tmp_path, 
     """Raw strings split over 2 replicas: the same losses as one replica, within 1e-4."""
     corpus = write_corpus(tmp_path / "reviews")
     same_work = [
-        "dataset=text_folder", f"dataset.path={corpus}", "task=binary", *SMALL_TEXT,
-        "model.dropout=0.0", f"loop={loop}", "seed=3", "deterministic=true",
-        "batching=global", "batching.global_batch_size=16",
-        "callbacks.model_checkpoint.enabled=false", "loop.epochs=2", "loop.steps_per_epoch=3",
+        "dataset=text_folder",
+        f"dataset.path={corpus}",
+        "task=binary",
+        *SMALL_TEXT,
+        "model.dropout=0.0",
+        f"loop={loop}",
+        "seed=3",
+        "deterministic=true",
+        "batching=global",
+        "batching.global_batch_size=16",
+        "callbacks.model_checkpoint.enabled=false",
+        "loop.epochs=2",
+        "loop.steps_per_epoch=3",
         "loop.verbose=0",
-    ]  # fmt: skip
+    ]
     default, _ = train_run(*same_work, tiny=False)
     mirrored, _ = train_run(*same_work, "strategy=mirrored", "strategy.logical_cpus=2", tiny=False)
     assert mirrored["num_replicas"] == 2
@@ -129,9 +154,13 @@ def test_texts_without_a_token_train_and_predict_finite_numbers(train_run, tmp_p
         (corpus / name / "empty.txt").write_text("")
         (corpus / name / "dots.txt").write_text("... !!! ?")
     summary, run_dir = train_run(
-        "dataset=text_folder", f"dataset.path={corpus}", "task=binary", *SMALL_TEXT,
-        "loop.steps_per_epoch=null", "batching.per_replica_batch_size=67",  # all in every step
-    )  # fmt: skip
+        "dataset=text_folder",
+        f"dataset.path={corpus}",
+        "task=binary",
+        *SMALL_TEXT,
+        "loop.steps_per_epoch=null",
+        "batching.per_replica_batch_size=67",  # all in every step
+    )
     assert summary["status"] == "completed"
     assert all(np.isfinite(v) for v in summary["metrics"].values()), summary["metrics"]
 
@@ -173,9 +202,13 @@ def test_a_resumed_text_run_ends_as_an_uninterrupted_one(compose_cfg, tmp_path):
 
     corpus = write_corpus(tmp_path / "reviews")
     cfg = compose_cfg(
-        "dataset=text_folder", f"dataset.path={corpus}", "task=binary", *SMALL_TEXT,
-        "deterministic=true", *BACKUP,
-    )  # fmt: skip
+        "dataset=text_folder",
+        f"dataset.path={corpus}",
+        "task=binary",
+        *SMALL_TEXT,
+        "deterministic=true",
+        *BACKUP,
+    )
     run_dir = tmp_path / "run"
     train(cfg, run_dir=run_dir)
     expected = _weights(run_dir)
@@ -239,9 +272,12 @@ def test_a_missing_text_folder_exits_2_with_one_line_and_no_run_dir(cli, tmp_pat
     run_dir = tmp_path / "run"
     missing = tmp_path / "nothere"
     result = cli(
-        "dataset=text_folder", f"dataset.path={missing}", "model=text", *TINY,
+        "dataset=text_folder",
+        f"dataset.path={missing}",
+        "model=text",
+        *TINY,
         f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+    )
     _assert_one_line_error(result, "dataset:", str(missing))
     assert not run_dir.exists()
 

@@ -128,18 +128,22 @@ def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
 
     run_dir = tmp_path / "run"
     overrides = [
-        *WANDB, "loop.epochs=2", "loop.steps_per_epoch=5", "callbacks.backup.enabled=true",
+        *WANDB,
+        "loop.epochs=2",
+        "loop.steps_per_epoch=5",
+        "callbacks.backup.enabled=true",
         "callbacks.backup.every_n_steps=3",
-    ]  # fmt: skip
+    ]
     failing = [
         "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
         "allowed_targets=[helpers]",
     ]
     with pytest.raises(TrainingError, match="deliberate failure"):
         train(
-            compose_cfg(*overrides, *failing), run_dir=run_dir,
+            compose_cfg(*overrides, *failing),
+            run_dir=run_dir,
             trust=Trust.from_command_line([*overrides, *failing]),
-        )  # fmt: skip
+        )
     run_id = (run_dir / "wandb" / "run_id").read_text()
 
     summary = train(

@@ -53,13 +53,16 @@ def _lines(compose_cfg, *overrides: str) -> list[str]:
             ("model=mlp", "model.hidden_units=[a,b]"),
             "model.hidden_units=['a', 'b']: tfrecipe.models.mlp takes hidden_units: Sequence[int]",
         ),
-        (("model.dense_units=1.5",), "model.dense_units=1.5: tfrecipe.models.cnn takes dense_units: int"),
+        (
+            ("model.dense_units=1.5",),
+            "model.dense_units=1.5: tfrecipe.models.cnn takes dense_units: int",
+        ),
         (
             ("dataset=csv", "dataset.path=x.csv", "dataset.label=y", "dataset.stream=maybe"),
             "dataset.stream=maybe: tfrecipe.data.tabular.csv takes stream: Literal['auto'] | bool",
         ),
     ],
-)  # fmt: skip
+)
 def test_a_builder_argument_of_the_wrong_type_is_refused_naming_the_key(
     compose_cfg, overrides, line
 ):
@@ -120,9 +123,14 @@ def test_validate_refuses_a_list_key_given_one_value_in_under_a_second():
 
 def test_validate_reports_every_unknown_key_and_option_each_on_its_line():
     result = _validate_cli(
-        "loop=nope", "optimizer=zz", "foo=1", "model.bogus=3", "bar.x=1", "loop.epochs=0",
+        "loop=nope",
+        "optimizer=zz",
+        "foo=1",
+        "model.bogus=3",
+        "bar.x=1",
+        "loop.epochs=0",
         "model.filters=32",
-    )  # fmt: skip
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert lines[0] == "tfrecipe: invalid configuration (7 problems):"
@@ -135,14 +143,17 @@ def test_validate_reports_every_unknown_key_and_option_each_on_its_line():
         "  - loop.epochs=0: input should be greater than 0",
         "  - model.filters=32: tfrecipe.models.cnn takes filters: Sequence[int]; a list, e.g. "
         "model.filters=[32]",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_run_reports_every_unknown_key_before_anything_starts(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tfrecipe", "foo=1", "model.zz=3", f"hydra.run.dir={tmp_path}/r"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "tfrecipe: invalid configuration (2 problems):",

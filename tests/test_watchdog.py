@@ -31,9 +31,12 @@ def test_a_stalled_step_leaves_every_threads_stack_and_exits_76(tmp_path):
     exited = threading.Event()
     codes = []
     dog = watchdog.StallWatchdog(
-        timeout=0.5, task="worker-1", home=rundir.RunFiles(tmp_path), chief=True,
+        timeout=0.5,
+        task="worker-1",
+        home=rundir.RunFiles(tmp_path),
+        chief=True,
         exit=lambda code: (codes.append(code), exited.set()),
-    )  # fmt: skip
+    )
     dog.set_model(model)
     dog.on_train_begin()
     dog.on_train_batch_end(0)  # armed: a step is done
@@ -147,14 +150,22 @@ def launch(tmp_path):
 def test_a_stalled_worker_restarts_the_cluster_which_finishes_exactly(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(
-        "strategy=multi_worker_mirrored", "cluster=local", "cluster.num_workers=2",
-        "cluster.max_restarts=1", "cluster.stall_timeout=5", "cluster.grace_period_s=2",
-        *TINY, "loop.steps_per_epoch=4", "callbacks.backup.every_n_steps=1",
+        "strategy=multi_worker_mirrored",
+        "cluster=local",
+        "cluster.num_workers=2",
+        "cluster.max_restarts=1",
+        "cluster.stall_timeout=5",
+        "cluster.grace_period_s=2",
+        *TINY,
+        "loop.steps_per_epoch=4",
+        "callbacks.backup.every_n_steps=1",
         "+callbacks.extra.stall._target_=tests.helpers.stall_worker.StallWorker",
-        "+callbacks.extra.stall.worker=1", "+callbacks.extra.stall.after_step=3",
-        "allowed_targets=[tests.helpers]", f"hydra.run.dir={run_dir}",
+        "+callbacks.extra.stall.worker=1",
+        "+callbacks.extra.stall.after_step=3",
+        "allowed_targets=[tests.helpers]",
+        f"hydra.run.dir={run_dir}",
         env={"PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     started = time.monotonic()
     code = run.finish(timeout=240)
     assert code == 0, run.output[-4000:]
@@ -178,7 +189,8 @@ def test_a_stalled_worker_restarts_the_cluster_which_finishes_exactly(launch, tm
 
 
 def test_the_launcher_passes_stall_timeout_to_every_task():
-    argv = launcher.task_argv(["cluster=local", "cluster.stall_timeout=5"], chief=True,
-                              stall_timeout=5.0)  # fmt: skip
+    argv = launcher.task_argv(
+        ["cluster=local", "cluster.stall_timeout=5"], chief=True, stall_timeout=5.0
+    )
     assert argv[-1] == "cluster.stall_timeout=5.0" and "cluster=tf_config" in argv
     assert "~cluster.stall_timeout" not in argv

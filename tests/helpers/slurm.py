@@ -35,9 +35,17 @@ CPUS = 2  # whatever the machine has (config_overrides): tests fill the node wit
 HUNG_S = 1800
 # The states a job leaves only by being submitted again.
 ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE"}
-)  # fmt: skip
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 def missing() -> str | None:

@@ -22,9 +22,13 @@ def main(kind: str, path: str, out: str) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     builder = tabular.csv if kind == "csv" else tabular.parquet
     splits = builder(
-        path=path, label="y", categorical=["city"], validation_fraction=0, test_fraction=0,
+        path=path,
+        label="y",
+        categorical=["city"],
+        validation_fraction=0,
+        test_fraction=0,
         stream=True,
-    )  # fmt: skip
+    )
     splits = splits.for_worker(*input_shard(strategy))
     options = PipelineOptions(shuffle_buffer=64)
     dataset = prepare(splits.train, options, split="train", training=True, seed=7, chunks=True)

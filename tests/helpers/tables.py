@@ -16,12 +16,16 @@ def table(rows: int, *, seed: int = 0, first_id: int = 0):
     x = rng.normal(size=(rows, 3)).astype("float32").round(4)
     city = rng.integers(0, 8, rows)
     logit = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] + (city % 2) - 0.5
-    return pa.table({
-        "id": np.arange(first_id, first_id + rows),
-        "x0": x[:, 0], "x1": x[:, 1], "x2": x[:, 2],
-        "city": np.array([f"c{c}" for c in city]),
-        "y": (logit > 0).astype("int8"),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "id": np.arange(first_id, first_id + rows),
+            "x0": x[:, 0],
+            "x1": x[:, 1],
+            "x2": x[:, 2],
+            "city": np.array([f"c{c}" for c in city]),
+            "y": (logit > 0).astype("int8"),
+        }
+    )
 
 
 def write(path: Path, rows: int, **kwargs) -> Path:

@@ -32,9 +32,22 @@ PRELOAD = ("tensorflow", "keras", "numpy", "hydra", "omegaconf", "pydantic", "ya
 # Environment variables read while those modules are imported (or by the interpreter at start):
 # a command whose environment sets them differently gets a new interpreter.
 _SENSITIVE_PREFIXES = (
-    "PYTHON", "TF_CPP_", "TF_ENABLE_", "KERAS_", "CUDA_", "LD_", "MPL", "OMP_", "MKL_", "XLA_",
-    "TF_XLA_", "HOME", "XDG_", "LANG", "LC_",
-)  # fmt: skip
+    "PYTHON",
+    "TF_CPP_",
+    "TF_ENABLE_",
+    "KERAS_",
+    "CUDA_",
+    "LD_",
+    "MPL",
+    "OMP_",
+    "MKL_",
+    "XLA_",
+    "TF_XLA_",
+    "HOME",
+    "XDG_",
+    "LANG",
+    "LC_",
+)
 _HANDLED = {"PYTHONPATH"}  # the fork rebuilds sys.path from it, as an interpreter does
 _TFRECIPE_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -85,9 +98,14 @@ class Zygote:
         return self.spawn(args, cwd=cwd, env=env, timeout=timeout).wait()
 
     def spawn(
-        self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float,
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
         merge_stderr: bool = False,
-    ) -> Forked:  # fmt: skip
+    ) -> Forked:
         """Starts the command and returns at once; `merge_stderr`: stderr into stdout."""
         return Forked(self.address, args, cwd, env, timeout, merge_stderr)
 
@@ -101,8 +119,14 @@ class Forked:
         self._streams = tempfile.TemporaryDirectory()
         self._out = Path(self._streams.name, "stdout")
         self._err = self._out if merge_stderr else Path(self._streams.name, "stderr")
-        request = {"args": args, "cwd": str(cwd), "env": env, "timeout": timeout,
-                   "stdout": str(self._out), "stderr": str(self._err)}  # fmt: skip
+        request = {
+            "args": args,
+            "cwd": str(cwd),
+            "env": env,
+            "timeout": timeout,
+            "stdout": str(self._out),
+            "stderr": str(self._err),
+        }
         self._conn = socket.socket(socket.AF_UNIX)
         self._conn.connect(address)
         self._conn.sendall(json.dumps(request).encode() + b"\n")
@@ -184,9 +208,11 @@ def _become_the_command(request: dict, base_path: list[str]) -> None:
     `__main__`; the interpreter exits as it would (exit code, traceback, atexit)."""
     import runpy
 
-    streams = ((0, os.devnull, os.O_RDONLY),
-               (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-               (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # fmt: skip
+    streams = (
+        (0, os.devnull, os.O_RDONLY),
+        (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+        (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+    )
     for fd, path, flags in streams:
         stream = os.open(path, flags, 0o600)
         os.dup2(stream, fd)

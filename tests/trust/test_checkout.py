@@ -16,8 +16,9 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git makes t
 
 def _git(folder, *args):
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-    done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
-                          env=env, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["git", "-C", str(folder), *args], capture_output=True, text=True, env=env, check=True
+    )
     return done.stdout.strip()
 
 

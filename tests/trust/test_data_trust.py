@@ -49,8 +49,14 @@ def test_synthetic_classes_in_the_billions_are_refused_before_any_allocation():
     from tfrecipe.data.bundled import synthetic
 
     def make():
-        return synthetic(num_examples=2048, shape=[2], num_classes=2_000_000_000,
-                         validation_fraction=0.1, test_fraction=0.1, split_seed=0)  # fmt: skip
+        return synthetic(
+            num_examples=2048,
+            shape=[2],
+            num_classes=2_000_000_000,
+            validation_fraction=0.1,
+            test_fraction=0.1,
+            split_seed=0,
+        )
 
     refused, peak = _peak_bytes(make)
     assert isinstance(refused, ValueError), refused
@@ -66,8 +72,7 @@ def test_the_synthetic_estimate_counts_the_float64_draws():
     assert means == 5000 * 4 * 4 + _CHUNK * 4 * 8
     # multi-hot: float32 codes (n x n) and targets (examples x n, split and made tensors as the
     # features are: 3.5 times), a float64 chunk of codes
-    codes = synthetic_class_bytes(num_examples=10, shape=[4], num_classes=5000,
-                                  targets="multi_hot")  # fmt: skip
+    codes = synthetic_class_bytes(num_examples=10, shape=[4], num_classes=5000, targets="multi_hot")
     assert codes == (5000 * 4 + 5000 * 5000 + 35 * 5000) * 4 + _CHUNK * 5000 * 8
 
 
@@ -109,24 +114,32 @@ def _cgroups(tmp_path: Path, proc_cgroup: str, files: dict[str, str]) -> tuple[P
 def test_a_cgroup_v1_memory_limit_bounds_the_estimate(tmp_path):
     from tfrecipe.data.bundled import available_memory
 
-    root, proc = _cgroups(tmp_path, "12:memory:/slurm/job_7\n3:cpu,cpuacct:/slurm/job_7\n", {
-        "memory/slurm/job_7/memory.limit_in_bytes": str(4 << 30),
-        "memory/slurm/job_7/memory.usage_in_bytes": str(1 << 30),
-        "memory/memory.limit_in_bytes": "9223372036854771712",  # unlimited at the root
-        "memory/memory.usage_in_bytes": str(50 << 30),
-    })  # fmt: skip
+    root, proc = _cgroups(
+        tmp_path,
+        "12:memory:/slurm/job_7\n3:cpu,cpuacct:/slurm/job_7\n",
+        {
+            "memory/slurm/job_7/memory.limit_in_bytes": str(4 << 30),
+            "memory/slurm/job_7/memory.usage_in_bytes": str(1 << 30),
+            "memory/memory.limit_in_bytes": "9223372036854771712",  # unlimited at the root
+            "memory/memory.usage_in_bytes": str(50 << 30),
+        },
+    )
     assert available_memory(cgroup_root=root, proc=proc) == 3 << 30
 
 
 def test_a_cgroup_v2_limit_above_the_process_bounds_the_estimate(tmp_path):
     from tfrecipe.data.bundled import available_memory
 
-    root, proc = _cgroups(tmp_path, "0::/user.slice/job/step\n", {
-        "user.slice/job/step/memory.max": "max",
-        "user.slice/job/step/memory.current": str(1 << 30),
-        "user.slice/job/memory.max": str(2 << 30),  # the job's limit, a level up
-        "user.slice/job/memory.current": str(1 << 29),
-    })  # fmt: skip
+    root, proc = _cgroups(
+        tmp_path,
+        "0::/user.slice/job/step\n",
+        {
+            "user.slice/job/step/memory.max": "max",
+            "user.slice/job/step/memory.current": str(1 << 30),
+            "user.slice/job/memory.max": str(2 << 30),  # the job's limit, a level up
+            "user.slice/job/memory.current": str(1 << 29),
+        },
+    )
     assert available_memory(cgroup_root=root, proc=proc) == (2 << 30) - (1 << 29)
 
 
@@ -156,8 +169,9 @@ def test_csv_label_ids_in_the_billions_count_no_list_and_the_head_check_refuses_
     path = _labels_csv(tmp_path / "ids.csv", ["0", "1", "2000000000"] * 20)
     splits, peak = _peak_bytes(lambda: tabular.csv(path=str(path), label="y", stream=False))
     assert splits.info.num_classes == 2_000_000_001 and peak < 64 * MB, peak
-    run = validate(compose_cfg("dataset=csv", f"dataset.path={path}", "dataset.label=y",
-                                      "model=mlp"))  # fmt: skip
+    run = validate(
+        compose_cfg("dataset=csv", f"dataset.path={path}", "dataset.label=y", "model=mlp")
+    )
     with pytest.raises(ConfigError, match=r"2000000001 classes .* of memory is available"):
         check_targets(run.dataset, splits.info, task=run.task, global_batch=32)
 
@@ -189,11 +203,11 @@ def test_an_integer_target_only_in_the_test_file_is_fine_for_regression(tmp_path
     test = _labels_csv(tmp_path / "test.csv", ["3", "7"])
     splits = tabular.csv(path=str(train), label="y", test_path=str(test), validation_fraction=0)
     assert splits.info.untrained_labels == (f"'7' (first at {test}:3)",)
-    run = validate(compose_cfg("dataset=csv", f"dataset.path={train}", "dataset.label=y",
-                                      "task=regression"))  # fmt: skip
+    run = validate(
+        compose_cfg("dataset=csv", f"dataset.path={train}", "dataset.label=y", "task=regression")
+    )
     tasks.check_targets(run.task, splits.info, dataset="csv")  # a number, not a class
-    classify = validate(compose_cfg("dataset=csv", f"dataset.path={train}",
-                                           "dataset.label=y"))  # fmt: skip
+    classify = validate(compose_cfg("dataset=csv", f"dataset.path={train}", "dataset.label=y"))
     with pytest.raises(ConfigError, match=r"'7' .* no training rows"):
         tasks.check_targets(classify.task, splits.info, dataset="csv")
 
@@ -232,11 +246,16 @@ def test_the_files_a_dataset_config_names_are_found_by_key(tmp_path):
     (tmp_path / "imgs" / ".hidden").write_bytes(b"")
     for name in ("t-0.tfrecord", "t-1.tfrecord", "v.tfrecord"):
         (tmp_path / name).write_bytes(b"r")
-    found = data_files({
-        "_target_": "x", "path": str(tmp_path / "imgs"), "test_path": None,
-        "train_files": str(tmp_path / "t-*.tfrecord"),
-        "validation_files": [str(tmp_path / "v.tfrecord")], "split_seed": 0,
-    })  # fmt: skip
+    found = data_files(
+        {
+            "_target_": "x",
+            "path": str(tmp_path / "imgs"),
+            "test_path": None,
+            "train_files": str(tmp_path / "t-*.tfrecord"),
+            "validation_files": [str(tmp_path / "v.tfrecord")],
+            "split_seed": 0,
+        }
+    )
     assert {key: sorted(files) for key, files in found.items()} == {
         "dataset.path": ["cat/a.png"],
         "dataset.train_files": ["t-0.tfrecord", "t-1.tfrecord"],
@@ -314,8 +333,12 @@ def test_tampered_or_stale_statistics_are_computed_again(tmp_path, caplog):
     run_dir.mkdir()
 
     def load(chief=True):
-        return tabular.csv(path=str(path), label="y", stream=True,
-                           stats_cache=tabular.StatsCache(run_dir, chief=chief))  # fmt: skip
+        return tabular.csv(
+            path=str(path),
+            label="y",
+            stream=True,
+            stats_cache=tabular.StatsCache(run_dir, chief=chief),
+        )
 
     assert load().info.class_names == ("ant", "bee", "cow")
     cache = run_dir / table_stats.STATS_FILE
@@ -365,8 +388,12 @@ def test_a_resume_and_evaluate_on_rewritten_data_are_refused(tmp_path, train_run
 
 def test_synthetic_classes_in_the_billions_are_one_line_from_the_command_line(cli, tmp_path):
     run_dir = tmp_path / "run"
-    result = cli("dataset=synthetic", "dataset.num_classes=2000000000", "dataset.shape=[2]",
-                 f"hydra.run.dir={run_dir}")  # fmt: skip
+    result = cli(
+        "dataset=synthetic",
+        "dataset.num_classes=2000000000",
+        "dataset.shape=[2]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
     lines = [line for line in result.stderr.splitlines() if line.startswith("tfrecipe:")]

@@ -102,11 +102,28 @@ def test_the_inventory_names_no_key_that_is_gone():
 _FILE_MODULES = {"io", "gzip", "bz2", "lzma", "tarfile", "zipfile", "codecs"}  # open(path, mode)
 # Calls that write, delete, import or run by their name alone; the last row: library calls that
 # write files under a path they are given.
-_SINK_NAMES = {"write_text", "write_bytes", "rmtree", "mkstemp", "mkdtemp", "unlink", "save",
-               "save_weights", "symlink_to", "import_module", "Popen", "system", "putenv",
-               "__import__",
-               "TensorBoard", "ModelCheckpoint", "CSVLogger", "BackupAndRestore",
-               "create_file_writer", "CheckpointManager"}  # fmt: skip
+_SINK_NAMES = {
+    "write_text",
+    "write_bytes",
+    "rmtree",
+    "mkstemp",
+    "mkdtemp",
+    "unlink",
+    "save",
+    "save_weights",
+    "symlink_to",
+    "import_module",
+    "Popen",
+    "system",
+    "putenv",
+    "__import__",
+    "TensorBoard",
+    "ModelCheckpoint",
+    "CSVLogger",
+    "BackupAndRestore",
+    "create_file_writer",
+    "CheckpointManager",
+}
 
 
 # os.execv*, os.spawn*, os.posix_spawn*, os.popen, os.system, pty.spawn, os.startfile: each starts
@@ -146,8 +163,16 @@ def _sink_calls(tree: ast.AST):
                 yield f"{base}.open({text})" if base else f"open({text})"
         elif name in _SINK_NAMES:
             yield f"{base}.{name}" if base else name
-        elif base in ("os", "shutil") and name in {"replace", "rename", "move", "copy", "copy2",
-                                                   "copyfile", "copytree", "remove"}:  # fmt: skip
+        elif base in ("os", "shutil") and name in {
+            "replace",
+            "rename",
+            "move",
+            "copy",
+            "copy2",
+            "copyfile",
+            "copytree",
+            "remove",
+        }:
             yield f"{base}.{name}"
         elif base == "subprocess":
             yield f"subprocess.{name}"
@@ -183,64 +208,116 @@ def test_the_sink_scan_sees_a_new_door():
         from subprocess import run as go
         """)
     found = set(_sink_calls(ast.parse(snippet)))
-    assert found == {"open(w)", "Path(p).write_text", "os.replace", "importlib.import_module",
-                     "subprocess.run", "os.environ[]=", "os.environ.*", "self.path.open(a)",
-                     "gzip.open(wb)", "os.open", "keras.callbacks.TensorBoard",
-                     "tf.summary.create_file_writer", "os.execvp", "pty.spawn",
-                     "os.posix_spawn", "from subprocess import"}  # fmt: skip
+    assert found == {
+        "open(w)",
+        "Path(p).write_text",
+        "os.replace",
+        "importlib.import_module",
+        "subprocess.run",
+        "os.environ[]=",
+        "os.environ.*",
+        "self.path.open(a)",
+        "gzip.open(wb)",
+        "os.open",
+        "keras.callbacks.TensorBoard",
+        "tf.summary.create_file_writer",
+        "os.execvp",
+        "pty.spawn",
+        "os.posix_spawn",
+        "from subprocess import",
+    }
 
 
 # --- a payload through each door --------------------------------------------------------------
 # (door key, probe) -> (a shared recipe carrying the payload, what the refusal must name).
 PAYLOADS = {
     ("allowed_targets", "code"): ("allowed_targets: [mypkg]\n", "allowed_targets"),
-    ("model._target_", "code"): ("model: {_target_: posix.system, command: 'true'}\n", "model._target_"),
+    ("model._target_", "code"): (
+        "model: {_target_: posix.system, command: 'true'}\n",
+        "model._target_",
+    ),
     ("dataset._target_", "code"): (
-        "dataset: {_target_: mako.template.Template, text: x}\n", "dataset._target_"),
+        "dataset: {_target_: mako.template.Template, text: x}\n",
+        "dataset._target_",
+    ),
     ("callbacks.extra.*._target_", "code"): (
-        "callbacks: {extra: {x: {_target_: code.InteractiveConsole}}}\n", "callbacks.extra.x"),
+        "callbacks: {extra: {x: {_target_: code.InteractiveConsole}}}\n",
+        "callbacks.extra.x",
+    ),
     ("task.loss._target_", "code"): ("task: {loss: {_target_: os.system}}\n", "task.loss"),
     ("task.metrics.*._target_", "code"): (
-        "task: {metrics: [{_target_: runpy.run_path, path_name: x}]}\n", "task.metrics.0"),
+        "task: {metrics: [{_target_: runpy.run_path, path_name: x}]}\n",
+        "task.metrics.0",
+    ),
     ("hydra.sweeper._target_", "code"): (
-        "hydra: {sweeper: {_target_: posix.system}}\n", "hydra.sweeper._target_"),
+        "hydra: {sweeper: {_target_: posix.system}}\n",
+        "hydra.sweeper._target_",
+    ),
     ("hydra.launcher._target_", "code"): (
-        "hydra: {launcher: {_target_: posix.system}}\n", "hydra.launcher._target_"),
+        "hydra: {launcher: {_target_: posix.system}}\n",
+        "hydra.launcher._target_",
+    ),
     ("hydra.sweeper.custom_search_space", "code"): (
         "defaults: [{override /hydra/sweeper: optuna}]\n"
-        "hydra: {sweeper: {custom_search_space: posix.system}}\n", "hydra.sweeper"),
+        "hydra: {sweeper: {custom_search_space: posix.system}}\n",
+        "hydra.sweeper",
+    ),
     ("hydra.sweeper.params", "code"): (
         "hydra: {mode: MULTIRUN, sweeper: {params: {allowed_targets: '[mypkg]'}}}\n",
-        "allowed_targets"),
+        "allowed_targets",
+    ),
     ("hydra.sweeper.search_space", "code"): (
         "defaults: [{override /hydra/sweeper: optuna}]\nhydra: {mode: MULTIRUN, sweeper: "
         "{search_space: {allowed_targets: {type: categorical, choices: ['[mypkg]']}}}}\n",
-        "allowed_targets"),
+        "allowed_targets",
+    ),
     ("hydra.callbacks", "code"): (
-        "hydra: {callbacks: {x: {_target_: tempfile.mkdtemp}}}\n", "hydra.callbacks.x"),
+        "hydra: {callbacks: {x: {_target_: tempfile.mkdtemp}}}\n",
+        "hydra.callbacks.x",
+    ),
     ("hydra.job_logging", "outside"): (
         "hydra: {job_logging: {handlers: {f: {class: logging.FileHandler, "
-        "filename: /tmp/tfrecipe-probe.pth}}}}\n", "hydra.job_logging.handlers.f.filename"),
+        "filename: /tmp/tfrecipe-probe.pth}}}}\n",
+        "hydra.job_logging.handlers.f.filename",
+    ),
     ("hydra.hydra_logging", "outside"): (
         "hydra: {hydra_logging: {handlers: {f: {class: logging.FileHandler, "
-        "filename: ../outside.log}}}}\n", "hydra.hydra_logging.handlers.f.filename"),
+        "filename: ../outside.log}}}}\n",
+        "hydra.hydra_logging.handlers.f.filename",
+    ),
     ("hydra.output_subdir", "outside"): ("hydra: {output_subdir: /tmp}\n", "hydra.output_subdir"),
     ("hydra.job.env_set", "code"): (
-        "hydra: {job: {env_set: {LD_PRELOAD: /tmp/x.so}}}\n", "hydra.job.env_set.LD_PRELOAD"),
+        "hydra: {job: {env_set: {LD_PRELOAD: /tmp/x.so}}}\n",
+        "hydra.job.env_set.LD_PRELOAD",
+    ),
     ("hydra.launcher.setup", "code"): (
         "defaults: [{override /hydra/launcher: submitit_slurm}]\n"
-        "hydra: {launcher: {setup: ['touch /tmp/ran']}}\n", "hydra.launcher.setup"),
-    ("hydra.run.dir", "secret"): ("hydra: {run: {dir: 'out/r_${oc.env:HF_TOKEN}'}}\n", "hydra.run.dir"),
+        "hydra: {launcher: {setup: ['touch /tmp/ran']}}\n",
+        "hydra.launcher.setup",
+    ),
+    ("hydra.run.dir", "secret"): (
+        "hydra: {run: {dir: 'out/r_${oc.env:HF_TOKEN}'}}\n",
+        "hydra.run.dir",
+    ),
     ("hydra.sweep.dir", "secret"): (
-        "hydra: {mode: MULTIRUN, sweep: {dir: 'out/s_${oc.env:HF_TOKEN}'}}\n", "hydra.sweep.dir"),
-    ("pipeline.cache", "outside"): ("pipeline: {cache: /tmp/tfrecipe-probe-cache}\n", "pipeline.cache"),
+        "hydra: {mode: MULTIRUN, sweep: {dir: 'out/s_${oc.env:HF_TOKEN}'}}\n",
+        "hydra.sweep.dir",
+    ),
+    ("pipeline.cache", "outside"): (
+        "pipeline: {cache: /tmp/tfrecipe-probe-cache}\n",
+        "pipeline.cache",
+    ),
     ("batching.compile_cache", "outside"): (
-        "batching: {compile_cache: /tmp/tfrecipe-probe-xla}\n", "batching.compile_cache"),
+        "batching: {compile_cache: /tmp/tfrecipe-probe-xla}\n",
+        "batching.compile_cache",
+    ),
     ("logger.mlflow.tracking_uri", "outside"): (
         "defaults: [{override /logger: [csv, mlflow]}]\n"
-        "logger: {mlflow: {tracking_uri: 'http://203.0.113.9:5000'}}\n", "logger.mlflow.tracking_uri"),
+        "logger: {mlflow: {tracking_uri: 'http://203.0.113.9:5000'}}\n",
+        "logger.mlflow.tracking_uri",
+    ),
     ("export.name", "outside"): ("export: {name: ../../outside}\n", "export.name"),
-}  # fmt: skip
+}
 
 
 def _config_probes():
@@ -281,8 +358,12 @@ def test_an_output_may_not_be_an_input_a_folder_a_link_or_a_runs_file(tmp_path):
     (run_dir / "summary.json").write_text("{}")
     link = tmp_path / "link.csv"
     link.symlink_to(tmp_path / "elsewhere.csv")
-    for output, named in [(data, "input"), (tmp_path, "directory"), (link, "link"),
-                          (run_dir / "history.csv", "run dir")]:  # fmt: skip
+    for output, named in [
+        (data, "input"),
+        (tmp_path, "directory"),
+        (link, "link"),
+        (run_dir / "history.csv", "run dir"),
+    ]:
         with pytest.raises(files.NotOurs, match=named):
             files.check_output(output, inputs=[data])
     files.check_output(tmp_path / "scores.csv", inputs=[data])  # a new file is fine
@@ -309,7 +390,11 @@ def test_the_writer_never_replaces_what_the_run_did_not_write_nor_follows_a_link
     assert not (tmp_path / "target").exists()
     assert (run_dir / "summary.json").read_text() == '{"a": 1}'
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        files.MANIFEST, "notes.txt", "planted", "summary.json"], "no temporary file left"  # fmt: skip
+        files.MANIFEST,
+        "notes.txt",
+        "planted",
+        "summary.json",
+    ], "no temporary file left"
 
 
 def test_evaluate_refuses_a_run_dir_another_process_is_writing(tmp_path, capsys):
@@ -322,11 +407,17 @@ def test_evaluate_refuses_a_run_dir_another_process_is_writing(tmp_path, capsys)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
-         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-         str(run_dir)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            str(run_dir),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(SystemExit) as stop:

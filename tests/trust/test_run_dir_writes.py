@@ -46,8 +46,11 @@ def finished_run(tmp_path_factory) -> Path:
 def test_every_file_a_run_writes_is_listed_in_its_manifest(finished_run):
     written = [p for p in finished_run.rglob("*") if p.name != files.MANIFEST]
     assert {"best.weights.h5", "steps.csv", "backup", "tensorboard"} <= {p.name for p in written}
-    not_the_runs = [str(p.relative_to(finished_run)) for p in written
-                    if not files.Manifest.of(finished_run).owns(p)]  # fmt: skip
+    not_the_runs = [
+        str(p.relative_to(finished_run))
+        for p in written
+        if not files.Manifest.of(finished_run).owns(p)
+    ]
     assert not not_the_runs, (
         "written without tfrecipe.files (write_atomic, replace_with, write_weights, open_log, "
         f"library_dir): {not_the_runs}"

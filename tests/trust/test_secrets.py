@@ -17,9 +17,19 @@ TOKEN = "hf_0123456789abcdefXYZ"
 
 
 @pytest.mark.parametrize(
-    "name", ["DB_PWD", "MYSQL_PWD", "WAREHOUSE_DSN", "SSH_PRIVATE_KEY", "GCP_CREDENTIALS",
-             "SMTP_PASSWD", "MY_PRIVATEKEY_PEM", "HF_TOKEN", "WANDB_API_KEY"],
-)  # fmt: skip
+    "name",
+    [
+        "DB_PWD",
+        "MYSQL_PWD",
+        "WAREHOUSE_DSN",
+        "SSH_PRIVATE_KEY",
+        "GCP_CREDENTIALS",
+        "SMTP_PASSWD",
+        "MY_PRIVATEKEY_PEM",
+        "HF_TOKEN",
+        "WANDB_API_KEY",
+    ],
+)
 def test_names_holding_secrets_look_secret(name):
     from tfrecipe.config.secrets import looks_secret
 
@@ -126,16 +136,21 @@ def test_config_yaml_and_the_trackers_config_hold_no_url_or_pwd_secret(monkeypat
     config.yaml and the W&B run file (both are `public_config`)."""
     from tfrecipe.rundir import public_config
 
-    values = {"DATABASE_URL": "mysql://etl:Zq9-pass-77@warehouse/prod", "DB_PWD": NASTY,
-              "SENTRY_DSN": "https://abc123def456@o1.ingest/42",
-              "DEPLOY_PRIVATE_KEY": "-----BEGIN KEY-----MIIEv"}  # fmt: skip
+    values = {
+        "DATABASE_URL": "mysql://etl:Zq9-pass-77@warehouse/prod",
+        "DB_PWD": NASTY,
+        "SENTRY_DSN": "https://abc123def456@o1.ingest/42",
+        "DEPLOY_PRIVATE_KEY": "-----BEGIN KEY-----MIIEv",
+    }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     cfg = compose_cfg(
-        "logger=[wandb]", "logger.wandb.notes=db ${oc.env:DATABASE_URL}",
-        "logger.wandb.name=${oc.env:DB_PWD}", "logger.wandb.group=${oc.env:SENTRY_DSN}",
+        "logger=[wandb]",
+        "logger.wandb.notes=db ${oc.env:DATABASE_URL}",
+        "logger.wandb.name=${oc.env:DB_PWD}",
+        "logger.wandb.group=${oc.env:SENTRY_DSN}",
         "logger.wandb.job_type=${oc.env:DEPLOY_PRIVATE_KEY}",
-    )  # fmt: skip
+    )
     written = json.dumps(public_config(cfg)) + OmegaConf.to_yaml(public_config(cfg))
     for value in (*values.values(), "Zq9-pass-77", json.dumps(NASTY)[1:-1]):
         assert value not in written, value

@@ -248,9 +248,12 @@ def test_a_target_outside_the_slots_is_refused(cli, tmp_path):
 def test_a_sweep_is_refused_before_hydra_runs_its_callbacks(cli, victim):
     before = _snapshot(victim)
     result = cli(
-        "-m", "loop.epochs=1,2", "+hydra.callbacks.x._target_=tempfile.mkdtemp",
-        f"+hydra.callbacks.x.dir={victim}", f"hydra.sweep.dir={victim / 'sweep'}",
-    )  # fmt: skip
+        "-m",
+        "loop.epochs=1,2",
+        "+hydra.callbacks.x._target_=tempfile.mkdtemp",
+        f"+hydra.callbacks.x.dir={victim}",
+        f"hydra.sweep.dir={victim / 'sweep'}",
+    )
     assert "hydra.callbacks.x" in _one_line_report(result)
     assert _snapshot(victim) == before
 
@@ -258,9 +261,10 @@ def test_a_sweep_is_refused_before_hydra_runs_its_callbacks(cli, victim):
 def test_each_value_of_a_sweep_is_checked(cli, victim):
     before = _snapshot(victim)
     result = cli(
-        "-m", "+callbacks.extra.x._target_=keras.callbacks.EarlyStopping,keras.utils.get_file",
+        "-m",
+        "+callbacks.extra.x._target_=keras.callbacks.EarlyStopping,keras.utils.get_file",
         f"hydra.sweep.dir={victim / 'sweep'}",
-    )  # fmt: skip
+    )
     assert "keras.utils.get_file" in _one_line_report(result)
     assert _snapshot(victim) == before
 
@@ -270,9 +274,12 @@ def test_a_users_config_dir_is_checked_too(cli, victim):
     conf.mkdir()
     before = _snapshot(victim)
     result = cli(
-        "--config-dir", str(conf), "+hydra.callbacks.x._target_=tempfile.mkdtemp",
-        f"+hydra.callbacks.x.dir={victim}", f"hydra.run.dir={victim / 'run'}",
-    )  # fmt: skip
+        "--config-dir",
+        str(conf),
+        "+hydra.callbacks.x._target_=tempfile.mkdtemp",
+        f"+hydra.callbacks.x.dir={victim}",
+        f"hydra.run.dir={victim / 'run'}",
+    )
     assert "hydra.callbacks.x" in _one_line_report(result)
     assert _snapshot(victim) == before
 
@@ -290,23 +297,59 @@ def test_the_kinds_tfrecipe_ships_are_valid(cli):
 
 # Variables that decide what code a process loads: each is refused in `hydra.job.env_set`.
 CODE_ENV = [
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "PYTHONSTARTUP",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONWARNINGS", "BASH_ENV", "ENV", "PATH", "PERL5OPT",
-    "PERL5LIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "GCONV_PATH", "GLIBC_TUNABLES",
-    "XLA_FLAGS", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "ld_preload",
-]  # fmt: skip
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "DYLD_INSERT_LIBRARIES",
+    "PYTHONSTARTUP",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONWARNINGS",
+    "BASH_ENV",
+    "ENV",
+    "PATH",
+    "PERL5OPT",
+    "PERL5LIB",
+    "RUBYOPT",
+    "NODE_OPTIONS",
+    "JAVA_TOOL_OPTIONS",
+    "GCONV_PATH",
+    "GLIBC_TUNABLES",
+    "XLA_FLAGS",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+    "ld_preload",
+]
 PLAIN_ENV = [
-    "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "WANDB_MODE", "OMP_NUM_THREADS",
-    "PYTHONHASHSEED", "PYTHONUNBUFFERED", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-]  # fmt: skip
+    "TF_CPP_MIN_LOG_LEVEL",
+    "CUDA_VISIBLE_DEVICES",
+    "WANDB_MODE",
+    "OMP_NUM_THREADS",
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+]
 
 
 # Variables that send data or credentials elsewhere, or move homes, caches and temp files.
 ELSEWHERE_ENV = [
-    "WANDB_BASE_URL", "HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "ALL_PROXY", "HOME",
-    "KERAS_HOME", "TMPDIR", "WANDB_DIR", "WANDB_API_KEY", "TF_CONFIG", "KERAS_BACKEND",
-    "TF_USE_LEGACY_KERAS", "NCCL_NET_PLUGIN", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
-]  # fmt: skip
+    "WANDB_BASE_URL",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "HOME",
+    "KERAS_HOME",
+    "TMPDIR",
+    "WANDB_DIR",
+    "WANDB_API_KEY",
+    "TF_CONFIG",
+    "KERAS_BACKEND",
+    "TF_USE_LEGACY_KERAS",
+    "NCCL_NET_PLUGIN",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+]
 
 
 @pytest.mark.parametrize("name", CODE_ENV + ELSEWHERE_ENV)
@@ -374,9 +417,11 @@ def test_a_recipes_storage_file_outside_the_sweep_dir_is_the_command_lines(tmp_p
 def test_a_sweep_refuses_env_set_before_anything_runs(cli, victim):
     before = _snapshot(victim)
     result = cli(
-        "-m", "+hydra.job.env_set.OMP_NUM_THREADS=1,2", f"+hydra.job.env_set.BASH_ENV={victim}/s.py",
+        "-m",
+        "+hydra.job.env_set.OMP_NUM_THREADS=1,2",
+        f"+hydra.job.env_set.BASH_ENV={victim}/s.py",
         f"hydra.sweep.dir={victim / 'sweep'}",
-    )  # fmt: skip
+    )
     assert "hydra.job.env_set.BASH_ENV=" in _one_line_report(result)
     assert _snapshot(victim) == before
 
@@ -425,9 +470,10 @@ def test_a_secret_interpolated_under_any_key_is_redacted(monkeypatch, compose_cf
 
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
     cfg = compose_cfg(
-        "logger=[wandb]", "logger.wandb.notes=${oc.env:WANDB_API_KEY}",
+        "logger=[wandb]",
+        "logger.wandb.notes=${oc.env:WANDB_API_KEY}",
         "logger.wandb.name=run-${oc.env:WANDB_API_KEY}",
-    )  # fmt: skip
+    )
     public = public_config(cfg)
     assert public["logger"]["wandb"]["notes"] == "***"
     assert public["logger"]["wandb"]["name"] == "***"
@@ -441,9 +487,12 @@ def test_a_secret_reaches_no_file_of_a_wandb_run(monkeypatch, tmp_path, train_ru
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     summary, run_dir = train_run(
-        "logger=[wandb]", "logger.wandb.mode=offline", "model=mlp",
-        "logger.wandb.notes=${oc.env:WANDB_API_KEY}", "loop.epochs=1",
-    )  # fmt: skip
+        "logger=[wandb]",
+        "logger.wandb.mode=offline",
+        "model=mlp",
+        "logger.wandb.notes=${oc.env:WANDB_API_KEY}",
+        "loop.epochs=1",
+    )
     assert summary["status"] == "completed"
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert not leaked, f"the secret was written to {leaked}"
@@ -525,9 +574,14 @@ def test_only_the_command_line_grants_a_package(cli, tmp_path):
     assert "allowed_targets: 'tests.helpers' is granted by a config file" in report, report
     assert "pass allowed_targets=[tests.helpers] yourself" in report
     granted = cli(
-        "validate", str(recipe), "~model.filters", "~model.dense_units", "~model.dropout",
-        "allowed_targets=[tests.helpers]", env=env,
-    )  # fmt: skip
+        "validate",
+        str(recipe),
+        "~model.filters",
+        "~model.dense_units",
+        "~model.dropout",
+        "allowed_targets=[tests.helpers]",
+        env=env,
+    )
     assert granted.returncode == 0, granted.stderr[-3000:]
 
 
@@ -668,9 +722,11 @@ def test_a_launchers_shell_lines_come_only_from_the_command_line(cli, victim):
     assert "only your command line may set it" in report
     assert _snapshot(victim) == before
     own = cli(
-        "validate", "hydra/launcher=submitit_slurm", "hydra.launcher.setup=['module load cuda']",
+        "validate",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.setup=['module load cuda']",
         "+hydra.launcher.additional_parameters.mail-type=END",
-    )  # fmt: skip
+    )
     assert own.returncode == 0, own.stderr[-3000:]
 
 

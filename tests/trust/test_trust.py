@@ -45,9 +45,22 @@ def test_a_received_run_dirs_config_grants_nothing(command, tmp_path, compose_cf
 
 @pytest.mark.parametrize(
     "package",
-    ["mako", "jinja2", "sqlalchemy", "alembic", "optuna", "pytest", "pip", "onnx", "tf2onnx",
-     "submitit", "setuptools", "yaml", "wandb"],
-)  # fmt: skip
+    [
+        "mako",
+        "jinja2",
+        "sqlalchemy",
+        "alembic",
+        "optuna",
+        "pytest",
+        "pip",
+        "onnx",
+        "tf2onnx",
+        "submitit",
+        "setuptools",
+        "yaml",
+        "wandb",
+    ],
+)
 def test_packages_tfrecipe_installs_cannot_be_granted_even_on_the_command_line(package):
     trust = Trust.from_command_line([f"allowed_targets=[{package}]"])
     problem = allowed_prefix_problem(package, trust=trust)
@@ -61,8 +74,12 @@ def test_the_users_own_package_is_granted_by_name_and_only_by_the_command_line()
     assert allowed_prefix_problem("mypkg.models", trust=Trust.NOTHING) is not None
     # A package that shares a name with one an installed distribution ships (tf2onnx has a
     # top-level `tests`) stays the user's where the user's folder holds it.
-    assert allowed_prefix_problem("tests.helpers", trust=Trust.from_command_line(
-        ["allowed_targets=[tests.helpers]"])) is None  # fmt: skip
+    assert (
+        allowed_prefix_problem(
+            "tests.helpers", trust=Trust.from_command_line(["allowed_targets=[tests.helpers]"])
+        )
+        is None
+    )
 
 
 def test_a_sweep_job_has_its_sweeps_trust_and_a_bare_process_none(monkeypatch, compose_cfg):
