@@ -420,3 +420,24 @@ def test_splits_with_their_own_files_read_only_those(tmp_path):
     assert 60 <= len(test) <= 140 and sorted(_ids(splits.train) + test) == list(range(400))
     train.unlink()  # the validation split never reads the training table
     assert len(_ids(splits.validation)) == 50
+
+
+def test_a_tab_written_as_backslash_t_reads_a_tsv_and_a_long_delimiter_is_one_line(cli, tmp_path):
+    # a tab cannot be typed in a Hydra override: `dataset.delimiter='\t'` arrives as two characters
+    rows = "".join(f"{i}\t{i / 10}\tc{i % 3}\t{i % 2}\n" for i in range(300))
+    (tmp_path / "t.tsv").write_text(f"id\tx0\tcity\ty\n{rows}")
+    splits = tabular.csv(
+        path=str(tmp_path / "t.tsv"), label="y", categorical=["city"], delimiter="\\t"
+    )
+    assert splits.info.num_train + splits.info.num_validation + splits.info.num_test == 300
+    run_dir = tmp_path / "run"
+    result = cli(
+        "dataset=csv",
+        f"dataset.path={tmp_path / 't.tsv'}",
+        *TABLE,
+        "dataset.delimiter=ab",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not run_dir.exists()
+    assert "delimiter='ab': one character" in result.stderr

@@ -53,6 +53,16 @@ class CsvOptions:
     column_names: tuple[str, ...] | None = None
     na_values: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        # a tab cannot be typed in a Hydra override: `dataset.delimiter='\t'` arrives as "\\t"
+        if self.delimiter == "\\t":
+            object.__setattr__(self, "delimiter", "\t")
+        if not isinstance(self.delimiter, str) or len(self.delimiter) != 1:
+            raise ValueError(
+                f"delimiter={self.delimiter!r}: one character separates the values "
+                "(',', ';', '|', or '\\t' for a tab)"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class Table:
