@@ -441,3 +441,20 @@ def test_a_tab_written_as_backslash_t_reads_a_tsv_and_a_long_delimiter_is_one_li
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and not run_dir.exists()
     assert "delimiter='ab': one character" in result.stderr
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["in_memory", "streamed"])
+def test_a_header_with_spaces_around_its_names_reads_by_the_trimmed_names(tmp_path, stream):
+    rows = "".join(f"{i},{i / 10},c{i % 3},{i % 2}\n" for i in range(300))
+    # as many exports write, after a blank line
+    (tmp_path / "spaced.csv").write_text(f"\nid, x0, city , y\n{rows}")
+    splits = tabular.csv(
+        path=str(tmp_path / "spaced.csv"),
+        label="y",
+        categorical=["city"],
+        stream=stream,
+        validation_fraction=0,
+        test_fraction=0,
+    )
+    ids = _ids(splits.train if stream else splits.train.batch(1000))
+    assert sorted(ids) == list(range(300)) and splits.info.num_train == 300

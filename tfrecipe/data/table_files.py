@@ -195,7 +195,7 @@ def _columns(file: str, *, format: Format, csv: CsvOptions) -> tuple[str, ...]:
             raise ValueError("header=false needs column_names: the names of the files' columns")
         names = tuple(csv.column_names)
     else:
-        names = _csv_header(file, csv.delimiter)
+        names = _csv_header(file, csv.delimiter)[0]
     seen: set[str] = set()
     for name in names:
         if name in seen:
@@ -207,12 +207,15 @@ def _columns(file: str, *, format: Format, csv: CsvOptions) -> tuple[str, ...]:
     return names
 
 
-def _csv_header(file: str, delimiter: str) -> tuple[str, ...]:
+def _csv_header(file: str, delimiter: str) -> tuple[tuple[str, ...], int]:
+    """The header's names, trimmed, and the number of lines up to its end (blank lines first
+    included)."""
     try:
         with _open_text(file) as handle:
-            for values in _csv_reader(handle, delimiter):
+            reader = _csv_reader(handle, delimiter)
+            for values in reader:
                 if values:
-                    return tuple(name.strip() for name in values)
+                    return tuple(name.strip() for name in values), reader.line_num
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except (OSError, csvlib.Error, EOFError) as error:
@@ -282,7 +285,10 @@ def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence
             file,
             read_options=pacsv.ReadOptions(
                 block_size=CSV_BLOCK_BYTES,
-                column_names=None if options.header else list(table.columns),
+                # the names as `_csv_header` read them (trimmed: `a, b` names `b`), the header
+                # line skipped
+                column_names=list(table.columns),
+                skip_rows=_csv_header(file, options.delimiter)[1] if options.header else 0,
             ),
             parse_options=pacsv.ParseOptions(
                 delimiter=options.delimiter, invalid_row_handler=on_invalid_row
