@@ -287,3 +287,18 @@ def test_user_file_options_train(tmp_path, train_run):
         # Keras warned at the end of a validation set it could not count (a TFRecord reader's).
         assert not [w for w in warned if "ran out of data" in str(w.message)], name
         assert summary["dataset"] == f"tfrecipe.data.{name}.load"
+
+
+def test_fractions_too_small_for_the_classes_name_the_keys_and_the_smallest_class(tmp_path):
+    from tfrecipe.data import image_folder, npz
+
+    write_image_folder(tmp_path / "pics")  # 12 images, two classes
+    with pytest.raises(ValueError) as error:  # 1 of 12 to test: fewer than the classes
+        image_folder.load(path=str(tmp_path / "pics"), validation_fraction=0, test_fraction=0.05)
+    message = str(error.value)
+    assert "test_fraction=0.05" in message and "2 classes" in message, message
+    np.savez(tmp_path / "one.npz", x=np.zeros((20, 3)), y=np.array([0] * 19 + [1]))
+    with pytest.raises(ValueError) as error:  # class 1 has a single example: none to hold out
+        npz.load(path=str(tmp_path / "one.npz"))
+    message = str(error.value)
+    assert "validation_fraction=0.1" in message and "smallest: 1 example" in message, message

@@ -83,8 +83,6 @@ def split_indices(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A seeded train/validation/test split of example indices, stratified by `labels` (class
     ids) unless `stratify` is False (float or multi-hot targets)."""
-    from sklearn.model_selection import train_test_split
-
     for name, value in (
         ("validation_fraction", validation_fraction),
         ("test_fraction", test_fraction),
@@ -96,10 +94,38 @@ def split_indices(
             "validation_fraction + test_fraction must leave training data, received "
             f"{validation_fraction} + {test_fraction}"
         )
-    indices = np.arange(len(labels))
     held_out = validation_fraction + test_fraction
     if held_out == 0:
+        indices = np.arange(len(labels))
         return indices, indices[:0], indices[:0]
+    try:
+        return _split(labels, validation_fraction, test_fraction, seed, stratify=stratify)
+    except ValueError as error:  # scikit-learn's words: "The test_size = 1 should be ..."
+        strata = ""
+        if stratify:
+            counts = np.unique(labels, return_counts=True)[1]
+            strata = (
+                f" stratified by {len(counts)} classes (the smallest: {min(counts)} example(s))"
+            )
+        raise ValueError(
+            f"validation_fraction={validation_fraction}, test_fraction={test_fraction}: cannot "
+            f"hold these out of {len(labels)} examples{strata} ({error}); "
+            "change the fractions (0: none held out) or add examples"
+        ) from None
+
+
+def _split(
+    labels: np.ndarray,
+    validation_fraction: float,
+    test_fraction: float,
+    seed: int,
+    *,
+    stratify: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(len(labels))
+    held_out = validation_fraction + test_fraction
     strata = labels if stratify else None
     train, rest = train_test_split(indices, test_size=held_out, random_state=seed, stratify=strata)
     if validation_fraction == 0 or test_fraction == 0:
