@@ -173,6 +173,24 @@ def test_tfrecord_reads_float_tensors(tmp_path):
     assert features.tolist() == [0.0, float(label)] and splits.info.input_shape == (2,)
 
 
+def test_tfrecord_reads_gzipped_files_by_their_suffix(tmp_path):
+    from tfrecipe.data.tfrecord import load
+
+    for i in range(2):
+        write_tfrecord(tmp_path / f"train-{i}.tfrecord.gz", 5, first_id=10 * i)
+    write_tfrecord(tmp_path / "test.tfrecord", 4)
+    splits = load(
+        train_files=str(tmp_path / "train-*.gz"),
+        test_files=str(tmp_path / "test.tfrecord"),
+        feature_shape=[8, 8, 1],
+        num_classes=2,
+    )
+    assert (splits.info.num_train, splits.info.num_test) == (10, 4)
+    assert len(list(splits.train.as_numpy_iterator())) == 10
+    with pytest.raises(ValueError, match=r"train_files=.*mixes"):
+        load(train_files=str(tmp_path / "*"), feature_shape=[8, 8, 1], num_classes=2)
+
+
 def test_npz_splits_one_file_or_reads_separate_ones(tmp_path):
     from tfrecipe.data.npz import load
 

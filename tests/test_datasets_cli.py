@@ -99,3 +99,20 @@ def _assert_config_error(result, named) -> None:
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "tfrecipe: invalid configuration: dataset:" in result.stderr
     assert str(named) in result.stderr, result.stderr[-2000:]
+
+
+def test_gzipped_tfrecord_files_train_and_predict(cli, tmp_path):
+    for i in range(2):
+        write_tfrecord(tmp_path / f"train-{i}.tfrecord.gz", 16, first_id=16 * i)
+    run_dir = tmp_path / "run"
+    trained = cli(
+        *TFRECORD,
+        f"dataset.train_files={tmp_path}/train-*.tfrecord.gz",
+        "batching.per_replica_batch_size=8",
+        "loop.epochs=1",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    predicted = cli("predict", str(run_dir), str(tmp_path / "train-0.tfrecord.gz"))
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    assert len(predicted.stdout.strip().splitlines()) == 1 + 16  # a header and a row each

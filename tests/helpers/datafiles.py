@@ -34,7 +34,8 @@ def write_tfrecord(
     import tensorflow as tf
 
     pixels, labels = images(n, size, channels, seed=first_id)
-    with tf.io.TFRecordWriter(str(path)) as writer:
+    gzip = str(path).endswith(".gz")  # as TFX and Beam write them
+    with tf.io.TFRecordWriter(str(path), options="GZIP" if gzip else None) as writer:
         for i in range(n):
             if kind == "image":
                 png = tf.io.encode_png(pixels[i]).numpy()

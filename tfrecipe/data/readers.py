@@ -28,7 +28,10 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 # The tables training reads (tfrecipe.data.table_files: .csv.gz, .tsv, ...), but a .txt file
 # is a text (one example of a text model).
 TABLE_SUFFIXES = tuple(s for s in (*CSV_SUFFIXES, *PARQUET_SUFFIXES) if not s.startswith(".txt"))
-TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+# gzipped too (.tfrecord.gz: TFX and Beam write them), as training reads them
+TFRECORD_SUFFIXES = tuple(
+    s + gz for s in (".tfrecord", ".tfrecords", ".tfrec") for gz in ("", ".gz")
+)
 # Rows of an array file checked at a time (a mapped .npy larger than memory is checked in pieces).
 CHECK_ROWS = 65_536
 
@@ -100,7 +103,7 @@ def _kind(path: Path, inputs: Mapping[str, Any]) -> str:
         kind = "table"
     elif suffix in (".npz", ".npy"):
         kind = "npz"
-    elif suffix in TFRECORD_SUFFIXES:
+    elif path.name.lower().endswith(TFRECORD_SUFFIXES):
         kind = "tfrecord"
     elif suffix in IMAGE_SUFFIXES:
         kind = "images"
@@ -450,7 +453,8 @@ class Records:
             return tf.ensure_shape(image, self.shape)
 
         for file in self.files:
-            records = tf.data.TFRecordDataset(str(file)).map(
+            gzip = "GZIP" if file.name.lower().endswith(".gz") else ""
+            records = tf.data.TFRecordDataset(str(file), compression_type=gzip).map(
                 graph.plain(
                     lambda r: decode(tf.io.parse_single_example(r, {self.key: feature})[self.key])
                 )

@@ -78,8 +78,21 @@ def _checked_split(
     if pattern is None and split != "train":
         return None, 0
     files = _glob(f"{split}_files", pattern)
-    count = sum(_check_file(path, spec, images_checked_per_file) for path in files)
-    return _read(files, spec, count), count
+    compression = _compression(f"{split}_files", pattern, files)
+    count = sum(_check_file(path, spec, images_checked_per_file, compression) for path in files)
+    return _read(files, spec, count, compression), count
+
+
+def _compression(key: str, pattern: str | Sequence[str], files: list[str]) -> str:
+    """GZIP for `.gz` files (as TFX and Beam write them), none otherwise: one for all of a
+    split's files, which one reader reads."""
+    kinds = {"GZIP" if file.lower().endswith(".gz") else "" for file in files}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{key}={pattern!r}: mixes .gz files with uncompressed ones; one split's files are "
+            "all gzipped (.gz) or none"
+        )
+    return kinds.pop()
 
 
 class _Spec:
@@ -143,9 +156,9 @@ def _glob(key: str, pattern: str | Sequence[str]) -> list[str]:
     return files
 
 
-def _check_file(path: str, spec: _Spec, images_to_decode: int) -> int:
+def _check_file(path: str, spec: _Spec, images_to_decode: int, compression: str) -> int:
     """Reads and parses every record of `path`; returns how many there are."""
-    records = tf.data.TFRecordDataset(path).map(
+    records = tf.data.TFRecordDataset(path, compression_type=compression).map(
         graph.plain(spec.parse), num_parallel_calls=tf.data.AUTOTUNE
     )
     count = 0
@@ -168,10 +181,12 @@ def _check_file(path: str, spec: _Spec, images_to_decode: int) -> int:
     return count
 
 
-def _read(files: list[str], spec: _Spec, count: int) -> tf.data.Dataset:
+def _read(files: list[str], spec: _Spec, count: int, compression: str) -> tf.data.Dataset:
     # A dataset of file names read by TFRecordDataset: what `auto_shard_policy=file` shards.
     records = tf.data.TFRecordDataset(
-        files, num_parallel_reads=tf.data.AUTOTUNE if len(files) > 1 else None
+        files,
+        compression_type=compression,
+        num_parallel_reads=tf.data.AUTOTUNE if len(files) > 1 else None,
     )
 
     def example(record):
