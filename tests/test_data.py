@@ -320,3 +320,13 @@ def test_fractions_too_small_for_the_classes_name_the_keys_and_the_smallest_clas
         npz.load(path=str(tmp_path / "one.npz"))
     message = str(error.value)
     assert "validation_fraction=0.1" in message and "smallest: 1 example" in message, message
+
+
+def test_npz_labels_beyond_int32_are_refused_not_wrapped_to_another_class(tmp_path):
+    from tfrecipe.data.npz import load
+
+    y = np.array([0, 1] * 10, dtype="int64")
+    y[5] = 2**32 + 1  # as int32: 1, a real class
+    np.savez(tmp_path / "wide.npz", x=np.zeros((20, 3), "float32"), y=y)
+    with pytest.raises(ValueError, match=r"label y\[5\]=4294967297 is out of range"):
+        load(path=str(tmp_path / "wide.npz"))

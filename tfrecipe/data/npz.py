@@ -146,12 +146,23 @@ def _read(path: str, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
         )
     if not np.issubdtype(x.dtype, np.number) or x.dtype.kind == "c":
         raise ValueError(f"{path}: {x_key} must hold real numbers, received dtype {x.dtype}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{path}: {y_key} must hold integer class labels, received {y.dtype}")
+    _check_label_type(path, y_key, y)
     # NaN, Inf or beyond float32 (Inf once converted): refused, as `tfrecipe predict` refuses them
     check_finite_array(path, x_key, x)
     x = x if x.dtype == np.uint8 else x.astype("float32")
     return x, y.astype("int32")
+
+
+def _check_label_type(path: str, key: str, y: np.ndarray) -> None:
+    """Integer labels that int32 holds: the cast would wrap 2**32 + 1 to class 1."""
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{path}: {key} must hold integer class labels, received {y.dtype}")
+    wide = np.flatnonzero((y < 0) | (y > np.iinfo(np.int32).max))
+    if wide.size:
+        raise ValueError(
+            f"{path}: label {key}[{wide[0]}]={int(y[wide[0]])} is out of range; labels are "
+            "class ids 0, 1, ... (num_classes at most 2**31 - 1)"
+        )
 
 
 def _check_labels(path: str, key: str, labels: np.ndarray, num_classes: int) -> None:
