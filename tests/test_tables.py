@@ -458,3 +458,21 @@ def test_a_header_with_spaces_around_its_names_reads_by_the_trimmed_names(tmp_pa
     )
     ids = _ids(splits.train if stream else splits.train.batch(1000))
     assert sorted(ids) == list(range(300)) and splits.info.num_train == 300
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"features": ["x0", "x0", "city"]}, "features=['x0', 'x0', 'city']: 'x0' is named twice"),
+        ({"label": ["y", "y"]}, "label=['y', 'y']: 'y' is named twice"),
+        ({"max_vocabulary": 0}, "max_vocabulary=0: at least 1"),
+        ({"stats_rows": 0}, "stats_rows=0: at least 1"),
+    ],
+    ids=["features", "label", "max_vocabulary", "stats_rows"],
+)
+def test_a_column_named_twice_or_a_count_below_one_is_one_line(tmp_path, options, expected):
+    path = _csv(tmp_path, 100)
+    arguments = {"path": str(path), "label": "y", "categorical": ["city"], **options}
+    with pytest.raises(ValueError) as error:
+        tabular.csv(**arguments)
+    assert str(error.value).startswith(expected), error.value

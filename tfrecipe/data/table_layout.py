@@ -73,6 +73,14 @@ def input_columns(tables: Sequence[Table], named: Named) -> list[str]:
     labels, features, categorical = named.labels, named.features, named.categorical
     if not labels:
         raise ValueError("label=[]: name the target column (or several 0/1 columns)")
+    for key, names in (
+        ("label", labels),
+        ("features", features or ()),
+        ("categorical", categorical),
+    ):
+        twice = [name for i, name in enumerate(names) if name in names[:i]]
+        if twice:
+            raise ValueError(f"{key}={list(names)}: {twice[0]!r} is named twice; name it once")
     for table in tables:
         _check_columns(
             table, {"label": labels, "features": features or (), "categorical": categorical}
@@ -101,6 +109,13 @@ def check_fractions(validation: float, test: float) -> None:
         )
 
 
+def check_counts(*, stats_rows: int | None, max_vocabulary: int) -> None:
+    for key, value in (("stats_rows", stats_rows), ("max_vocabulary", max_vocabulary)):
+        if value is not None and value < 1:
+            every = " (null: every row)" if key == "stats_rows" else ""
+            raise ValueError(f"{key}={value}: at least 1{every}")
+
+
 def check_table(target: str, arguments: Mapping) -> None:
     """For `tabular.csv` and `tabular.parquet` (nothing for another `target`): the files of
     `path`, `validation_path` and `test_path` exist and hold the columns `arguments` name. Only
@@ -116,6 +131,9 @@ def check_table(target: str, arguments: Mapping) -> None:
         open_table = parquet_opener()
     else:
         return
+    check_counts(
+        stats_rows=arguments.get("stats_rows"), max_vocabulary=arguments.get("max_vocabulary", 1)
+    )
     paths = [(key, arguments.get(key)) for key in ("path", "validation_path", "test_path")]
     tables = [open_table(path, key=key) for key, path in paths if path]
     named = Named(

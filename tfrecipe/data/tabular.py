@@ -249,6 +249,7 @@ def _table(
         seed=split[2],
     )
     table_layout.check_fractions(*split[:2])
+    table_layout.check_counts(stats_rows=stats_rows, max_vocabulary=max_vocabulary)
     inputs = table_layout.input_columns([table for table, _ in layout.tables()], named)
     columns = Columns(
         numeric=tuple(name for name in inputs if name not in set(named.categorical)),
