@@ -246,7 +246,7 @@ def test_the_pipeline_passes_raw_strings_through_and_refuses_to_augment_them():
 
 # --- bad inputs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "case", ["missing", "no_classes", "one_class", "empty_class", "too_few_to_split"]
+    "case", ["missing", "no_classes", "one_class", "empty_class", "too_few_to_split", "latin_1"]
 )
 def test_bad_text_folders_name_the_folder(case, tmp_path):
     from tfrecipe.data import text_folder
@@ -263,6 +263,10 @@ def test_bad_text_folders_name_the_folder(case, tmp_path):
         named = root / "pos"
         named.mkdir()
         (named / "notes.md").write_text("not a .txt file")
+    if case == "latin_1":  # its bytes in the vocabulary failed model.keras after training
+        write_corpus(root)
+        named = root / "neg" / "latin.txt"
+        named.write_bytes("un café".encode("latin-1"))
     with pytest.raises(ValueError, match=str(named)) as raised:
         text_folder.load(path=str(root))
     assert "\n" not in str(raised.value)

@@ -43,8 +43,8 @@ def load(
 
     Raises:
       ValueError: the folder is missing, has fewer than two classes, a class without texts, a
-        `.txt` entry that is not a regular file (or too large), or too few texts to hold the
-        fractions out.
+        `.txt` entry that is not a regular file (or too large, or not UTF-8), or too few texts
+        to hold the fractions out.
     """
     files, labels, classes = _list(Path(path))
     try:
@@ -92,11 +92,12 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     files, labels = [], []
     for label, name in enumerate(classes):
         # every .txt entry but folders and hidden ones (the list the fingerprint takes too): a
-        # link to /dev/zero, a FIFO or a device is refused (read lazily by the pipeline, it would
-        # never end), not skipped
+        # link to /dev/zero, a FIFO or a device is refused, not skipped; each is read once as
+        # UTF-8, as the vocabulary saved in model.keras must be (other bytes failed the export,
+        # after the training)
         texts = [str(p) for p in folder_files(root / name, (TEXT_SUFFIX,))]
         for text in texts:
-            reading.check_file(text, limit=reading.MAX_TEXT_BYTES, what="a text example")
+            reading.read_text(text, limit=reading.MAX_TEXT_BYTES, what="a text example")
         if not texts:
             raise ValueError(f"{root / name}: class folder holds no {TEXT_SUFFIX} files")
         files += texts
