@@ -330,3 +330,20 @@ def test_npz_labels_beyond_int32_are_refused_not_wrapped_to_another_class(tmp_pa
     np.savez(tmp_path / "wide.npz", x=np.zeros((20, 3), "float32"), y=y)
     with pytest.raises(ValueError, match=r"label y\[5\]=4294967297 is out of range"):
         load(path=str(tmp_path / "wide.npz"))
+
+
+def test_a_corrupt_record_or_image_is_named_without_tensorflows_plumbing(tmp_path):
+    from tfrecipe.data import image_folder, tfrecord
+
+    bad = write_tfrecord(tmp_path / "bad.tfrecord", 4)
+    bad.write_bytes(bad.read_bytes()[:-7])
+    root = write_image_folder(tmp_path / "pics")
+    (root / "light" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    for load in (
+        lambda: tfrecord.load(train_files=str(bad), feature_shape=[8, 8, 1], num_classes=2),
+        lambda: image_folder.load(path=str(root)),
+    ):
+        with pytest.raises(ValueError) as error:
+            load()
+        message = str(error.value)
+        assert "function_node" not in message and "[Op:" not in message, message

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterator
@@ -213,6 +214,14 @@ def read_yaml(path: str | os.PathLike, *, limit: int = MAX_CONFIG_BYTES, what: s
 def first_line(error: BaseException) -> str:
     text = " ".join(str(error).split("\n")[:1]).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def op_reason(error: BaseException) -> str:
+    """A TensorFlow op error's first line without the graph's plumbing around it
+    (`{{function_node __wrapped__IteratorGetNext_...}}` before, `[Op:DecodeImage] name:` after)."""
+    lines = str(getattr(error, "message", error)).splitlines() or [""]
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", lines[0])
+    return re.sub(r"\s*\[Op:\w+\]( name: \S*)?\s*$", "", text).strip() or type(error).__name__
 
 
 def check_archive(

@@ -133,7 +133,7 @@ def _verify(files: np.ndarray, channels: int) -> None:
         try:
             tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
         except tf.errors.OpError as error:
-            reason = error.message.splitlines()[0]
+            reason = reading.op_reason(error)
             raise ValueError(f"{file}: not a readable image ({reason})") from None
 
 

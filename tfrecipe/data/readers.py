@@ -388,7 +388,7 @@ class Images:
                 except reading.UnreadableFile as error:
                     raise ConfigError(f"predict: {error}") from None
                 except tf.errors.OpError as error:
-                    reason = error.message.splitlines()[0]
+                    reason = reading.op_reason(error)
                     raise ConfigError(f"predict: {file}: not a readable image ({reason})") from None
                 image = tf.image.resize(image, [height, width])
                 images.append(tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8))
@@ -469,7 +469,7 @@ class Records:
                     paths = np.full(len(chunk), str(file), object)
                     yield Batch(chunk, {"path": paths, "index": index})
             except tf.errors.OpError as error:
-                reason = error.message.splitlines()[0]
+                reason = reading.op_reason(error)
                 raise ConfigError(f"predict: {file}: record {start}: {reason}") from None
 
 

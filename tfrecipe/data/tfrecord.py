@@ -170,7 +170,7 @@ def _check_file(path: str, spec: _Spec, images_to_decode: int, compression: str)
         for feature, _ in records.take(images_to_decode if spec.kind == "image" else 0):
             spec.decode(feature)
     except tf.errors.OpError as error:
-        reason = error.message.splitlines()[0]
+        reason = reading.op_reason(error)
         raise ValueError(
             f"{path}: cannot use this TFRecord file (after {count} good records): {reason}; "
             f"expected tf.train.Examples with {spec.key!r} ({spec.kind}, shape "
