@@ -347,3 +347,19 @@ def test_a_corrupt_record_or_image_is_named_without_tensorflows_plumbing(tmp_pat
             load()
         message = str(error.value)
         assert "function_node" not in message and "[Op:" not in message, message
+
+
+def test_grey_images_from_a_folder_with_gifs_decode_to_one_channel(tmp_path):
+    from PIL import Image
+
+    from tfrecipe.data.image_folder import load
+
+    root = write_image_folder(tmp_path / "pics")
+    for name, value in (("dark", 20), ("light", 230)):  # GIFs decode to RGB only
+        Image.new("RGB", (12, 12), (value,) * 3).save(root / name / "flat.gif")
+    splits = load(
+        path=str(root), image_size=[6, 6], channels=1, validation_fraction=0, test_fraction=0
+    )
+    pairs = list(splits.train.as_numpy_iterator())
+    assert len(pairs) == 14 and all(x.shape == (6, 6, 1) for x, _ in pairs)
+    assert all((x.mean() < 128) == (y == 0) for x, y in pairs)

@@ -131,14 +131,28 @@ def _verify(files: np.ndarray, channels: int) -> None:
     """Decodes every image once: the first that cannot be decoded stops the run, named."""
     for file in files:
         try:
-            tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
+            decode(tf.io.read_file(file), channels)
         except tf.errors.OpError as error:
             reason = reading.op_reason(error)
             raise ValueError(f"{file}: not a readable image ({reason})") from None
 
 
+def decode(data: tf.Tensor, channels: int) -> tf.Tensor:
+    """An encoded image's pixels with `channels` channels (training's and predict's decoder).
+    TensorFlow decodes a GIF to RGB only (channels=1 is refused): a GIF turns grey after."""
+    if channels != 1:
+        return tf.io.decode_image(data, channels=channels, expand_animations=False)
+    return tf.cond(
+        tf.strings.substr(data, 0, 3) == b"GIF",
+        lambda: tf.image.rgb_to_grayscale(
+            tf.io.decode_image(data, channels=3, expand_animations=False)
+        ),
+        lambda: tf.io.decode_image(data, channels=1, expand_animations=False),
+    )
+
+
 def _load_image(file: tf.Tensor, channels: int, height: int, width: int) -> tf.Tensor:
-    image = tf.io.decode_image(tf.io.read_file(file), channels=channels, expand_animations=False)
+    image = decode(tf.io.read_file(file), channels)
     image = tf.image.resize(image, [height, width])
     # Back to uint8: the pipeline's `normalize` then scales it like any other image.
     return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)

@@ -377,6 +377,8 @@ class Images:
     def batches(self, batch_size: int) -> Iterator[Batch]:
         import tensorflow as tf
 
+        from tfrecipe.data import image_folder
+
         height, width, channels = self.shape
         for start in range(0, len(self.files), batch_size):
             chunk = self.files[start : start + batch_size]
@@ -384,7 +386,7 @@ class Images:
             for file in chunk:
                 try:
                     data = reading.read_bytes(file, limit=reading.MAX_IMAGE_BYTES, what="an image")
-                    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+                    image = image_folder.decode(data, channels)
                 except reading.UnreadableFile as error:
                     raise ConfigError(f"predict: {error}") from None
                 except tf.errors.OpError as error:
