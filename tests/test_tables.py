@@ -476,3 +476,12 @@ def test_a_column_named_twice_or_a_count_below_one_is_one_line(tmp_path, options
     with pytest.raises(ValueError) as error:
         tabular.csv(**arguments)
     assert str(error.value).startswith(expected), error.value
+
+
+@pytest.mark.parametrize("key", ["validation_path", "test_path"])
+def test_a_split_file_without_rows_is_refused_not_silently_skipped(tmp_path, key):
+    path = _csv(tmp_path, 100)
+    empty = tmp_path / "empty.csv"
+    empty.write_text(path.read_text().splitlines()[0] + "\n")  # the header only
+    with pytest.raises(ValueError, match=f"^{key}='{empty}': no rows"):
+        tabular.csv(path=str(path), label="y", categorical=["city"], **{key: str(empty)})

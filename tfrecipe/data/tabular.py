@@ -265,11 +265,18 @@ def _table(
     key = table_stats.fingerprint(layout, columns, stats_rows)
     compute = functools.partial(_statistics, layout, columns, stats_rows, in_memory)
     stats = stats_cache.get(key, compute) if stats_cache else compute()
-    if stats.rows["train"] == 0:
-        raise ValueError(f"path={path!r}: no training rows")
+    for key, file, name in (("path", path, "train"), *_own_files(paths[1:])):
+        if stats.rows[name] == 0:  # an empty split file would leave that split out, unsaid
+            raise ValueError(f"{key}={file!r}: no {'training ' if key == 'path' else ''}rows")
     if in_memory(stats):
         return _in_memory(layout, columns, stats, split[:2], split[2])
     return _streamed(layout, columns, stats)
+
+
+def _own_files(paths: tuple[str | None, str | None]) -> list[tuple[str, str, str]]:
+    """(key, file, split) of the validation and test splits given their own files."""
+    named = zip(("validation_path", "test_path"), paths, ("validation", "test"), strict=True)
+    return [(key, file, split) for key, file, split in named if file]
 
 
 def _held_in_memory(stats: TableStats, *, stream, width: int, layout: Layout) -> bool:
