@@ -363,3 +363,30 @@ def test_grey_images_from_a_folder_with_gifs_decode_to_one_channel(tmp_path):
     pairs = list(splits.train.as_numpy_iterator())
     assert len(pairs) == 14 and all(x.shape == (6, 6, 1) for x, _ in pairs)
     assert all((x.mean() < 128) == (y == 0) for x, y in pairs)
+
+
+def test_tfrecord_grey_gifs_decode_to_one_channel(tmp_path):
+    import io
+
+    import tensorflow as tf
+    from PIL import Image
+
+    from tfrecipe.data.tfrecord import load
+
+    with tf.io.TFRecordWriter(str(tmp_path / "gifs.tfrecord")) as writer:
+        for label in (0, 1, 0, 1):
+            gif = io.BytesIO()
+            Image.new("RGB", (8, 8), (200 * label,) * 3).save(gif, format="GIF")
+            feature = {
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[gif.getvalue()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+            writer.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    splits = load(
+        train_files=str(tmp_path / "gifs.tfrecord"), feature_shape=[8, 8, 1], num_classes=2
+    )
+    pairs = list(splits.train.as_numpy_iterator())
+    assert [x.shape for x, _ in pairs] == [(8, 8, 1)] * 4
+    assert all((x.mean() > 100) == (y == 1) for x, y in pairs)

@@ -441,6 +441,7 @@ class Records:
         import tensorflow as tf
 
         from tfrecipe import graph
+        from tfrecipe.data import image_folder
 
         feature = {
             "image": tf.io.FixedLenFeature([], tf.string),
@@ -451,7 +452,7 @@ class Records:
         def decode(raw):
             if self.kind != "image":
                 return raw
-            image = tf.io.decode_image(raw, channels=self.shape[2], expand_animations=False)
+            image = image_folder.decode(raw, self.shape[2])
             return tf.ensure_shape(image, self.shape)
 
         for file in self.files:

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfrecipe import graph, reading
 from tfrecipe.config.targets import config_target
+from tfrecipe.data import image_folder
 from tfrecipe.data.splits import DatasetInfo, Splits
 from tfrecipe.data.values import check_finite_array
 
@@ -140,7 +141,7 @@ class _Spec:
     def decode(self, feature: tf.Tensor) -> tf.Tensor:
         if self.kind != "image":
             return feature
-        image = tf.io.decode_image(feature, channels=self.shape[2], expand_animations=False)
+        image = image_folder.decode(feature, self.shape[2])  # a GIF turned grey too
         # Images of another size fail clearly here; a silent resize could hide a wrong file.
         return tf.ensure_shape(image, self.shape)
 
