@@ -354,6 +354,28 @@ def test_an_epoch_resumed_mid_way_logs_the_uninterrupted_runs_training_metrics(c
     assert _summary(resumed)["metrics"] == _summary(whole)["metrics"]
 
 
+def test_an_epoch_resumed_mid_way_keeps_its_accuracy_under_the_default_strategy(cli, tmp_path):
+    """Preempted in a 5-step first epoch (saved at step 4): the resumed run's accuracy in history.csv
+    is over the epoch's 5 steps, as the uninterrupted run's (its compiled metrics, built only when
+    the first step is traced, missed the backup's totals: 1 step's accuracy, loss right)."""
+    run = ["loop.epochs=1", "loop.steps_per_epoch=5", "loop.verbose=0"]
+    run += ["batching.steps_per_execution=1", "logger=[csv]"]
+    stop = [
+        "+callbacks.extra.stop._target_=tests.helpers.finetune_models.SignalAtStep",
+        "+callbacks.extra.stop.step=3",
+        "allowed_targets=[tests.helpers]",
+    ]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(*run, f"hydra.run.dir={whole}").returncode == 0
+    first = cli(*run, *stop, f"hydra.run.dir={resumed}", env=USER_ENV)
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    again = cli(*run, f"hydra.run.dir={resumed}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _summary(resumed)["resumed_from_step"] == 4  # the step the preemption saved
+    rows = [(d / "history.csv").read_text().splitlines() for d in (whole, resumed)]
+    assert rows[0] == rows[1]
+
+
 def test_what_a_resumed_run_may_change_and_what_it_may_be_allowed_to(tmp_path):
     from tfrecipe.config.changes import Resuming, check_resume_unchanged
     from tfrecipe.config.compose import compose

@@ -267,6 +267,7 @@ class Backup(StepCounter):
         self.last_saved: int | None = None  # the step of this process's latest save
         self.diverged = False  # a NaN/Inf loss was seen: no state from here on is worth saving
         self._interval_start = 0  # periodic backups count from here
+        self._unbuilt: tuple[str, list] | None = None  # (backup, metrics unbuilt at its read)
 
     def save(self) -> str | None:
         step = current_step(self.model)
@@ -288,6 +289,20 @@ class Backup(StepCounter):
         if restored and self._epoch_start % self.steps_per_epoch:
             totals = tf.train.Checkpoint(metrics=_running_totals(self.model))
             totals.read(restored).expect_partial()  # a backup from before they were kept: none
+            # Without a strategy, fit builds its compiled metrics when it traces the first step:
+            # their totals are added to that step's once it is taken.
+            metrics = _LOOP_METRICS.get(self.model) or self.model.metrics
+            if unbuilt := [metric for metric in metrics if not metric.variables]:
+                self._unbuilt = (restored, unbuilt)
+
+    def _add_unbuilt_totals(self) -> None:
+        (restored, metrics), self._unbuilt = self._unbuilt, None
+        reader = tf.train.load_checkpoint(restored)
+        for metric in metrics:
+            for index, variable in enumerate(metric.variables):
+                key = f"metrics/{metric.name}-{index}/.ATTRIBUTES/VARIABLE_VALUE"
+                if reader.has_tensor(key):
+                    variable.assign_add(reader.get_tensor(key))
 
     def on_train_begin(self, logs=None):
         # Training (re)starts from a good state: the start of the run, a resumed backup or a
@@ -298,6 +313,8 @@ class Backup(StepCounter):
             self.save()
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._unbuilt:
+            self._add_unbuilt_totals()
         step = self.step_after(batch)
         if step % self.steps_per_epoch == 0:
             return  # the epoch's last step: its epoch end saves (after validation)
