@@ -378,6 +378,30 @@ def test_several_loggers_at_once(train_run):
     assert_logger_files({"csv", "tensorboard"}, run_dir)
 
 
+def test_tensorboard_logs_steps_at_the_optimizer_step_as_steps_csv(train_run):
+    """update_freq=2 with 2 steps per call: TensorBoard's batch_loss at steps 2, 4, ..., 16 with
+    steps.csv's losses (Keras' own counted calls: steps 2, 4, 6, 8 holding steps 4, 8, 12, 16)."""
+    import tensorflow as tf
+
+    summary, run_dir = train_run(
+        "logger=[csv,tensorboard]",
+        "logger.csv.every_n_steps=2",
+        "logger.tensorboard.update_freq=2",
+        "loop.steps_per_epoch=8",
+    )
+    assert summary["steps_per_execution"] == 2
+    with open(run_dir / "steps.csv", newline="") as f:
+        expected = {int(row["step"]): float(row["loss"]) for row in csv.DictReader(f)}
+    logged = {}
+    for events in (run_dir / "tensorboard" / "train").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            for value in event.summary.value:
+                if value.tag == "batch_loss":
+                    logged[event.step] = float(tf.make_ndarray(value.tensor))
+    assert sorted(logged) == list(range(2, 17, 2)) == sorted(expected)
+    assert logged == pytest.approx(expected)
+
+
 # --- batching: the global batch and the learning-rate scaling rule ---------------------------------
 @pytest.mark.slow
 def test_global_batch_is_per_replica_times_replicas(train_run):

@@ -200,6 +200,32 @@ class StepCSVLogger(StepLog):
         self._file.close()
 
 
+class TensorBoardStepLogger(StepLog):
+    """TensorBoard's per-step scalars (`logger.tensorboard.update_freq`: batch or every N
+    steps) as `batch_*` in RUN_DIR/tensorboard/train at the optimizer step, steps.csv's rows.
+    Keras' own counts its hook calls since this process began training: with several steps per
+    call, in a resumed run or after a fine-tuning's switch they were not the optimizer's steps."""
+
+    def __init__(self, train_dir: Path, every_n_steps: int):
+        super().__init__(every_n_steps)
+        self.train_dir = train_dir
+        self._board = None
+
+    def write(self, row: dict[str, float]) -> None:
+        import tensorflow as tf
+
+        if self._board is None:
+            self._board = tf.summary.create_file_writer(str(files.library_dir(self.train_dir)))
+        with self._board.as_default():
+            for name, value in row.items():
+                if name not in ("step", "epoch"):
+                    tf.summary.scalar(f"batch_{name}", value, step=int(row["step"]))
+
+    def on_train_end(self, logs=None):
+        if self._board is not None:
+            self._board.flush()
+
+
 def _rows_up_to(path: Path, step: int) -> list[dict[str, str]]:
     """The rows a resumed run keeps of its own log (a regular file: never a link to a device)."""
     if not os.path.lexists(path):
@@ -419,11 +445,14 @@ def _logger_callbacks(logger: schema.Logger, home: RunFiles) -> list[keras.callb
         callbacks.append(
             keras.callbacks.TensorBoard(
                 log_dir=str(files.library_dir(board)),
-                update_freq=tb.update_freq,
+                update_freq="epoch",  # steps: TensorBoardStepLogger, at the optimizer's step
                 histogram_freq=tb.histogram_freq,
                 profile_batch=0,  # Keras' marker gives xprof no step: StepProfiler's does
             )
         )
+        if tb.update_freq != "epoch":
+            every = 1 if tb.update_freq == "batch" else tb.update_freq
+            callbacks.append(TensorBoardStepLogger(board / "train", every))
         if tb.profile_batch:
             callbacks.append(StepProfiler(board, first=tb.profile_batch, calls=tb.profile_steps))
     return callbacks

@@ -16,6 +16,7 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
     "tfrecipe/config/instantiate.py": {"importlib.import_module": "targets that passed the check"},
     "tfrecipe/callbacks.py": {
         "keras.callbacks.TensorBoard": "its log_dir is files.library_dir(RUN_DIR/tensorboard)",
+        "tf.summary.create_file_writer": "files.library_dir(RUN_DIR/tensorboard/train)",
         "self._writer.save": "best.weights.h5: weights_file checks it (files.check_writable) and "
         "writes it through files.replace_with",
     },

@@ -81,8 +81,8 @@ def blocker(callbacks: Sequence[keras.callbacks.Callback]) -> str | None:
                 return "periodic backups (callbacks.backup) save the state at every epoch end"
             continue
         if isinstance(callback, keras.callbacks.TensorBoard):
-            if callback.update_freq != "epoch" or callback.histogram_freq:
-                return "TensorBoard logs steps or weight histograms"
+            if callback.histogram_freq:  # its steps: callbacks.TensorBoardStepLogger's
+                return "TensorBoard logs weight histograms"
             continue
         if getattr(callback, "reads_logs_only", False) or isinstance(callback, _KERAS_LOGS_ONLY):
             continue
