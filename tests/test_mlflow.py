@@ -317,6 +317,24 @@ def test_the_file_store_is_refused_unless_mlflow_allows_it(compose_cfg, monkeypa
         validate(unknown)
 
 
+def test_a_server_with_a_password_typed_on_the_command_line_is_the_command_lines(monkeypatch):
+    """`logger.mlflow.tracking_uri=http://bob:PASSWORD@host` typed by the user: the run takes
+    it (it was refused as a config file's, "pass logger.mlflow.tracking_uri=... yourself", since
+    the command line hands a typed secret on as `${oc.env:TFRECIPE_TYPED_SECRET_N}`)."""
+    from tfrecipe.config import schema
+    from tfrecipe.config.compose import compose
+    from tfrecipe.config.secrets import typed_by_reference
+
+    uri = "http://bob:hunter2xyz@127.0.0.1:5000"
+    environ: dict[str, str] = {}
+    typed = typed_by_reference(["logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}"], environ)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert uri not in " ".join(typed)
+    run = schema.validate(compose(typed), trust=Trust.from_command_line(typed))
+    assert run.logger.mlflow.tracking_uri == uri
+
+
 def test_the_tracking_extra_leaves_pyarrow_as_tables_need_it():
     """mlflow-skinny, not the full mlflow (which pins pyarrow<26): installing the extra keeps
     the pyarrow tfrecipe requires."""

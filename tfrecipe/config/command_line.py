@@ -31,6 +31,8 @@ class CommandLine:
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.core.override_parser.types import ValueType
 
+        from tfrecipe.config.secrets import typed_value
+
         parser, parsed = OverridesParser.create(), []
         for line in overrides:
             # One Hydra cannot parse grants nothing (`evaluate` takes OmegaConf's dotlist, which
@@ -43,7 +45,7 @@ class CommandLine:
             if override.is_delete() or override.value_type == ValueType.GLOB_CHOICE_SWEEP:
                 continue
             if not override.is_sweep_override():
-                given = [override.value()]
+                given = [typed_value(override.value())]  # a typed secret: its value
             elif override.is_discrete_sweep():
                 given = list(override.sweep_iterator())
             else:  # interval(...): numbers

@@ -255,6 +255,17 @@ def typed_by_reference(overrides: list[str], environ: dict[str, str]) -> list[st
     return moved
 
 
+_TYPED_REFERENCE = re.compile(r"\$\{oc\.env:(TFRECIPE_TYPED_SECRET_\d+)\}")
+
+
+def typed_value(value: Any) -> Any:
+    """`value` as the user typed it where `typed_by_reference` moved it into the environment
+    (the command line's record compares it with the composed config), else as it is."""
+    if isinstance(value, str) and (match := _TYPED_REFERENCE.fullmatch(value)):
+        return os.environ.get(match[1], value)
+    return value
+
+
 def _typed_secret(override: str) -> str | None:
     """The secret typed as the value of `override`, or None: not a secret, not typed (already
     a reference), under `hydra.`, or a sweep."""
