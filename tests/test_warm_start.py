@@ -118,6 +118,47 @@ def test_a_resumed_run_keeps_its_own_weights_not_init_from(pretrained, train_run
     assert summary["resumed_from_step"] == steps and "init_from" not in summary
 
 
+def test_a_warm_started_run_resumed_after_a_failure_still_records_its_warm_start(
+    pretrained, compose_cfg, tmp_path
+):
+    """Failed after a backup, started again in its run dir: the run restores its backup (no
+    second warm start), and its summary.json still says where its first weights came from
+    (it lost "init_from" at the resume)."""
+    from tfrecipe.train import TrainingError, train
+
+    run_dir = tmp_path / "run"
+    overrides = [*FAST, FINETUNE, f"model.init_from={pretrained}", "loop.epochs=2"]
+    overrides += ["loop.steps_per_epoch=4", "batching.steps_per_execution=1"]
+    overrides += ["callbacks.backup.enabled=true", "callbacks.backup.every_n_steps=2"]
+    failing = [
+        "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
+        "allowed_targets=[helpers]",
+    ]
+    with pytest.raises(TrainingError, match="deliberate failure"):
+        train(
+            compose_cfg(*overrides, *failing),
+            run_dir=run_dir,
+            trust=Trust.from_command_line([*overrides, *failing]),
+        )
+    first = json.loads((run_dir / "summary.json").read_text())["init_from"]
+
+    summary = train(
+        compose_cfg(*overrides), run_dir=run_dir, trust=Trust.from_command_line(overrides)
+    )
+
+    assert summary["resumed_from_step"] == 2
+    assert (
+        summary["init_from"]
+        == first
+        == {
+            "path": str(pretrained),
+            "loaded": CNN_TENSORS - 2,
+            "skipped": 2,
+            "new": 0,
+        }
+    )
+
+
 def _assert_refused(result, run_dir: Path, *fragments: str) -> None:
     """Exit 2, one line naming the problem, no traceback, no run dir."""
     output = f"stdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-3000:]}"

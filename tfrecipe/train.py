@@ -200,9 +200,9 @@ def _start_summary(
     summary.update(resident=summaries.residency(built.data, model))  # pipeline.resident, XLA
     summaries.log_choices(summary)  # where the training data live, XLA's compile cache
     if built.resumed:
-        step = built.resumed.step
-        rollbacks = built.policy.resume_rollbacks(model, home.shared, step)
-        summary.update(resumed_from_step=step, rollbacks=rollbacks)
+        rollbacks = built.policy.resume_rollbacks(model, home.shared, built.resumed.step)
+        earlier = summaries.earlier_warm_start(home.shared)  # restored, not warm-started again
+        summary.update(resumed_from_step=built.resumed.step, rollbacks=rollbacks, **earlier)
     if home.chief:  # stalls of earlier starts of this run (their stack files, summary.json)
         summary.update(stalls=home.earlier_stalls())
     summary.start(ctx.config, chief=home.chief)

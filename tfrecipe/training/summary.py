@@ -14,7 +14,7 @@ from typing import Any
 
 import keras
 
-from tfrecipe import tasks
+from tfrecipe import rundir, tasks
 from tfrecipe.config import schema
 from tfrecipe.distribute import cluster
 from tfrecipe.errors import ConfigError
@@ -254,6 +254,13 @@ def options_used(phases, warm, class_weight) -> dict[str, Any]:
     if class_weight is not None:
         used["class_weight"] = {str(c): float(w) for c, w in enumerate(class_weight)}
     return used
+
+
+def earlier_warm_start(run_dir: Path) -> dict[str, Any]:
+    """The warm start an earlier attempt of this run recorded: a resumed run restores its
+    backup instead of warm-starting again, but its weights began there all the same."""
+    earlier = (rundir.RunFiles(run_dir).summary() or {}).get("init_from")
+    return {"init_from": earlier} if earlier else {}
 
 
 def best_epoch(
