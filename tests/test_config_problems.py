@@ -141,8 +141,18 @@ def test_a_saved_config_with_a_target_from_before_the_packages_names_the_new_pat
             "task.metrics.0._target_=keras.metrics.MeanSquaredError: would be reported as 'val_loss'; "
             "val_",
         ),
+        (
+            ["logger=[mlflow]", "logger.mlflow.experiment=''"],
+            "logger.mlflow.experiment='': string should have at least 1 character",
+        ),
     ],
-    ids=["infinite class weight", "freeze everything", "freeze everything too", "val_ metric"],
+    ids=[
+        "infinite class weight",
+        "freeze everything",
+        "freeze everything too",
+        "val_ metric",
+        "an MLflow experiment with no name",  # MLflow refused it, the run logged nothing there
+    ],
 )
 def test_settings_that_would_fail_late_are_refused_by_the_config_check(
     compose_cfg, overrides, expected

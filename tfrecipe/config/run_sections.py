@@ -162,7 +162,7 @@ class WandbLogger(Section):
 class MlflowLogger(Section):
     # null: MLFLOW_TRACKING_URI, else sqlite:///SWEEP_OR_RUN_DIR/mlflow.db
     tracking_uri: str | None = None
-    experiment: str = "tfrecipe"
+    experiment: Annotated[str, Field(min_length=1)] = "tfrecipe"  # MLflow refuses ''
     run_name: str | None = None
     tags: dict[str, str] = {}
     log_artifacts: bool = True
