@@ -317,6 +317,19 @@ def test_the_file_store_is_refused_unless_mlflow_allows_it(compose_cfg, monkeypa
         validate(unknown)
 
 
+@pytest.mark.parametrize("uri", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_a_sqlite_store_in_memory_is_refused(compose_cfg, uri):
+    """SQLAlchemy opens these in memory: the run logged there was gone when it ended, and its
+    run.json named a store nothing could read, without a word."""
+    from tests.helpers.configs import validate
+    from tfrecipe.errors import ConfigError
+
+    cfg = compose_cfg("logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}")
+    with pytest.raises(ConfigError, match="in memory") as refused:
+        validate(cfg, granting=[f"logger.mlflow.tracking_uri={uri}"])
+    assert str(refused.value).startswith(f"logger.mlflow.tracking_uri={uri}: ")
+
+
 def test_a_server_with_a_password_typed_on_the_command_line_is_the_command_lines(monkeypatch):
     """`logger.mlflow.tracking_uri=http://bob:PASSWORD@host` typed by the user: the run takes
     it (it was refused as a config file's, "pass logger.mlflow.tracking_uri=... yourself", since

@@ -108,4 +108,4 @@ def _either(problem: Problem, message: str) -> Problem:
 
 
 # Messages that name an environment variable or a URI scheme: their case is kept.
-_CASE_KEPT = frozenset({"mlflow_uri", "mlflow_file_store", "compile_cache"})
+_CASE_KEPT = frozenset({"mlflow_uri", "mlflow_file_store", "mlflow_memory_store", "compile_cache"})

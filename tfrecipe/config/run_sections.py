@@ -183,6 +183,12 @@ class MlflowLogger(Section):
                 "MLFLOW_ALLOW_FILE_STORE=true; null: MLFLOW_TRACKING_URI, else a sqlite file in "
                 "the sweep or run dir",
             )
+        database = uri.partition("://")[2].removeprefix("/").partition("?")[0]
+        if scheme == "sqlite" and database in ("", ":memory:"):
+            raise PydanticCustomError(
+                "mlflow_memory_store",
+                "names a sqlite database in memory, gone when the run ends; use sqlite:///PATH",
+            )
         allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
         if scheme == "file" and not allowed:
             raise PydanticCustomError(
