@@ -50,6 +50,17 @@ def test_every_recipe_validates(recipe, capsys):
     assert out.startswith(f"valid: {recipe}\n  {VALIDATED}\nplan:\n  loop: ")
 
 
+def test_validate_echoes_the_command_without_the_secrets_typed_on_it(capsys):
+    """`tfrecipe validate` printed its arguments as typed: a tracking server's password (the
+    one the run itself redacts everywhere) on the screen and in a CI log."""
+    from tfrecipe.cli.commands import validate
+
+    validate(["logger=[mlflow]", "logger.mlflow.tracking_uri=http://bob:hunter2xyz@127.0.0.1:5000"])
+    out = capsys.readouterr().out
+    assert out.startswith("valid: logger=[mlflow] logger.mlflow.tracking_uri=http://bob:***@")
+    assert "hunter2xyz" not in out
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_starts_with_the_command_that_runs_it(recipe):
     first = (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]

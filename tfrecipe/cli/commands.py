@@ -243,7 +243,9 @@ def validate(args: list[str]) -> None:
         problems += [p for p in _sweep_problems(recipe, overrides, trust) if p not in problems]
     if problems:
         raise ConfigError(problems)
-    print(f"valid: {' '.join(args) or 'the default config'}")
+    from tfrecipe.printed import redact_words
+
+    print(f"valid: {' '.join(redact_words(args)) or 'the default config'}")
     print(f"  {VALIDATED}")
     from tfrecipe.config.plan import RunPlan  # no TensorFlow: what the run will decide
 
