@@ -68,6 +68,19 @@ def test_step_metrics_reach_wandb_every_n_steps_with_several_steps_per_call(trai
     assert rates[4] < rates[8]
 
 
+def test_wandb_mode_from_the_environment_is_followed(train_run, monkeypatch):
+    """WANDB_MODE=offline (hydra.job.env_set allows it) with logger.wandb.mode left alone: an
+    offline run. The config's default, passed to wandb.init, overrode it: the run went online
+    (without an API key: "No API key configured", the training failed)."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.teardown()  # W&B reads the environment once per process: as a new process would
+    summary, run_dir = train_run("logger=[wandb]")
+    assert summary["status"] == "completed"
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
 def test_failed_training_still_finishes_the_wandb_run(train_run, tmp_path):
     with pytest.raises(TrainingError, match="deliberate failure"):
         train_run(

@@ -147,7 +147,8 @@ class TensorBoardLogger(Section):
 
 
 class WandbLogger(Section):
-    mode: Literal["online", "offline", "disabled"] = "online"
+    # None: WANDB_MODE, else online (W&B's own rule; a mode passed to wandb.init overrides it)
+    mode: Literal["online", "offline", "disabled"] | None = None
     project: str = "tfrecipe"
     entity: str | None = None
     name: str | None = None
