@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
+from helpers.failing_callback import fail_after_first_epoch
 
 from tfrecipe.config.trust import Trust
-from tfrecipe.train import TrainingError
 
 pytest.importorskip("mlflow", reason='logger=mlflow needs pip install "tfrecipe[tracking]"')
 
@@ -187,16 +187,7 @@ def test_a_resumed_run_continues_its_mlflow_run(compose_cfg, tmp_path):
         "callbacks.backup.enabled=true",
         "callbacks.backup.every_n_steps=3",
     ]
-    failing = [
-        "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
-        "allowed_targets=[helpers]",
-    ]
-    with pytest.raises(TrainingError, match="deliberate failure"):
-        train(
-            compose_cfg(*overrides, *failing),
-            run_dir=run_dir,
-            trust=Trust.from_command_line([*overrides, *failing]),
-        )
+    fail_after_first_epoch(compose_cfg, run_dir, overrides)
     first = json.loads((run_dir / "mlflow" / "run.json").read_text())["run_id"]
     client = _client(f"sqlite:///{run_dir / 'mlflow.db'}")
     assert client.get_run(first).info.status == "FAILED"

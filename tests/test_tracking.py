@@ -6,6 +6,7 @@ import csv
 
 import pytest
 from helpers import wandb_records
+from helpers.failing_callback import fail_after_first_epoch
 
 from tfrecipe.config.trust import Trust
 from tfrecipe.train import TrainingError
@@ -147,16 +148,7 @@ def test_a_resumed_run_continues_its_wandb_run(compose_cfg, tmp_path):
         "callbacks.backup.enabled=true",
         "callbacks.backup.every_n_steps=3",
     ]
-    failing = [
-        "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
-        "allowed_targets=[helpers]",
-    ]
-    with pytest.raises(TrainingError, match="deliberate failure"):
-        train(
-            compose_cfg(*overrides, *failing),
-            run_dir=run_dir,
-            trust=Trust.from_command_line([*overrides, *failing]),
-        )
+    fail_after_first_epoch(compose_cfg, run_dir, overrides)
     run_id = (run_dir / "wandb" / "run_id").read_text()
 
     summary = train(

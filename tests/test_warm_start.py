@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import TINY
+from helpers.failing_callback import fail_after_first_epoch
 
 from tfrecipe.config.grants import Grants
 from tfrecipe.config.trust import Trust
@@ -124,22 +125,13 @@ def test_a_warm_started_run_resumed_after_a_failure_still_records_its_warm_start
     """Failed after a backup, started again in its run dir: the run restores its backup (no
     second warm start), and its summary.json still says where its first weights came from
     (it lost "init_from" at the resume)."""
-    from tfrecipe.train import TrainingError, train
+    from tfrecipe.train import train
 
     run_dir = tmp_path / "run"
     overrides = [*FAST, FINETUNE, f"model.init_from={pretrained}", "loop.epochs=2"]
     overrides += ["loop.steps_per_epoch=4", "batching.steps_per_execution=1"]
     overrides += ["callbacks.backup.enabled=true", "callbacks.backup.every_n_steps=2"]
-    failing = [
-        "+callbacks.extra.boom._target_=helpers.failing_callback.FailAfterFirstEpoch",
-        "allowed_targets=[helpers]",
-    ]
-    with pytest.raises(TrainingError, match="deliberate failure"):
-        train(
-            compose_cfg(*overrides, *failing),
-            run_dir=run_dir,
-            trust=Trust.from_command_line([*overrides, *failing]),
-        )
+    fail_after_first_epoch(compose_cfg, run_dir, overrides)
     first = json.loads((run_dir / "summary.json").read_text())["init_from"]
 
     summary = train(
