@@ -7,6 +7,8 @@ the data shuffle is seeded and both loops read one iterator of it from the start
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 from helpers.recording_callback import read_calls
@@ -481,6 +483,15 @@ def test_epochs_shorter_than_the_step_log_interval_log_and_run_whole(train_run):
     assert summary["steps_per_execution"] == 3
     rows = (run_dir / "steps.csv").read_text().splitlines()
     assert [int(r.split(",")[0]) for r in rows[1:]] == [6]
+
+
+def test_a_run_shorter_than_the_step_log_interval_leaves_a_header(train_run):
+    """No step reached `logger.csv.every_n_steps` (50 by default): steps.csv has its columns and
+    no row (it was 0 bytes: pandas.read_csv refused it)."""
+    _, run_dir = train_run()  # TINY: 2 epochs of 3 steps
+    with open(run_dir / "steps.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert (reader.fieldnames, list(reader)) == (["step", "epoch", "learning_rate"], [])
 
 
 def test_summary_says_how_the_run_ran(train_run):

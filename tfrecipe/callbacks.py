@@ -197,6 +197,8 @@ class StepCSVLogger(StepLog):
         self._file.flush()
 
     def on_train_end(self, logs=None):
+        if self._writer is None:  # a run shorter than the interval: a header, not an empty file
+            csv.writer(self._file).writerow(["step", "epoch", "learning_rate"])
         self._file.close()
 
 
