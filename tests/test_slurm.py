@@ -129,7 +129,7 @@ class Job:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
             "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",  # tests/helpers as `helpers`
             "RUN_DIR": str(self.run_dir),
-            "PORT_BASE": str(slurm_cluster.free_port()),
+            "PORT_BASE": str(slurm_cluster.free_port_pair()),
             "TMPDIR": str(self.tmp),
         }
         self.id = slurm.run(
