@@ -442,6 +442,7 @@ class Records:
 
         from tfrecipe import graph
         from tfrecipe.data import image_folder
+        from tfrecipe.data.tfrecord import compression_of
 
         feature = {
             "image": tf.io.FixedLenFeature([], tf.string),
@@ -456,7 +457,7 @@ class Records:
             return tf.ensure_shape(image, self.shape)
 
         for file in self.files:
-            gzip = "GZIP" if file.name.lower().endswith(".gz") else ""
+            gzip = compression_of(file.name)
             records = tf.data.TFRecordDataset(str(file), compression_type=gzip).map(
                 graph.plain(
                     lambda r: decode(tf.io.parse_single_example(r, {self.key: feature})[self.key])

@@ -84,10 +84,15 @@ def _checked_split(
     return _read(files, spec, count, compression), count
 
 
+def compression_of(file: str) -> str:
+    """TFRecordDataset's compression_type for `file`: GZIP for `.gz`, none otherwise."""
+    return "GZIP" if file.lower().endswith(".gz") else ""
+
+
 def _compression(key: str, pattern: str | Sequence[str], files: list[str]) -> str:
     """GZIP for `.gz` files (as TFX and Beam write them), none otherwise: one for all of a
     split's files, which one reader reads."""
-    kinds = {"GZIP" if file.lower().endswith(".gz") else "" for file in files}
+    kinds = {compression_of(file) for file in files}
     if len(kinds) > 1:
         raise ValueError(
             f"{key}={pattern!r}: mixes .gz files with uncompressed ones; one split's files are "

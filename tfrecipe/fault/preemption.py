@@ -317,9 +317,11 @@ def _handler_watcher(
     def exit_fn() -> None:
         raise Preempted(current_step(), signal_name=received[0])
 
-    quiet = logging.getLogger("tensorflow")
-    if not any(isinstance(f, _QuietOwnDeprecation) for f in quiet.filters):
-        quiet.addFilter(_QuietOwnDeprecation())
+    from tfrecipe.fault.backup import quiet
+
+    # The handler reads its own deprecated `total_run_calls` when it saves: three lines of
+    # deprecation warning at every preemption.
+    quiet("tensorflow", "PreemptionCheckpointHandler.total_run_calls")
     config = tf.distribute.experimental.TerminationConfig(
         exit_fn=exit_fn, save_fn=lambda *args, **kwargs: save(), grace_period=0
     )
@@ -341,14 +343,6 @@ def _handler_watcher(
             _remove(scratch)
 
     return Watcher(handler.save_checkpoint_if_preempted, close)
-
-
-class _QuietOwnDeprecation(logging.Filter):
-    """TensorFlow's handler reads its own deprecated `total_run_calls` when it saves, and warns
-    the user about it in three lines at every preemption."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "PreemptionCheckpointHandler.total_run_calls" not in record.getMessage()
 
 
 def _remove(path: Path) -> None:
