@@ -4,6 +4,8 @@ source, converts none of tfrecipe's functions in training, validation, tests or 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import tensorflow as tf
 from tensorflow.python.autograph.impl import api as autograph_api
@@ -67,3 +69,39 @@ def test_no_tfrecipe_function_is_converted_by_autograph(train_run, converted, ov
     summary, _ = train_run(*overrides, "loop.epochs=3")
     assert summary["status"] == "completed"
     assert converted == []
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _plain_function():
+    return tf.function(lambda x: x + 1, autograph=False)
+
+
+def _tfrecipe_function():  # a qualname of its own: the quieted lines name it
+    return graph.function(lambda x: x + 1)
+
+
+@pytest.mark.parametrize("make", [_plain_function, _tfrecipe_function])
+def test_functions_made_anew_for_each_run_do_not_warn_of_retracing(make):
+    """A sweep's jobs in one process each make and trace their functions once: TensorFlow's
+    retracing warning counts every function made from one piece of code together, so from the
+    fifth short run on it named tfrecipe's own. A plain tf.function made the same way still
+    gets it (the warning a user's own code needs)."""
+    lines, tensorflow_log = _Lines(), logging.getLogger("tensorflow")
+    tensorflow_log.addHandler(lines)
+    try:
+        for run in range(8):  # each run: a new function from the same code, called twice
+            add = make()
+            add(tf.constant(run))
+            add(tf.constant(run + 1))
+    finally:
+        tensorflow_log.removeHandler(lines)
+    warned = [line for line in lines.lines if "triggered tf.function retracing" in line]
+    assert bool(warned) == (make is _plain_function), warned

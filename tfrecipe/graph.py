@@ -10,10 +10,13 @@ tf.data's maps here (`plain`). tests/test_graph.py holds every loop and map to i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import tensorflow as tf
+
+from tfrecipe import printed
 
 State = TypeVar("State")
 
@@ -21,6 +24,27 @@ State = TypeVar("State")
 def plain(function: Callable) -> Callable:
     """`function` traced as it is where TensorFlow would convert it (a tf.data map's)."""
     return tf.autograph.experimental.do_not_convert(function)
+
+
+def function(python_function: Callable | None = None, **options: Any) -> Any:
+    """`tf.function(python_function, autograph=False, **options)`, or a decorator as
+    `tf.function(...)` is: the way tfrecipe makes its graph functions, each anew for its run.
+
+    TensorFlow warns of "excessive retracing" where 5 of the last 10 calls of the tf.functions
+    made from one piece of code traced. Runs in one process (a sweep's jobs, a notebook's
+    `tfrecipe.train` calls) each trace their own functions once, by design: from the fifth
+    short run on, that warning named tfrecipe's group, step and test functions. Its lines
+    naming a function made here are dropped; a user's own functions keep the warning."""
+    if python_function is None:
+        return functools.partial(function, **options)
+    named = getattr(python_function, "__qualname__", None)
+    if named is not None:
+        bound = hasattr(python_function, "__self__")
+        printed.quiet(
+            "tensorflow",
+            f"calls to <bound method {named} of" if bound else f"calls to <function {named} at",
+        )
+    return tf.function(python_function, autograph=False, **options)
 
 
 def repeat(count: Any, body: Callable[[tf.Tensor, State], State], state: State) -> State:
@@ -42,7 +66,7 @@ def blank_outputs(function: Callable[..., Any], *args: Any) -> Any:
     copy of the function to trace and instantiate (the held CNN's train step: 35-45 ms each),
     where carrying its outputs costs 3-4 us a step (docs/benchmarks.md, "A twentieth pass")."""
     if not hasattr(function, "get_concrete_function"):
-        function = tf.function(function, autograph=False)
+        function = tf.function(function, autograph=False)  # a scratch trace, no call
     outputs = function.get_concrete_function(*args).structured_outputs
     return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), outputs)
 

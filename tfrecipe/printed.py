@@ -10,7 +10,8 @@ built by `command_line` from parsed overrides: each word quoted for a shell on i
 (`shell_word`: bash's `$'...'` where it holds a control character, so the line stays one
 visible line that pastes as the same words), a value under a secret-looking key and every such
 value wherever else it appears written as `***`, and the environment's secrets redacted too
-(tfrecipe.config.secrets). No TensorFlow, no Hydra.
+(tfrecipe.config.secrets). `quiet` drops a library's log lines that tell the user nothing.
+No TensorFlow, no Hydra.
 """
 
 from __future__ import annotations
@@ -124,3 +125,21 @@ def command_line(prefix: Sequence[str], overrides: Sequence[str], secrets: Seque
     redacted (`redact_words`) and quoted (`shell_word`)."""
     words = redact_words([*prefix, *overrides], secrets)
     return " ".join(shell_word(word) for word in words)
+
+
+class _Unsaid(logging.Filter):
+    """Drops a library's log line that tells the user nothing, by a text it holds."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet(logger: str, text: str) -> None:
+    """`logger`'s lines holding `text` are dropped from now on (once, however often asked)."""
+    named = logging.getLogger(logger)
+    if not any(isinstance(f, _Unsaid) and f.text == text for f in named.filters):
+        named.addFilter(_Unsaid(text))

@@ -137,10 +137,10 @@ def main(args: list[str]) -> None:
     discover_devices()  # TensorFlow only now, with everything checked
     model = run.load(command="serve")
     normalize = predict.normalizer(run.signature)
-    import tensorflow as tf
+    from tfrecipe import graph
 
     # One graph for every batch size (predict_on_batch traces each new size again: 9 ms a row)
-    call = tf.function(lambda x: model(x, training=False), reduce_retracing=True, autograph=False)
+    call = graph.function(lambda x: model(x, training=False), reduce_retracing=True)
 
     def outputs(features) -> np.ndarray:
         return np.asarray(call(predict.model_inputs(features, normalize)))

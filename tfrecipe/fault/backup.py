@@ -40,7 +40,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from tfrecipe import compat, files
+from tfrecipe import compat, files, printed
 from tfrecipe.outcome import BACKUP_DIR
 
 log = logging.getLogger("tfrecipe")
@@ -345,28 +345,10 @@ def _all_finite(variables: list[tf.Variable]) -> bool:
     return bool(tf.reduce_all(checks)) if checks else True
 
 
-class _Unsaid(logging.Filter):
-    """Drops a library's log line that tells the user nothing, by a text it holds."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def quiet(logger: str, text: str) -> None:
-    """`logger`'s lines holding `text` are dropped from now on (once, however often asked)."""
-    named = logging.getLogger(logger)
-    if not any(isinstance(f, _Unsaid) and f.text == text for f in named.filters):
-        named.addFilter(_Unsaid(text))
-
-
 def make_manager(
     checkpoint: tf.train.Checkpoint, directory: Path, max_to_keep: int
 ) -> tf.train.CheckpointManager:
-    quiet("absl", "Sharding callback duration")  # one INFO line per checkpoint save
+    printed.quiet("absl", "Sharding callback duration")  # one INFO line per checkpoint save
     directory = files.library_dir(directory)  # never through a link out of the run dir
     _repair_state(directory)
     return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)

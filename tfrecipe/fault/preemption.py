@@ -317,11 +317,11 @@ def _handler_watcher(
     def exit_fn() -> None:
         raise Preempted(current_step(), signal_name=received[0])
 
-    from tfrecipe.fault.backup import quiet
+    from tfrecipe import printed
 
     # The handler reads its own deprecated `total_run_calls` when it saves: three lines of
     # deprecation warning at every preemption.
-    quiet("tensorflow", "PreemptionCheckpointHandler.total_run_calls")
+    printed.quiet("tensorflow", "PreemptionCheckpointHandler.total_run_calls")
     config = tf.distribute.experimental.TerminationConfig(
         exit_fn=exit_fn, save_fn=lambda *args, **kwargs: save(), grace_period=0
     )

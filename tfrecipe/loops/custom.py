@@ -100,8 +100,8 @@ def _own_function(model: keras.Model) -> Callable[[Callable], Callable]:
     body, a step ran 1.6-1.9x slower: tfrecipe.loops.resident_fit); with `model.jit_compile`
     (Keras turns it on for a model on a GPU without a strategy) XLA compiles it, as in fit, and
     the loop around it stays a plain graph."""
-    return lambda step: tf.function(
-        step, jit_compile=bool(model.jit_compile), reduce_retracing=True, autograph=False
+    return lambda step: graph.function(
+        step, jit_compile=bool(model.jit_compile), reduce_retracing=True
     )
 
 
@@ -126,7 +126,7 @@ def _make_train_function(
         strategy.run(replica_step, args=(batches, global_examples))
         return global_examples  # an output: the end stamp waits for the call, and all it did
 
-    @tf.function(autograph=False)  # traced with a tensor (the loop), and None (a step alone)
+    @graph.function  # traced with a tensor (the loop), and None (a step alone)
     def run_steps(iterator, num_steps: tf.Tensor | None):
         reads.steps(StepReads(iterator, accumulation), step, num_steps)
         return objective.results()
@@ -160,7 +160,7 @@ def _compiled_calls(
         iterator, lambda batch: step([batch]), options.steps_per_loop, Reads(options.input_clock)
     )
 
-    @tf.function(autograph=False)
+    @graph.function
     def call(num_steps):
         steps(num_steps)
         return objective.results()
@@ -188,7 +188,7 @@ def _make_test_function(
     """`test_steps(iterator, num_steps) -> (batches run, metric results)`: up to `num_steps`
     batches in one call; fewer when the (finite) data ends."""
 
-    @tf.function(autograph=False)
+    @graph.function
     def test_steps(iterator, num_steps):
         def one(batches):  # the next batch, if the data have one: (ended, batches run)
             batch = iterator.get_next_as_optional()
@@ -209,7 +209,7 @@ def _held_test_function(
     XLA program where the loop compiles whole: resident_fit.evaluation)."""
     evaluation = resident_fit.evaluation(model, held, lambda batch: _ran(step(batch)))
 
-    @tf.function(autograph=False)
+    @graph.function
     def test_all():
         evaluation()
         return objective.results()

@@ -304,7 +304,7 @@ class EpochGroups:
         held = None if self.validation is None else self.validation.held
         test_step = resident_fit.test_step(self.model)
 
-        @tf.function(autograph=False)
+        @graph.function
         def run_group(count, validate, best):
             group = _Window(read(count * self.steps_per_epoch), self.steps_per_epoch)
             validated = self._epochs(
@@ -328,7 +328,7 @@ class EpochGroups:
         held = None if self.validation is None else self.validation.held
         test_step = resident_fit.test_step(self.model)
 
-        @tf.function(jit_compile=True, autograph=False)
+        @graph.function(jit_compile=True)
         def group(cut, count, validate, best):
             self._epochs(
                 count,
@@ -340,7 +340,7 @@ class EpochGroups:
             )
             return tf.identity(self._results)
 
-        @tf.function(autograph=False)
+        @graph.function
         def run_group(count, validate, best):
             most = self.epochs_per_call * steps_per_epoch
             cut = resident_fit.timed_take(reads, iterator, count * steps_per_epoch, most)

@@ -27,7 +27,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfrecipe import optim
+from tfrecipe import graph, optim
 from tfrecipe.loops import objective as objectives
 from tfrecipe.loops.objective import Objective
 from tfrecipe.loops.options import LoopOptions
@@ -76,11 +76,11 @@ def _make_train_step(
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
-    @tf.function(autograph=False)
+    @graph.function
     def train_step(iterator):
         return strategy.run(replica_step, args=(own_batch(iterator, workers),))
 
-    @tf.function(autograph=False)
+    @graph.function
     def fed_step(batch):
         return strategy.run(replica_step, args=(batch,))
 
@@ -164,7 +164,7 @@ class _Evaluator:
     def __init__(self, model: keras.Model, make: objectives.MakeObjective):
         self.objective = objectives.build(model, make, distributed=False)
         self.model = weakref.ref(model)  # the cache must not keep the model alive
-        self.step = tf.function(self._step, reduce_retracing=True, autograph=False)
+        self.step = graph.function(self._step, reduce_retracing=True)
 
     def _step(self, batch):
         self.objective.test_batch(self.model(), batch)

@@ -68,7 +68,7 @@ def _test_function(model: keras.Model, held: HeldSplit) -> Callable[[Any], Any]:
     """`evaluate`'s `test_function(iterator)`: `model.test_step` on each batch of `held` in
     order (the stand-in's iterator is not read), the last step's logs (evaluate reads the
     metrics' totals after it)."""
-    evaluate_all = tf.function(evaluation(model, held, test_step(model)), autograph=False)
+    evaluate_all = graph.function(evaluation(model, held, test_step(model)))
     return lambda _unused_iterator: evaluate_all()
 
 
@@ -111,9 +111,7 @@ def on_replicas(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any
         outputs = strategy.run(step, args=(batch,))
         return tf.nest.map_structure(lambda value: _mean_over_replicas(value, strategy), outputs)
 
-    return tf.function(
-        one_step, jit_compile=bool(model.jit_compile), reduce_retracing=True, autograph=False
-    )
+    return graph.function(one_step, jit_compile=bool(model.jit_compile), reduce_retracing=True)
 
 
 def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[[Any], Any]:
@@ -124,7 +122,7 @@ def _train_function(model: keras.Model, iterator: ResidentIterator) -> Callable[
     steps = int(model.steps_per_execution)
     train_steps, build = held_loop(model, iterator)
 
-    @tf.function(autograph=False)
+    @graph.function
     def run_steps(count):  # every step inside the loop: one beside it cost 6 ms a call (tables)
         return train_steps(count)
 
@@ -175,7 +173,7 @@ def compiled_call(
     of `one_step` as one XLA program (`compiled_steps`), the last step's outputs; its input
     wait stamped by `reads` (`timed_take`)."""
     body = compiled_steps(iterator.held, one_step)
-    loop = tf.function(lambda cut, count: body(cut, 0, count), jit_compile=True, autograph=False)
+    loop = graph.function(lambda cut, count: body(cut, 0, count), jit_compile=True)
     return lambda count: loop(timed_take(reads, iterator, count, most), count)
 
 
@@ -229,7 +227,7 @@ def evaluation(model: keras.Model, held: HeldSplit, step: Callable[[Any], Any]) 
     XLA program where `compiles_loop` (`compiled_in_order`); the last batch's outputs."""
     if not compiles_loop(model, held):
         return lambda: in_order(held, step)
-    return tf.function(lambda: compiled_in_order(held, step), jit_compile=True, autograph=False)
+    return graph.function(lambda: compiled_in_order(held, step), jit_compile=True)
 
 
 def compiled_in_order(held: HeldSplit, step: Callable[[Any], Any]) -> Any:
@@ -266,7 +264,7 @@ def build_metrics(held: HeldSplit, one_step: Callable[[Any], Any]) -> None:
     then reuses the step's trace. Batch 0 in order has the spec of a training batch at no
     permutation's cost (the stream's reads traced for it cost the held CNN's first call 60-80
     ms; a step run alone for it, 0.17 s)."""
-    one = tf.function(lambda: one_step(held.batch_in_order(tf.constant(0))), autograph=False)
+    one = graph.function(lambda: one_step(held.batch_in_order(tf.constant(0))))
     one.get_concrete_function()
 
 

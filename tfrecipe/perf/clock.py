@@ -193,7 +193,7 @@ def time_train_step(model: keras.Model, clock: InputClock) -> bool:
         return True
     compiled = step
     if model.jit_compile:
-        compiled = tf.function(step, jit_compile=True, reduce_retracing=True, autograph=False)
+        compiled = graph.function(step, jit_compile=True, reduce_retracing=True)
         _train_function_without_xla(model)
 
     def timed_step(data):

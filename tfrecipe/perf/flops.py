@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tfrecipe import graph
 from tfrecipe.perf.cache import remembered
 
 log = logging.getLogger("tfrecipe")
@@ -73,12 +74,12 @@ def flops_per_step(model: keras.Model, batch_spec: Any) -> int | None:
     strategy = model.distribute_strategy
     step = getattr(model.train_step, "__wrapped_step__", model.train_step)
 
-    @tf.function(autograph=False)
+    @graph.function
     def train_step(data):
         return strategy.run(step, args=(data,))
 
-    graph = train_step.get_concrete_function(batch_spec).graph
+    traced = train_step.get_concrete_function(batch_spec).graph
     options = ProfileOptionBuilder(ProfileOptionBuilder.float_operation()).with_empty_output()
     with deprecation.silence():
-        counted = model_analyzer.profile(graph, options=options.build())
+        counted = model_analyzer.profile(traced, options=options.build())
     return int(counted.total_float_ops) or None

@@ -135,6 +135,7 @@ def calibrate(dtype: str) -> float:
     peak is the machine's either way."""
     import tensorflow as tf
 
+    from tfrecipe import graph
     from tfrecipe.perf.provenance import cores, intra_op_threads
 
     side_by_side = max(1, cores() // intra_op_threads())
@@ -145,7 +146,7 @@ def calibrate(dtype: str) -> float:
             for i in range(side_by_side)
         ]
 
-    @tf.function(autograph=False)
+    @graph.function
     def matmuls(a, bs):
         return tf.add_n([tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)) for b in bs])
 
