@@ -250,3 +250,22 @@ def test_two_workers_read_disjoint_rows_of_a_csv(tmp_path):
     first, second = (set(ids) for ids in seen)
     assert first and second and not first & second
     assert sorted(seen[0] + seen[1]) == list(range(24))
+
+
+def test_a_tsv_read_with_commas_says_to_set_the_tab_delimiter(cli, tmp_path):
+    """A TSV file under the default `,` is one column named `age<TAB>city<TAB>y`: the line says
+    which delimiter to set, and that setting reads the file."""
+    from tfrecipe.data.table_layout import CSV_TARGET, check_table
+
+    path = tmp_path / "people.tsv"
+    path.write_text("age\tcity\ty\n1\tLyon\t0\n2\tNice\t1\n")
+    run_dir = tmp_path / "run"
+    result = cli(
+        "dataset=csv", f"dataset.path={path}", "dataset.label=y", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and not run_dir.exists()
+    (line,) = [line for line in result.stderr.splitlines() if "people.tsv" in line]
+    assert line.endswith("set dataset.delimiter='\\t'")
+    assert "label='y'" in line
+    check_table(CSV_TARGET, {"path": str(path), "label": "y", "delimiter": "\\t"})  # no error

@@ -157,5 +157,23 @@ def _check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
                 guess = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
                     f"{key}={name!r}: {table.files[0]} has no such column{guess}; its columns "
-                    f"are: {', '.join(table.columns)}"
+                    f"are: {', '.join(table.columns)}{_delimiter_hint(table)}"
                 )
+
+
+# The separators a header read with another one shows inside its names, as the override sets them.
+_OTHER_DELIMITERS = {"\t": "'\\t'", ";": "';'", "|": "'|'", ",": "','"}
+
+
+def _delimiter_hint(table: Table) -> str:
+    """What to set when the header was split on the wrong character (a TSV read with `,`: one
+    column whose name holds the tabs), else ""."""
+    if table.format != "csv" or not table.csv.header:
+        return ""
+    for separator, shown in _OTHER_DELIMITERS.items():
+        if separator != table.csv.delimiter and any(separator in c for c in table.columns):
+            return (
+                f"; the header has {shown} between its names, not {table.csv.delimiter!r}: "
+                f"set dataset.delimiter={shown}"
+            )
+    return ""
