@@ -269,3 +269,27 @@ def test_a_tsv_read_with_commas_says_to_set_the_tab_delimiter(cli, tmp_path):
     assert line.endswith("set dataset.delimiter='\\t'")
     assert "label='y'" in line
     check_table(CSV_TARGET, {"path": str(path), "label": "y", "delimiter": "\\t"})  # no error
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "says"),
+    [
+        ("old,Nice,1", "column 'age': 'old' is not a number"),
+        (",Nice,1", "column 'age': missing value"),
+        ("inf,Nice,1", "column 'age': 'inf' is not a finite number"),
+        ("3,Nice,", "column 'y': missing label"),
+        ("3,Nice", "expected 3 values"),
+    ],
+    ids=["text", "missing", "inf", "no_label", "ragged"],
+)
+def test_a_bad_cell_after_blank_lines_names_the_line_an_editor_shows(tmp_path, bad_row, says):
+    """Blank lines before the header and between rows: the line in the message is the bad
+    row's own line in the file."""
+    from tfrecipe.data.tabular import csv as load_csv
+
+    lines = ["", "", "age,city,y", "1,Lyon,0", "", "2,Paris,1", bad_row, "4,Lyon,0"]
+    path = tmp_path / "gaps.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as error:
+        load_csv(path=str(path), label="y", categorical=["city"], split_seed=0)
+    assert str(error.value).startswith(f"{path}:{lines.index(bad_row) + 1}: {says}")

@@ -230,6 +230,18 @@ def _csv_reader(handle, delimiter: str):
     return csvlib.reader(handle, delimiter=delimiter)
 
 
+def _records(file: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """Each record of `file` that is not a blank line, with the line it starts on (as an editor
+    numbers lines: blank lines before the header, and a quoted value's line breaks, counted)."""
+    with _open_text(file) as handle:
+        reader = _csv_reader(handle, delimiter)
+        start = 1
+        for values in reader:
+            if values:
+                yield start, values
+            start = reader.line_num + 1
+
+
 @contextlib.contextmanager
 def _open_text(file: str) -> Iterator[io.TextIOWrapper]:
     """A CSV file as text, opened by the one reader (a regular file only); utf-8-sig drops a
@@ -341,11 +353,9 @@ def _csv_problem(table: Table, file: str, error, ragged: list) -> ValueError:
 def _ragged_line(file: str, table: Table, width: int) -> int | str:
     """The line of the first row without `width` values (Arrow numbers rows only when it
     parses on one thread)."""
-    with _open_text(file) as handle:
-        reader = _csv_reader(handle, table.csv.delimiter)
-        for values in reader:
-            if values and len(values) != width:
-                return reader.line_num
+    for line, values in _records(file, table.csv.delimiter):
+        if len(values) != width:
+            return line
     return "?"
 
 
@@ -354,15 +364,14 @@ def _locate_csv_cell(table: Table, file: str, column: str) -> ValueError:
     Python's csv module (the rare path: only after Arrow refused the file)."""
     index = table.columns.index(column)
     na = set(table.csv.na_values)
-    with _open_text(file) as handle:
-        reader = _csv_reader(handle, table.csv.delimiter)
-        for values in reader:
-            if not values or (table.csv.header and reader.line_num == 1):
-                continue
-            cell = values[index] if index < len(values) else ""
-            fault = number_fault(cell, na)
-            if fault:
-                return CellError(f"{file}:{reader.line_num}", column, cell, fault)
+    records = _records(file, table.csv.delimiter)
+    if table.csv.header:
+        next(records, None)  # the header, wherever blank lines put it
+    for line, values in records:
+        cell = values[index] if index < len(values) else ""
+        fault = number_fault(cell, na)
+        if fault:
+            return CellError(f"{file}:{line}", column, cell, fault)
     return ValueError(f"{file}: column {column!r}: a cell is not a number")
 
 
@@ -382,22 +391,13 @@ class CellError(ValueError):
         self.where, self.column, self.cell, self.fault = where, column, cell, fault
 
 
-def _physical_line(file: str, data_row: int, table: Table) -> int:
-    return _physical_row(file, data_row, table)[0]
-
-
 def _physical_row(file: str, data_row: int, table: Table) -> tuple[int, list[str]]:
     """The line number (1-based) and cells of data row `data_row` (0-based, blank lines not
     counted): Python's csv module reads up to it, on the error path only."""
-    with _open_text(file) as handle:
-        reader = _csv_reader(handle, table.csv.delimiter)
-        row = -1 if table.csv.header else 0
-        for values in reader:
-            if not values:
-                continue
-            if row == data_row:
-                return reader.line_num, values
-            row += 1
+    first = 1 if table.csv.header else 0  # the header is the first record
+    for row, (line, values) in enumerate(_records(file, table.csv.delimiter), start=-first):
+        if row == data_row:
+            return line, values
     return data_row + (2 if table.csv.header else 1), []
 
 
@@ -418,7 +418,7 @@ def bad_cell(table: Table, file: str, row: int, column: str) -> ValueError:
 def where(table: Table, file: str, row: int) -> str:
     """`file:line` of a CSV file's data row `row` (0-based), `file: row N` of a Parquet one."""
     if table.format == "csv":
-        return f"{file}:{_physical_line(file, row, table)}"
+        return f"{file}:{_physical_row(file, row, table)[0]}"
     return f"{file}: row {row + 1}"
 
 
