@@ -225,6 +225,26 @@ def test_image_folder_labels_by_sorted_subfolder_and_resizes(tmp_path):
     assert all((x.mean() < 128) == (y == 0) for x, y in pairs)
 
 
+def test_image_folder_trains_on_the_images_predict_scores_in_subfolders(tmp_path):
+    """An image in a subfolder of a class folder is an example of that class, as predict scores
+    it; hidden files and folders are left out by both."""
+    from tfrecipe.data.image_folder import IMAGE_SUFFIXES, load
+    from tfrecipe.data.readers import open_sources
+
+    root = write_image_folder(tmp_path / "pics")  # 6 dark and 6 light images
+    image = next((root / "dark").glob("*.png")).read_bytes()
+    for name in ("2024/a.png", "2024/b/c.png", ".cache/d.png", ".e.png", "2024/.f.png"):
+        (root / "dark" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "dark" / name).write_bytes(image)
+    splits = load(path=str(root), validation_fraction=0, test_fraction=0)
+    assert splits.info.num_train == 14
+    labels = [y for _, y in splits.train.as_numpy_iterator()]
+    assert (labels.count(0), labels.count(1)) == (8, 6)
+    inputs = {"kind": "array", "shape": [64, 64, 3]}
+    source = open_sources([root], {"inputs": inputs}, dataset={})
+    assert source.num_rows() == 14 and all(f.suffix in IMAGE_SUFFIXES for f in source.files)
+
+
 def test_tfds_reads_mocked_mnist_with_configured_splits(mock_tfds):
     from tfrecipe.data.tfds import load
 

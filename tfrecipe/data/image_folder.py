@@ -1,8 +1,9 @@
 """The user's images, one subfolder per class: `dataset=image_folder`.
 
-    path/cat/0001.jpg  path/cat/0002.png  path/dog/0001.jpg ...
+    path/cat/0001.jpg  path/cat/0002.png  path/dog/0001.jpg  path/dog/2024/0002.jpg ...
 
-Classes are the subfolder names in sorted order (label 0 = the first). Images are decoded and
+Classes are the subfolder names in sorted order (label 0 = the first); a class's examples are
+the images anywhere below its folder (hidden files and folders left out). Images are decoded and
 resized to `image_size` by the input pipeline; with `verify_images` every image is decoded once
 at start-up, so a corrupt file stops the run with its name instead of crashing training later
 (about a millisecond per small image: turn it off for very large folders).
@@ -35,7 +36,7 @@ def load(
     split_seed: int = 0,
     verify_images: bool = True,
 ) -> Splits:
-    """Lists `path/CLASS/IMAGE` files and splits them (seeded, stratified).
+    """Lists `path/CLASS/**/IMAGE` files and splits them (seeded, stratified).
 
     Args:
       path: the folder holding one subfolder per class.
@@ -105,8 +106,10 @@ def _list(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         )
     files, labels = [], []
     for label, name in enumerate(classes):
-        # the class folder's own images, hidden ones left out as the fingerprint leaves them
-        images = [str(p) for p in folder_files(root / name, IMAGE_SUFFIXES, recursive=False)]
+        # every image below the class folder, in its subfolders too (as Keras'
+        # image_dataset_from_directory and `tfrecipe predict` read a folder), hidden ones left
+        # out as the fingerprint leaves them
+        images = [str(p) for p in folder_files(root / name, IMAGE_SUFFIXES)]
         for image in images:
             _check_file(Path(image))
         if not images:

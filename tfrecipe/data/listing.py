@@ -19,21 +19,19 @@ def hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def folder_files(
-    root: str | os.PathLike, suffixes: Sequence[str] = (), *, recursive: bool = True
-) -> list[Path]:
-    """The entries under `root` that are not folders, sorted, hidden ones left out.
+def folder_files(root: str | os.PathLike, suffixes: Sequence[str] = ()) -> list[Path]:
+    """The entries under `root` and its subfolders (not hidden, not links) that are not folders,
+    sorted, hidden ones left out.
 
     Args:
       root: a folder.
       suffixes: keep only names ending with one of these, in any case (`(".txt",)`); all if
         empty.
-      recursive: look into subfolders (not hidden, not links) too.
     """
     wanted = tuple(s.lower() for s in suffixes)
     found = []
     for parent, dirs, names in os.walk(root):
-        dirs[:] = [] if not recursive else sorted(d for d in dirs if not hidden(d))
+        dirs[:] = sorted(d for d in dirs if not hidden(d))
         found += [
             Path(parent, name)
             for name in names
