@@ -16,6 +16,7 @@ import pytest
 from helpers.no_tensorflow import SCRIPT as _NO_TF
 
 from tfrecipe.cli.main import main
+from tfrecipe.errors import ConfigError
 
 HEADER = "age,income,city\n30,1000,Paris\n"
 
@@ -127,3 +128,25 @@ def test_a_bad_cell_is_refused_before_tensorflow_is_imported(tmp_path):
         f"tfrecipe: invalid configuration: predict: {table}:5003: column 'income': 'lots' is "
         "not a number; the run's model takes a number (float32)"
     ), result.stderr
+
+
+def test_a_text_that_is_not_utf8_is_refused_as_training_refuses_it(tmp_path):
+    """Training's text folders refuse a file that is not UTF-8 (its bytes would be scored as
+    some other text): predict refuses it too, naming it, before TensorFlow loads a model."""
+    from tfrecipe.data import text_folder
+    from tfrecipe.data.readers import open_sources
+
+    folder = tmp_path / "reviews"
+    (folder / "neg").mkdir(parents=True)
+    (folder / "pos").mkdir()
+    for name in ("neg/a.txt", "neg/b.txt", "pos/a.txt", "pos/b.txt"):
+        (folder / name).write_text("fine")
+    latin = folder / "pos" / "latin.txt"
+    latin.write_bytes("un café".encode("latin-1"))
+    with pytest.raises(ValueError) as trained:
+        text_folder.load(path=str(folder))
+    with pytest.raises(ConfigError) as predicted:
+        open_sources([folder], {"inputs": {"kind": "text"}}, dataset={})
+    (line,) = predicted.value.messages
+    assert line == f"predict: {trained.value}"
+    assert line.startswith(f"predict: {latin}: not UTF-8 text")

@@ -399,10 +399,16 @@ class Images:
 
 
 class Texts:
-    """Text files, one example each, as raw strings (the model tokenizes them)."""
+    """Text files, one example each, as raw strings (the model tokenizes them); each read once
+    before TensorFlow to refuse one that is not UTF-8, as training's text folders refuse it."""
 
     def __init__(self, files: list[Path]):
         self.files = files
+        for file in files:
+            try:
+                reading.read_text(file, limit=reading.MAX_TEXT_BYTES, what="a text example")
+            except reading.UnreadableFile as error:
+                raise ConfigError(f"predict: {error}") from None
 
     def num_rows(self) -> int:
         return len(self.files)
