@@ -293,3 +293,31 @@ def test_a_bad_cell_after_blank_lines_names_the_line_an_editor_shows(tmp_path, b
     with pytest.raises(ValueError) as error:
         load_csv(path=str(path), label="y", categorical=["city"], split_seed=0)
     assert str(error.value).startswith(f"{path}:{lines.index(bad_row) + 1}: {says}")
+
+
+@pytest.mark.parametrize("stream", ["false", "true"], ids=["in_memory", "streamed"])
+def test_class_ids_from_1_are_refused_with_the_fix_not_given_an_empty_class_0(
+    train_run, compose_cfg, tmp_path, stream
+):
+    """Labels 1..3 gave 4 classes, class 0 an output no row teaches (and a prob_0 column in
+    predict's output): one line says so and how to number them; regression on them is fine."""
+    from tests.helpers.configs import validate
+    from tfrecipe import tasks
+    from tfrecipe.data.tabular import csv as load_csv
+
+    path = tmp_path / "scores.csv"
+    path.write_text("x,y\n" + "".join(f"{i / 7:.3f},{1 + i % 3}\n" for i in range(60)))
+    overrides = ["dataset=csv", f"dataset.path={path}", "dataset.label=y", "model=mlp"]
+    with pytest.raises(ConfigError) as error:
+        train_run(*overrides, f"dataset.stream={stream}", "batching.per_replica_batch_size=8")
+    (line,) = error.value.messages
+    assert line.startswith("task=classification: dataset tfrecipe.data.tabular.csv has class ids")
+    assert line.endswith(
+        "1..3, none of them 0: the model would get 4 outputs, 1 of them for class 0 that no "
+        "example has; number the classes from 0 (subtract 1: 0..2), or use task=regression to "
+        "predict the number"
+    )
+    assert not (tmp_path / "run0").exists()
+    splits = load_csv(path=str(path), label="y", split_seed=0, stream=stream == "true")
+    regression = validate(compose_cfg(*overrides, "task=regression")).task
+    tasks.check_targets(regression, splits.info, dataset="csv")  # a number: no error

@@ -44,6 +44,9 @@ class DatasetInfo:
     # Class labels that only a validation or test file holds (`'label' (first at FILE:LINE)`):
     # a class task refuses them, as their class would have no training rows.
     untrained_labels: tuple[str, ...] = ()
+    # The smallest integer class id of the examples, where `targets` does not hold
+    # them (a streamed table's, from its statistics); None: not known, or not integer ids.
+    smallest_class_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -326,7 +326,15 @@ def _info(columns: Columns, stats: TableStats, rows: tuple[int, int, int], targe
         targets=targets,
         class_names=stats.class_names,
         untrained_labels=_untrained(stats),
+        smallest_class_id=_smallest_class_id(stats),
     )
+
+
+def _smallest_class_id(stats: TableStats) -> int | None:
+    """The smallest integer class id of the table's rows (None: named classes, or numbers)."""
+    if stats.label_kind not in ("classes", "binary") or stats.class_names:
+        return None
+    return min((int(float(value)) for value in stats.label_counts), default=None)
 
 
 def _untrained(stats: TableStats) -> tuple[str, ...]:

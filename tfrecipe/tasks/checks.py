@@ -34,7 +34,11 @@ def classification_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
     kind = info.target_kind
     if kind not in ("classes", "binary"):
         return f"has {kind} targets; classification needs integer class ids (try task=...)"
-    return _untrained_problem(info) or _class_ids_problem(info.targets, info.num_classes)
+    return (
+        _untrained_problem(info)
+        or _class_ids_problem(info.targets, info.num_classes)
+        or _numbering_problem(info)
+    )
 
 
 def binary_problem(task: TaskConfig, info: DatasetInfo) -> str | None:
@@ -77,6 +81,25 @@ def _untrained_problem(info: DatasetInfo) -> str | None:
         f"has label {info.untrained_labels[0]}{f' and {more} more' if more else ''} only in a "
         "validation or test file, never in the training data: its class would have no training "
         "rows; add training rows of it, or remove those rows"
+    )
+
+
+def _numbering_problem(info: DatasetInfo) -> str | None:
+    """Integer class ids that do not start at 0 (1..k, a score 3..9): the largest id + 1
+    outputs would include classes no example has, listed by predict with made-up
+    probabilities. Keras takes ids 0..k-1; names (strings) are numbered by tfrecipe."""
+    smallest, targets = info.smallest_class_id, info.targets
+    if smallest is None and targets is not None and targets.size and not info.class_names:
+        smallest = int(targets.min()) if targets.dtype.kind in "iu" else None
+    if not smallest or smallest < 0:
+        return None
+    largest = info.num_classes - 1
+    empty = "class 0" if smallest == 1 else f"classes 0..{smallest - 1}"
+    return (
+        f"has class ids {smallest}..{largest}, none of them 0: the model would get "
+        f"{info.num_classes} outputs, {smallest} of them for {empty} that no example has; "
+        f"number the classes from 0 (subtract {smallest}: 0..{largest - smallest}), or use "
+        "task=regression to predict the number"
     )
 
 
