@@ -200,16 +200,23 @@ def test_a_bad_file_is_refused_naming_file_line_and_column(train_run, tmp_path, 
     assert not (tmp_path / "run0").exists()
 
 
-def test_a_bad_file_exits_2_with_one_line_and_no_run_dir(cli, tmp_path):
-    path = tmp_path / "bad.csv"
-    path.write_text("age,city,y\n1,Lyon,0\n2,Nice\n")
+def _refused_line(cli, tmp_path, path) -> str:
+    """The one line `python -m tfrecipe dataset=csv` on `path` exits 2 with, no traceback and
+    no run dir."""
     run_dir = tmp_path / "run"
     result = cli(
         "dataset=csv", f"dataset.path={path}", "dataset.label=y", f"hydra.run.dir={run_dir}"
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and not run_dir.exists()
-    (line,) = [line for line in result.stderr.splitlines() if "bad.csv" in line]
+    (line,) = [line for line in result.stderr.splitlines() if path.name in line]
+    return line
+
+
+def test_a_bad_file_exits_2_with_one_line_and_no_run_dir(cli, tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("age,city,y\n1,Lyon,0\n2,Nice\n")
+    line = _refused_line(cli, tmp_path, path)
     assert f"{path}:3: expected 3 values (age, city, y), found 2" in line
 
 
@@ -259,13 +266,7 @@ def test_a_tsv_read_with_commas_says_to_set_the_tab_delimiter(cli, tmp_path):
 
     path = tmp_path / "people.tsv"
     path.write_text("age\tcity\ty\n1\tLyon\t0\n2\tNice\t1\n")
-    run_dir = tmp_path / "run"
-    result = cli(
-        "dataset=csv", f"dataset.path={path}", "dataset.label=y", f"hydra.run.dir={run_dir}"
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr and not run_dir.exists()
-    (line,) = [line for line in result.stderr.splitlines() if "people.tsv" in line]
+    line = _refused_line(cli, tmp_path, path)
     assert line.endswith("set dataset.delimiter='\\t'")
     assert "label='y'" in line
     check_table(CSV_TARGET, {"path": str(path), "label": "y", "delimiter": "\\t"})  # no error
@@ -321,3 +322,47 @@ def test_class_ids_from_1_are_refused_with_the_fix_not_given_an_empty_class_0(
     splits = load_csv(path=str(path), label="y", split_seed=0, stream=stream == "true")
     regression = validate(compose_cfg(*overrides, "task=regression")).task
     tasks.check_targets(regression, splits.info, dataset="csv")  # a number: no error
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["in_memory", "streamed"])
+def test_booleans_train_the_same_from_csv_as_from_parquet(tmp_path, stream):
+    """pandas writes a bool column to CSV as True/False and to Parquet as bool: both give the
+    same classes ("false", "true") and the same 0/1 feature, and predict reads either alike."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tfrecipe.data.readers import open_sources
+    from tfrecipe.data.tabular import csv as load_csv
+    from tfrecipe.data.tabular import parquet as load_parquet
+
+    rows = [(i / 10, i % 3 == 0, "NA" if i == 5 else f"c{i % 2}", i % 4 < 2) for i in range(40)]
+    x, flag, city, y = (list(column) for column in zip(*rows, strict=True))
+    (tmp_path / "t.csv").write_text(
+        "x,flag,city,y\n" + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows)
+    )
+    pq.write_table(pa.table({"x": x, "flag": flag, "city": city, "y": y}), tmp_path / "t.parquet")
+    options = {"label": "y", "categorical": ["city"], "stream": stream, "split_seed": 0}
+    options |= {"validation_fraction": 0, "test_fraction": 0}  # hash splits differ by file name
+    read = {
+        "csv": load_csv(path=str(tmp_path / "t.csv"), **options),
+        "parquet": load_parquet(path=str(tmp_path / "t.parquet"), **options),
+    }
+    for splits in read.values():
+        assert splits.info.class_names == ("false", "true")
+        assert (splits.info.num_classes, splits.info.target_kind) == (2, "binary")
+    batches = {
+        name: next(iter(splits.train.rebatch(64) if stream else splits.train.batch(64)))
+        for name, splits in read.items()
+    }
+    for column in ("x", "flag", "city"):
+        assert batches["csv"][0][column].numpy().tolist() == (
+            batches["parquet"][0][column].numpy().tolist()
+        )
+    assert batches["csv"][1].numpy().tolist() == batches["parquet"][1].numpy().tolist()
+    assert set(batches["csv"][0]["flag"].numpy().tolist()) == {0.0, 1.0}
+    inputs = {"kind": "columns", "columns": {"x": "float32", "flag": "float32"}}
+    flags = [
+        next(open_sources([tmp_path / f"t.{kind}"], {"inputs": inputs}, dataset={}).batches(40))
+        for kind in ("csv", "parquet")
+    ]
+    assert flags[0].features["flag"].tolist() == flags[1].features["flag"].tolist() == flag

@@ -293,13 +293,13 @@ def test_a_corrupt_parquet_page_names_the_file_row_group_and_rows(tmp_path):
 
 
 def test_training_refuses_a_number_beyond_float32_with_its_line(tmp_path):
-    from tfrecipe.data import table_files
+    from tfrecipe.data import values
 
-    assert table_files.number_problem("1e39", "x", frozenset()) == (
+    assert values.number_problem("1e39", "x", frozenset()) == (
         "column 'x': '1e39' is beyond float32's range (at most 3.403e+38 in size); rescale the "
         "column"
     )
-    assert table_files.number_problem("-3e38", "x", frozenset()) is None
+    assert values.number_problem("-3e38", "x", frozenset()) is None
 
 
 def test_an_npz_for_training_with_values_beyond_float32_is_refused(tmp_path):

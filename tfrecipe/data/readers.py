@@ -20,7 +20,7 @@ import numpy as np
 from tfrecipe import reading
 from tfrecipe.data.listing import folder_files
 from tfrecipe.data.table_files import CSV_SUFFIXES, PARQUET_SUFFIXES
-from tfrecipe.data.values import check_finite_array, fault_text
+from tfrecipe.data.values import CellError, check_finite_array, fault_text
 from tfrecipe.errors import ConfigError
 
 # tfrecipe.data.image_folder's, repeated: that module imports TensorFlow.
@@ -247,7 +247,7 @@ class Table:
                     for name in self.numeric:  # training's own check (the statistics pass)
                         table_stats.numbers(table, unit.file, batch, rows, name, self.allow_missing)
                     yield batch
-        except table_files.CellError as error:
+        except CellError as error:
             problem = fault_text(error.fault, error.cell, error.column, predict=True)
             raise ConfigError(f"predict: {error.where}: {problem}") from None
         except ValueError as error:  # a ragged row, a file that is not CSV

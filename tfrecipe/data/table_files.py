@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Literal
 
 from tfrecipe import reading
+from tfrecipe.data import booleans
 from tfrecipe.data.listing import folder_files
-from tfrecipe.data.values import fault_text, number_fault
+from tfrecipe.data.values import CellError, number_fault
 
 Format = Literal["csv", "parquet"]
 
@@ -82,6 +83,7 @@ class Table:
     root: str
     csv: CsvOptions = CsvOptions()
     partitions: tuple[str, ...] = ()
+    boolean_columns: tuple[str, ...] = ()  # CSV columns of true/false words (booleans.py)
 
     def relative(self, file: str) -> str:
         return os.path.relpath(file, self.root)
@@ -130,7 +132,8 @@ def open_table(
                 f"{file}: columns ({', '.join(names)}) differ from those of {files[0]} "
                 f"({', '.join(columns[0])}); every file of {key}={path!r} needs the same columns"
             )
-    return Table(format, key, tuple(files), columns[0] + partitions, root, csv, partitions)
+    flags = _booleans(files[0], columns[0], csv) if format == "csv" else ()
+    return Table(format, key, tuple(files), columns[0] + partitions, root, csv, partitions, flags)
 
 
 def _files(path: str, *, format: Format, key: str) -> tuple[list[str], str]:
@@ -223,6 +226,17 @@ def _csv_header(file: str, delimiter: str) -> tuple[tuple[str, ...], int]:
     raise ValueError(f"{file}: empty file; a CSV file needs a header line")
 
 
+def _booleans(file: str, columns: tuple[str, ...], csv: CsvOptions) -> tuple[str, ...]:
+    """The columns of true/false words, as the file's first rows show them."""
+    records = (values for _, values in _records(file, csv.delimiter))
+    try:
+        if csv.header:
+            next(records, None)
+        return booleans.columns_of(records, columns, csv.na_values)
+    except (UnicodeDecodeError, csvlib.Error):  # reading the file says it, with its line
+        return ()
+
+
 def _csv_reader(handle, delimiter: str):
     """Python's csv reader (the error paths' exact line numbers) without its 128 KiB field
     limit: Arrow reads longer fields, so the error path must too."""
@@ -280,11 +294,11 @@ def read(
 
 def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence[str]):
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
     options = table.csv
     ragged: list[object] = []
+    flags = table.boolean_columns
 
     def on_invalid_row(row) -> str:
         ragged.append(row)
@@ -292,6 +306,7 @@ def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence
 
     wanted = [*numeric, *strings]
     types = {name: pa.float32() for name in numeric} | {name: pa.string() for name in strings}
+    types |= {name: pa.bool_() for name in numeric if name in flags}
     try:
         reader = pacsv.open_csv(
             file,
@@ -311,12 +326,14 @@ def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence
                 null_values=list(options.na_values),
                 strings_can_be_null=False,
                 quoted_strings_can_be_null=False,
+                true_values=list(booleans.TRUE_WORDS),
+                false_values=list(booleans.FALSE_WORDS),
             ),
         )
         first_row = 0
         for batch in reader:
             columns = [
-                pc.utf8_trim_whitespace(batch.column(i)) if name in strings else batch.column(i)
+                booleans.as_read(batch.column(i), string=name in strings, of_words=name in flags)
                 for i, name in enumerate(batch.schema.names)
             ]
             batch = pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
@@ -353,10 +370,8 @@ def _csv_problem(table: Table, file: str, error, ragged: list) -> ValueError:
 def _ragged_line(file: str, table: Table, width: int) -> int | str:
     """The line of the first row without `width` values (Arrow numbers rows only when it
     parses on one thread)."""
-    for line, values in _records(file, table.csv.delimiter):
-        if len(values) != width:
-            return line
-    return "?"
+    records = _records(file, table.csv.delimiter)
+    return next((line for line, values in records if len(values) != width), "?")
 
 
 def _locate_csv_cell(table: Table, file: str, column: str) -> ValueError:
@@ -370,25 +385,11 @@ def _locate_csv_cell(table: Table, file: str, column: str) -> ValueError:
     for line, values in records:
         cell = values[index] if index < len(values) else ""
         fault = number_fault(cell, na)
+        if column in table.boolean_columns:  # a word Arrow reads; a number is not one
+            fault = None if cell in booleans.WORDS else fault or "not a number"
         if fault:
             return CellError(f"{file}:{line}", column, cell, fault)
     return ValueError(f"{file}: column {column!r}: a cell is not a number")
-
-
-def number_problem(cell: str, column: str, na_values: set[str] | frozenset[str]) -> str | None:
-    """What is wrong with `cell` as a number of `column` (None: nothing)."""
-    fault = number_fault(cell, na_values)
-    return None if fault is None else fault_text(fault, cell, column)
-
-
-class CellError(ValueError):
-    """A cell that is no number the models take: `WHERE: column 'c': ...` in training's words;
-    `where` (`file:line`, `file: row N`), `column`, `cell` (as written; None: a Parquet value)
-    and `fault` (`values.number_fault`'s) let `predict` say it in its own."""
-
-    def __init__(self, where: str, column: str, cell: str | None, fault: str):
-        super().__init__(f"{where}: {fault_text(fault, cell, column)}")
-        self.where, self.column, self.cell, self.fault = where, column, cell, fault
 
 
 def _physical_row(file: str, data_row: int, table: Table) -> tuple[int, list[str]]:

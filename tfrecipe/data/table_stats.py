@@ -274,7 +274,7 @@ def numbers(table: Table, file: str, batch, rows: np.ndarray, name: str, allow_m
     """A numeric column of a record batch as float32, a missing cell (null) as NaN.
 
     Raises:
-      table_files.CellError: `file:line: column 'c': ...` for the first cell that is NaN or Inf
+      values.CellError: `file:line: column 'c': ...` for the first cell that is NaN or Inf
         as written (never a number), or missing where `allow_missing` is false (a ValueError).
     """
     column = batch.column(name)

@@ -22,6 +22,7 @@ from tfrecipe import graph
 from tfrecipe.data import table_files, table_stats
 from tfrecipe.data.table_files import Table
 from tfrecipe.data.table_stats import Columns, Layout, TableStats
+from tfrecipe.data.values import number_problem
 
 # Marks a bad cell found while streaming (the statistics pass read a sample only): the run
 # reports it as a data error (`data_error`), not as a crash.
@@ -213,7 +214,7 @@ class _Reader:
         try:
             values = pc.cast(cells, pa.float64()).to_numpy(zero_copy_only=False)
         except pa.ArrowInvalid:
-            numbers = [table_files.number_problem(c, labels[0], ()) for c in cells.to_pylist()]
+            numbers = [number_problem(c, labels[0], ()) for c in cells.to_pylist()]
             row = next(i for i, problem in enumerate(numbers) if problem)
             self._fail(f"{table_files.where(table, file, int(rows[row]))}: {numbers[row]}")
         if kind == "float":

@@ -80,6 +80,22 @@ def fault_text(fault: str, cell: str | None, column: str, *, predict: bool = Fal
     return f"column {column!r}: {what}; {advice}"
 
 
+def number_problem(cell: str, column: str, na_values: set[str] | frozenset[str]) -> str | None:
+    """What is wrong with `cell` as a number of `column` (None: nothing)."""
+    fault = number_fault(cell, na_values)
+    return None if fault is None else fault_text(fault, cell, column)
+
+
+class CellError(ValueError):
+    """A cell that is no number the models take: `WHERE: column 'c': ...` in training's words;
+    `where` (`file:line`, `file: row N`), `column`, `cell` (as written; None: a Parquet value)
+    and `fault` (`number_fault`'s) let `predict` say it in its own."""
+
+    def __init__(self, where: str, column: str, cell: str | None, fault: str):
+        super().__init__(f"{where}: {fault_text(fault, cell, column)}")
+        self.where, self.column, self.cell, self.fault = where, column, cell, fault
+
+
 def _bad(x: np.ndarray) -> np.ndarray:
     """Where an array holds a value the models cannot take as a number."""
     if x.dtype.kind != "f":
