@@ -172,6 +172,32 @@ def test_a_run_logs_its_config_epochs_test_metrics_tags_and_artifacts(train_run,
     assert "hparams/val_accuracy" in view["metrics"] and "hparams/test_accuracy" in view["metrics"]
 
 
+def test_a_number_or_boolean_typed_as_a_tag_is_logged_as_the_text_typed(
+    train_run, monkeypatch, tmp_path
+):
+    """`+logger.mlflow.tags.team=42` and `logger.wandb.tags=[42,true]`: MLflow and W&B tags are
+    text, and a value typed unquoted is taken as typed (the config check refused it, "input
+    should be a valid string", though nothing said to quote it)."""
+    from helpers import wandb_records
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    _, run_dir = train_run(
+        "logger=[mlflow,wandb]",
+        "logger.wandb.mode=offline",
+        "model=mlp",
+        "loop.epochs=1",
+        "+logger.mlflow.tags.team=42",
+        "+logger.mlflow.tags.nightly=true",
+        "logger.wandb.tags=[42,true,vision]",
+    )
+    record = json.loads((run_dir / "mlflow" / "run.json").read_text())
+    tags = _client(f"sqlite:///{run_dir / 'mlflow.db'}").get_run(record["run_id"]).data.tags
+    assert (tags["team"], tags["nightly"]) == ("42", "true")
+    assert wandb_records.tags(run_dir) == ["42", "true", "vision"]
+
+
 @pytest.mark.heavy
 def test_a_resumed_run_continues_its_mlflow_run(compose_cfg, tmp_path):
     """A run that failed after a backup, started again in its run dir, logs into the same MLflow

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from tfrecipe.config.export_limits import EXPORT_FORMATS, SERVER_NAME_RULE, server_name_problem
@@ -146,13 +146,25 @@ class TensorBoardLogger(Section):
     profile_steps: PositiveInt = 5
 
 
+def tag_text(value: object) -> object:
+    """A tag's value as MLflow and W&B keep it: text. A number or true/false typed unquoted
+    (`+logger.mlflow.tags.team=42`) is the text typed, not refused; anything else is unchanged
+    (the schema refuses what is not text)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int | float) else value
+
+
+TagText = Annotated[str, BeforeValidator(tag_text)]
+
+
 class WandbLogger(Section):
     # None: WANDB_MODE, else online (W&B's own rule; a mode passed to wandb.init overrides it)
     mode: Literal["online", "offline", "disabled"] | None = None
     project: str = "tfrecipe"
     entity: str | None = None
     name: str | None = None
-    tags: list[str] = []
+    tags: list[TagText] = []
     notes: str | None = None
     group: str | None = None
     job_type: str = "train"
@@ -165,7 +177,7 @@ class MlflowLogger(Section):
     tracking_uri: str | None = None
     experiment: Annotated[str, Field(min_length=1)] = "tfrecipe"  # MLflow refuses ''
     run_name: str | None = None
-    tags: dict[str, str] = {}
+    tags: dict[str, TagText] = {}
     log_artifacts: bool = True
     timeout_s: PositiveFloat = 10.0
 

@@ -35,6 +35,7 @@ import keras
 
 from tfrecipe import files, reading, rundir
 from tfrecipe.config import schema
+from tfrecipe.config.run_sections import tag_text
 from tfrecipe.config.secrets import redact_text
 from tfrecipe.errors import ConfigError
 from tfrecipe.tracking.mlflow_store import (
@@ -99,7 +100,7 @@ class MlflowTracker:
         self.history = history
         self.params = flatten(config)
         public = (config.get("logger") or {}).get("mlflow") or {}
-        self.tags = {str(k): str(v) for k, v in (public.get("tags") or {}).items()}
+        self.tags = {str(k): str(tag_text(v)) for k, v in (public.get("tags") or {}).items()}
         self.run_name = public.get("run_name") or _default_name(run_dir, sweep_dir)
         self.experiment = public.get("experiment", spec.experiment)
         self.uri = tracking_uri(spec, home=sweep_dir or run_dir)

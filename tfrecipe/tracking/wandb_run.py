@@ -18,6 +18,7 @@ import keras
 from tfrecipe import files, reading, rundir
 from tfrecipe.callbacks import StepLog
 from tfrecipe.config import schema
+from tfrecipe.config.run_sections import tag_text
 from tfrecipe.outcome import FINISHED
 
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
@@ -99,7 +100,7 @@ def _text_fields(
         "project": public.get("project", spec.project),
         "entity": public.get("entity", spec.entity),
         "name": public.get("name", spec.name),
-        "tags": list(public.get("tags", spec.tags)),
+        "tags": [str(tag_text(t)) for t in public.get("tags", spec.tags)],
         "notes": public.get("notes", spec.notes),
         "group": public.get("group", spec.group) or sweep_group,
         "job_type": public.get("job_type", spec.job_type),
