@@ -95,6 +95,16 @@ def test_the_body_waits_for_the_switch_then_trains_at_the_lowered_rate(
     assert params["after"] == params["before"] + (64 * 16 + 16) + (16 * 16 + 16)
 
 
+def test_summary_params_count_what_the_phase_that_finished_last_trained(train_run, tmp_path):
+    """summary.json's `params.trainable` after fine-tuning is phase two's count, the whole
+    model trained last (it said phase one's: the head alone); the switch's record keeps both."""
+    summary, _ = train_run(*_finetune(tmp_path / "probe.jsonl", epochs=2))
+
+    before_after = summary["finetune"]["trainable_params"]
+    assert summary["params"]["trainable"] == before_after["after"] > before_after["before"]
+    assert summary["params"]["total"] >= summary["params"]["trainable"]
+
+
 @pytest.mark.parametrize("loop", [pytest.param("fit", marks=SLOW), "custom"])
 @pytest.mark.parametrize(
     "resume_step",

@@ -69,16 +69,17 @@ def test_a_frozen_backbone_keeps_its_weights_until_unfrozen_at_epoch_2(
     assert not any(_moved(begin, second, "backbone"))
     assert all(_moved(begin, second, "logits"))
     head = end["logits/0"].size + end["logits/1"].size
-    assert summary["params"]["trainable"] == head < summary["params"]["total"]
+    record = summary["finetune"]
+    assert record["trainable_params"]["before"] == head < summary["params"]["total"]
     # Phase two: every convolution kernel trains; BatchNormalization (its 1-D weights) stays
     # frozen in inference mode, as the Keras fine-tuning guide says.
     kernels = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 4]
     norms = [k for k in end.files if k.startswith("backbone/") and end[k].ndim == 1]
     assert kernels and all(not np.array_equal(second[k], end[k]) for k in kernels)
     assert norms and all(np.array_equal(second[k], end[k]) for k in norms)
-    record = summary["finetune"]
     assert record["unfroze_at_step"] == 2 * 3  # TINY: 3 steps per epoch
     assert record["trainable_params"]["after"] > record["trainable_params"]["before"]
+    assert summary["params"]["trainable"] == record["trainable_params"]["after"]  # phase two's
     assert record["learning_rate"] == pytest.approx(summary["learning_rate"] * 0.1)
     _check_the_export_takes_raw_digits(run_dir)
 

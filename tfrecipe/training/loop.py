@@ -27,6 +27,7 @@ from tfrecipe.fault.preemption import Preempted
 from tfrecipe.loops import custom, epoch_groups, finetune, fit, parameter_server
 from tfrecipe.loops.options import LoopOptions
 from tfrecipe.models import export as exports
+from tfrecipe.models.freeze import param_counts
 from tfrecipe.outcome import TrainingError
 from tfrecipe.perf import report
 from tfrecipe.tracking import optuna_reporter
@@ -314,6 +315,8 @@ def _finish(
 ) -> None:
     """Writes the final summary.json (also after a failure) and finishes the tracked runs (W&B,
     MLflow, HParams)."""
+    # The phase the run ended in: loop.finetune unfroze more than the start counted.
+    summary.update(params=param_counts(model))
     summary.finish(
         status,
         rows=monitors.history.rows,
