@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 from helpers.failing_callback import fail_after_first_epoch
+from test_cli import assert_refused
 
 from tfrecipe.config.trust import Trust
 
@@ -345,6 +346,34 @@ def test_a_sqlite_store_in_memory_is_refused(compose_cfg, uri):
     with pytest.raises(ConfigError, match="in memory") as refused:
         validate(cfg, granting=[f"logger.mlflow.tracking_uri={uri}"])
     assert str(refused.value).startswith(f"logger.mlflow.tracking_uri={uri}: ")
+
+
+def test_an_unusable_store_in_mlflow_tracking_uri_is_refused_before_training(cli, tmp_path):
+    """MLFLOW_TRACKING_URI=sqlite:/// (a database in memory) was taken as the run's store: the
+    run logged there, gone when it ended, where the same URI in the config is refused. The
+    environment's is now checked as the config's: one line naming it, its password hidden, exit
+    2, no run dir; also by a sweep and by `tfrecipe validate`."""
+    run_dir = tmp_path / "run"
+    memory = {"MLFLOW_TRACKING_URI": "sqlite:///"}
+    args = ["logger=[mlflow]", *TINY, f"hydra.run.dir={run_dir}"]
+    assert_refused(cli(*args, env=memory), run_dir, "MLFLOW_TRACKING_URI=sqlite:///: ", "in memory")
+    sweep_dir = tmp_path / "sweep"
+    sweep = cli(
+        "-m", "logger=[mlflow]", *TINY, "seed=1,2", f"hydra.sweep.dir={sweep_dir}", env=memory
+    )
+    assert_refused(sweep, sweep_dir, "MLFLOW_TRACKING_URI=sqlite:///: ")
+    password = {"MLFLOW_TRACKING_URI": "ftp://bob:hunter2xyz@127.0.0.1/x"}
+    refused = cli("validate", "logger=[mlflow]", env=password)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "MLFLOW_TRACKING_URI='ftp://bob:***@127.0.0.1/x': expected a tracking URI" in (
+        refused.stderr
+    )
+    assert "hunter2xyz" not in refused.stderr + refused.stdout
+    # a store named in the config is the run's: the environment's is not used, nor checked
+    named = cli(
+        "validate", "logger=[mlflow]", "logger.mlflow.tracking_uri=sqlite:///x.db", env=memory
+    )
+    assert named.returncode == 0, named.stderr
 
 
 def test_a_server_with_a_password_typed_on_the_command_line_is_the_command_lines(monkeypatch):

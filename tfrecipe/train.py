@@ -59,7 +59,7 @@ def train(cfg: DictConfig, *, run_dir: str | Path, trust: Trust | None = None) -
       TrainingError: training failed (summary.json says "failed").
     """
     trust = trust or Trust.of_this_process()
-    run = schema.validate(cfg, trust=trust)
+    run = schema.validate(cfg, trust=trust, environment=True)
     lr_find.check_own_run_dir(Path(run_dir), run.loop.lr_find)  # before anything is written
     plan = RunPlan.from_config(run)
     task = join_cluster(run.cluster, plan)

@@ -234,7 +234,7 @@ def validate(args: list[str]) -> None:
     run = None
     trust = Trust.from_command_line(overrides)
     try:
-        run = validate_schema(cfg, trust=trust)
+        run = validate_schema(cfg, trust=trust, environment=True)
     except ConfigError as error:
         problems += error.problems
     reported = {p.slot for p in problems}

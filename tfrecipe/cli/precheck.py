@@ -73,7 +73,7 @@ def _check_single_run(cfg, trust, invocation: Invocation) -> list[str]:
     from tfrecipe.config.schema import validate
     from tfrecipe.distribute.cluster import check_environment, is_chief_task
 
-    run = validate(cfg, trust=trust)
+    run = validate(cfg, trust=trust, environment=True)
     if not OmegaConf.select(cfg, "hydra.job.chdir", default=False):  # else paths are the job's
         _check_table_columns(run.dataset)  # reads the headers: still no TensorFlow
     invocation.cluster = run.cluster

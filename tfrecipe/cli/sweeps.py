@@ -28,6 +28,7 @@ def sweep_problems(
     Each job validates the rest of its config itself when it runs. Returns the problems and the
     (config, directory) pairs checked: the sweep's first, then its jobs'."""
     from tfrecipe.config.checks import config_problems
+    from tfrecipe.config.schema import environment_problems
 
     problems: list[Problem] = []
     composed = []
@@ -39,6 +40,7 @@ def sweep_problems(
         except Exception:  # the job reports its own bad interpolation; check what is written
             container = OmegaConf.to_container(job, resolve=False)
         found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
+        found += environment_problems(container, os.environ)  # the store the jobs log to
         problems += [p for p in found if p not in problems]
     return problems, composed
 

@@ -227,7 +227,8 @@ ENV_DOORS = (
     Door(
         "MLFLOW_TRACKING_URI",
         NETWORK,
-        "tracking.mlflow_run.MlflowTracker (your environment's choice)",
+        "config.schema.environment_problems: your environment's choice, checked as "
+        "logger.mlflow.tracking_uri is",
     ),
     Door(
         "TFRECIPE_SWEEP_KEYS",

@@ -184,32 +184,39 @@ class MlflowLogger(Section):
     @field_validator("tracking_uri")
     @classmethod
     def _a_store_mlflow_opens(cls, uri):
-        """A scheme MLflow has a store for; its file store only where the user allowed it."""
-        if uri is None:
-            return uri
-        scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
-        if scheme not in _MLFLOW_SCHEMES:
-            raise PydanticCustomError(
-                "mlflow_uri",
-                "expected a tracking URI: sqlite:///PATH, http(s)://HOST:PORT, "
-                "postgresql://..., mysql://..., databricks, or file:PATH with "
-                "MLFLOW_ALLOW_FILE_STORE=true; null: MLFLOW_TRACKING_URI, else a sqlite file in "
-                "the sweep or run dir",
-            )
-        database = uri.partition("://")[2].removeprefix("/").partition("?")[0]
-        if scheme == "sqlite" and database in ("", ":memory:"):
-            raise PydanticCustomError(
-                "mlflow_memory_store",
-                "names a sqlite database in memory, gone when the run ends; use sqlite:///PATH",
-            )
-        allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
-        if scheme == "file" and not allowed:
-            raise PydanticCustomError(
-                "mlflow_file_store",
-                "MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true is set; use "
-                "sqlite:///PATH (a local file that needs no server) or set that variable",
-            )
+        problem = None if uri is None else mlflow_store_problem(uri)
+        if problem is not None:
+            raise problem
         return uri
+
+
+def mlflow_store_problem(uri: str) -> PydanticCustomError | None:
+    """What is wrong with `uri` as the store a run logs to (`logger.mlflow.tracking_uri`, else
+    MLFLOW_TRACKING_URI), None: nothing. A scheme MLflow has a store for; a sqlite file, not a
+    database in memory; its file store only where the user allowed it."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+    if scheme not in _MLFLOW_SCHEMES:
+        return PydanticCustomError(
+            "mlflow_uri",
+            "expected a tracking URI: sqlite:///PATH, http(s)://HOST:PORT, "
+            "postgresql://..., mysql://..., databricks, or file:PATH with "
+            "MLFLOW_ALLOW_FILE_STORE=true; null: MLFLOW_TRACKING_URI, else a sqlite file in "
+            "the sweep or run dir",
+        )
+    database = uri.partition("://")[2].removeprefix("/").partition("?")[0]
+    if scheme == "sqlite" and database in ("", ":memory:"):
+        return PydanticCustomError(
+            "mlflow_memory_store",
+            "names a sqlite database in memory, gone when the run ends; use sqlite:///PATH",
+        )
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("1", "true")
+    if scheme == "file" and not allowed:
+        return PydanticCustomError(
+            "mlflow_file_store",
+            "MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true is set; use "
+            "sqlite:///PATH (a local file that needs no server) or set that variable",
+        )
+    return None
 
 
 # What MLflow 3 opens a tracking store for (sqlalchemy's dialects may add +driver).

@@ -16,6 +16,7 @@ Here too: `member_config`, an ensemble member's run derived from the run's.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,7 +53,9 @@ from tfrecipe.config.run_sections import (
     TerminateOnNaN,
     TFConfigCluster,
     WandbLogger,
+    mlflow_store_problem,
 )
+from tfrecipe.config.secrets import redact_text
 from tfrecipe.config.training_sections import (
     FREEZE_HELP,
     MODEL_OPTIONS,
@@ -154,7 +157,7 @@ __all__ = [
 ]
 
 
-def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
+def validate(cfg: DictConfig, *, trust: Trust, environment: bool = False) -> RunConfig:
     """Checks the composed config; returns it typed or raises `ConfigError` with every problem.
     A config composed with Hydra's node (`hydra.*`) has that node checked too.
 
@@ -162,6 +165,9 @@ def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
       cfg: the composed config.
       trust: what this invocation's command line grants (`allowed_targets` counts only where
         it gives it; `Trust.NOTHING` grants nothing: a config read from a file).
+      environment: a run is about to start: this process's environment is checked where it
+        decides what the config leaves open (`environment_problems`); False: a finished run's
+        config, or one only read.
     """
     cfg_hydra = cfg.hydra if "hydra" in cfg else None
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
@@ -172,10 +178,33 @@ def validate(cfg: DictConfig, *, trust: Trust) -> RunConfig:
     except Exception as error:  # an interpolation that cannot be resolved
         key = getattr(error, "full_key", "")
         raise ConfigError(Problem(key, hint=str(error)) if key else str(error)) from None
+    problems += environment_problems(container, os.environ) if environment else []
     run, found = container_problems(container, cfg_hydra, trust=trust, missing=missing)
     if problems + found:
         raise ConfigError(problems + found)
     return run
+
+
+def environment_problems(container: Mapping[str, Any], environ: Mapping[str, str]) -> list[Problem]:
+    """What the environment gives a run that would fail it, checked as the config's own value
+    would be: MLFLOW_TRACKING_URI, the store of a run that logs to MLflow and names none
+    (`tracking.mlflow_run.tracking_uri`). Checked where a run starts and by `tfrecipe validate`,
+    not where a finished run's config is read (predict, evaluate: they log nowhere)."""
+    uri = environ.get("MLFLOW_TRACKING_URI")
+    mlflow = (container.get("logger") or {}).get("mlflow")
+    if not uri or not isinstance(mlflow, Mapping) or mlflow.get("tracking_uri") is not None:
+        return []  # the config's own store (checked by the schema), or no MLflow
+    problem = mlflow_store_problem(uri)
+    if problem is None:
+        return []
+    return [
+        Problem(
+            "MLFLOW_TRACKING_URI",
+            redact_text(uri),
+            f"{problem.message()} (the store of a run whose logger.mlflow.tracking_uri is null); "
+            "set it to another, or unset it for a sqlite file in the run or sweep dir",
+        )
+    ]
 
 
 def container_problems(
