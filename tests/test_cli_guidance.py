@@ -130,13 +130,17 @@ def _header_commands(path: Path) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda path: path.stem)
-def test_every_command_a_recipe_shows_validates(path, capsys):
-    """What a newcomer copies from a header must run (digits_finetune's second command too)."""
+def test_every_command_a_recipe_shows_validates(path, capsys, tmp_path):
+    """What a newcomer copies from a header must run (digits_finetune's second command too, its
+    model.init_from the first command's run)."""
+    from helpers.configs import with_earlier_runs
+
     from tfrecipe.cli.commands import validate
 
     commands = _header_commands(path)
     assert commands, path
     for args in commands:
+        args = with_earlier_runs(args, tmp_path)
         validate([a for a in args if a != "-m" and not a.startswith("hydra.")])
 
 

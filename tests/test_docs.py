@@ -127,9 +127,12 @@ def _first_job(args: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
-def test_every_command_a_page_shows_validates(page, capsys):
+def test_every_command_a_page_shows_validates(page, capsys, tmp_path):
     """What a newcomer copies must compose and pass every check a run makes before it starts
-    (run dirs and launchers, `hydra.*`, are left to the run)."""
+    (run dirs and launchers, `hydra.*`, are left to the run; a `model.init_from` is the run a
+    command before it makes)."""
+    from helpers.configs import with_earlier_runs
+
     from tfrecipe.cli.commands import validate
     from tfrecipe.errors import ConfigError
 
@@ -138,7 +141,8 @@ def test_every_command_a_page_shows_validates(page, capsys):
         if any(key in a for a in args for key in NOT_VALIDATED):
             continue
         try:
-            validate([a for a in _first_job(args) if not a.startswith("hydra.")])
+            job = with_earlier_runs(_first_job(args), tmp_path)
+            validate([a for a in job if not a.startswith("hydra.")])
         except (ConfigError, Exception) as error:  # Hydra's own composition errors too
             failed.append(f"python -m tfrecipe {shlex.join(args)}: {str(error).splitlines()[0]}")
     assert not failed, "\n".join(failed)

@@ -32,11 +32,12 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # the run dir: its files, how a run ends, the dtype policy; what each export format (a file
     # of the run dir) can carry; where XLA keeps compiled programs (outside run dirs); a weights
-    # file written beside training
+    # file written beside training; which form a warm start's source is
     (
         "tfrecipe.rundir",
         "tfrecipe.weights_file",
         "tfrecipe.outcome",
+        "tfrecipe.init_source",
         "tfrecipe.precision",
         "tfrecipe.config.export_limits",
         "tfrecipe.config.compile_cache",

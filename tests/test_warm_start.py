@@ -173,6 +173,34 @@ def test_a_missing_path_exits_2_naming_it(cli, tmp_path):
     _assert_refused(result, run_dir, str(missing), "does not exist")
 
 
+def test_validate_reports_a_bad_init_from_in_the_words_of_a_run(cli, tmp_path):
+    """`tfrecipe validate` said "valid" for a model.init_from that does not exist or is no
+    source: only the run found out. It now refuses it with the run's own line, exit 2; a run
+    dir's model.keras or backup checkpoint passes, and resume=PATH (init_from unread) too."""
+    missing = tmp_path / "nowhere" / "model.keras"
+    run_dir = tmp_path / "run"
+    trained = cli(*TINY, f"model.init_from={missing}", f"hydra.run.dir={run_dir}")
+    _assert_refused(trained, run_dir, "does not exist")
+    (run_line,) = [line for line in trained.stderr.splitlines() if "model.init_from=" in line]
+    checked = cli("validate", f"model.init_from={missing}")
+    _assert_refused(checked, run_dir, "does not exist")
+    assert checked.stderr.strip() == run_line.strip()
+
+    (empty := tmp_path / "empty").mkdir()
+    (notes := tmp_path / "notes.txt").write_text("not weights")
+    for path, words in [(empty, "holds no model.keras and no backup"), (notes, "not one of")]:
+        _assert_refused(cli("validate", f"model.init_from={path}"), run_dir, str(path), words)
+    (backups := tmp_path / "earlier" / "backup").mkdir(parents=True)
+    (backups / "ckpt-6.index").write_bytes(b"")
+    (model_dir := tmp_path / "finished").mkdir()
+    (model_dir / "model.keras").write_bytes(b"")
+    for source in (backups.parent, model_dir, model_dir / "model.keras"):
+        valid = cli("validate", f"model.init_from={source}")
+        assert valid.returncode == 0, valid.stderr
+    resumed = cli("validate", f"model.init_from={missing}", f"resume={backups.parent}")
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def test_digits_classes_picks_and_relabels_digits(compose_cfg):
     from tfrecipe.config import schema
     from tfrecipe.errors import ConfigError

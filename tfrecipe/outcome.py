@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,19 @@ BACKUP_DIR = rundir.BACKUP  # RUN_DIR/backup: the chief's backups, which every w
 # The local launcher numbers its attempts at running a cluster (0 first) in every task's env:
 # a restarted attempt continues the same run in the same run dir.
 ATTEMPT_ENV = "TFRECIPE_CLUSTER_ATTEMPT"
+
+
+_CHECKPOINT_INDEX = re.compile(r"ckpt-(\d+)\.index")
+
+
+def listed_checkpoints(path: Path) -> list[str]:
+    """The `ckpt-STEP` checkpoints whose index file is in `path`, newest (highest step) first."""
+    steps = []
+    with contextlib.suppress(OSError):
+        for entry in path.iterdir():
+            if match := _CHECKPOINT_INDEX.fullmatch(entry.name):
+                steps.append(int(match[1]))
+    return [str(path / f"ckpt-{step}") for step in sorted(steps, reverse=True)]
 
 
 def port_taken(error: BaseException) -> bool:

@@ -28,11 +28,9 @@ before it (`restore_latest`); a state file that cannot be read is replaced by a 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import re
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from tfrecipe import compat, files, printed
-from tfrecipe.outcome import BACKUP_DIR
+from tfrecipe.outcome import BACKUP_DIR, listed_checkpoints
 
 log = logging.getLogger("tfrecipe")
 
@@ -187,19 +185,6 @@ def _checkpoint_state(path: Path):
         return tf.train.get_checkpoint_state(str(path))
     except (ValueError, tf.errors.OpError):
         return None
-
-
-_CHECKPOINT_INDEX = re.compile(r"ckpt-(\d+)\.index")
-
-
-def listed_checkpoints(path: Path) -> list[str]:
-    """The `ckpt-STEP` checkpoints whose index file is in `path`, newest (highest step) first."""
-    steps = []
-    with contextlib.suppress(OSError):
-        for entry in path.iterdir():
-            if match := _CHECKPOINT_INDEX.fullmatch(entry.name):
-                steps.append(int(match[1]))
-    return [str(path / f"ckpt-{step}") for step in sorted(steps, reverse=True)]
 
 
 def resolve_checkpoints(path: Path) -> list[str]:

@@ -24,22 +24,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from tfrecipe import rundir
 from tfrecipe.errors import ConfigError
+from tfrecipe.init_source import KEY, Source, resolve
 
 log = logging.getLogger("tfrecipe")
 
-KEY = "model.init_from"
-_ACCEPTED = "a run dir, a .keras model, a .weights.h5 file or a backup checkpoint (dir or prefix)"
 _WEIGHTS_IN_KERAS_FILE = "model.weights.h5"  # inside a .keras zip (Keras 3's format)
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """A resolved `init_from`: `kind` is "keras" (a .keras zip), "h5" or "checkpoint" (a prefix)."""
-
-    path: Path
-    kind: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,36 +53,6 @@ class Loaded:
         )
 
 
-def resolve(path: str | Path) -> Source:
-    """Which of the accepted forms `path` is (a directory: its model.keras, else the newest
-    backup, found as `resume=` finds it).
-
-    Raises:
-      ConfigError: it does not exist or is none of them.
-    """
-    given = Path(str(path)).expanduser()
-    if given.is_dir():
-        if (given / rundir.MODEL).is_file():
-            return Source(given / rundir.MODEL, "keras")
-        from tfrecipe.fault.backup import resolve_checkpoints
-
-        newest = next(iter(resolve_checkpoints(given)), None)
-        if newest is not None and Path(f"{newest}.index").is_file():
-            return Source(Path(newest), "checkpoint")
-        raise ConfigError(
-            f"{KEY}={path}: the directory holds no model.keras and no backup checkpoint; "
-            f"expected {_ACCEPTED}"
-        )
-    if given.is_file() and given.name.endswith(".keras"):
-        return Source(given, "keras")
-    if given.is_file() and given.name.endswith(".weights.h5"):
-        return Source(given, "h5")
-    if Path(f"{given}.index").is_file():
-        return Source(given, "checkpoint")
-    what = "does not exist" if not given.exists() else "is not one of them"
-    raise ConfigError(f"{KEY}={path}: {what}; expected {_ACCEPTED}")
-
-
 def init_from(model, path: str | Path) -> Loaded:
     """Loads the tensors of `path` that match `model` by position and shape into `model` (call
     it in the strategy's scope: the assignments reach every replica); logs one line.
@@ -100,7 +60,9 @@ def init_from(model, path: str | Path) -> Loaded:
     Raises:
       ConfigError: `path` is not an accepted source, or nothing in it matches the model.
     """
-    source = resolve(path)
+    from tfrecipe.fault.backup import resolve_checkpoints
+
+    source = resolve(path, checkpoints=resolve_checkpoints)
     if source.kind == "checkpoint":
         loaded = _from_checkpoint(model, source.path, shown=str(path))
     else:
