@@ -173,6 +173,18 @@ def test_resume_from_a_path_starts_a_new_run_dir_from_that_checkpoint(train_in, 
     assert _summary(tmp_path / "first")["steps_completed"] == 10  # untouched
 
 
+def test_a_run_started_at_its_last_epochs_end_counts_the_epochs_the_model_completed(
+    train_in, tmp_path
+):
+    """resume=PATH of the backup at the last epoch's end: nothing is left to train, and
+    summary.json said epochs_completed 0 beside steps_completed 10; it counts from the model's
+    start as the steps do, so 2 (both epochs of 5 steps)."""
+    train_in(tmp_path / "first", *BACKUP)
+    resumed = train_in(tmp_path / "second", *BACKUP, f"resume={tmp_path / 'first/backup/ckpt-10'}")
+    assert resumed["resumed_from_step"] == 10 and resumed["steps_completed"] == 10
+    assert resumed["epochs_completed"] == 2 == _summary(tmp_path / "second")["epochs_completed"]
+
+
 def test_a_run_started_from_another_runs_checkpoint_and_trained_to_its_end_did_not_stop_early(
     train_in, tmp_path
 ):

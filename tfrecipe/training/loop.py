@@ -159,6 +159,8 @@ def train_model(
     `loop.finetune`); the model ends on its averaged weights with `optimizer.ema`. Returns the
     loop, which evaluates the test split."""
     model, inputs = built.model, built.data
+    if built.resumed and inputs.steps_per_epoch:  # what the model completed before this start
+        summary.update(epochs_completed=built.resumed.step // inputs.steps_per_epoch)
     loop = loop_of(ctx.plan)
     if built.phases is not None:
         loop = finetune.TwoPhaseLoop(loop, built.phases, on_switch=protected.follow_optimizer)

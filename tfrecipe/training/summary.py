@@ -77,10 +77,12 @@ class RunSummary:
         error: BaseException | None = None,
     ) -> None:
         """The final summary.json (also after a failure, where `examples_per_sec` is not kept)."""
+        # from the model's start: the last row's epoch, else those it was resumed at (or 0)
+        epochs = int(rows[-1].get("epoch", len(rows))) if rows else self["epochs_completed"]
         self.fields.update(
             status=status,
             steps_completed=steps_completed,
-            epochs_completed=int(rows[-1].get("epoch", len(rows))) if rows else 0,  # from step 0
+            epochs_completed=epochs,
             metrics=final_metrics(rows),
             wall_time_s=round(time.perf_counter() - self.started, 3),
         )
