@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +18,9 @@ import yaml
 
 from tests.conftest import REPO, TINY
 from tests.helpers.configs import validate
+from tests.helpers.ports import free_port_pair
 from tfrecipe.cli import commands
 from tfrecipe.distribute import cluster
-from tfrecipe.distribute.launcher import free_ports
 from tfrecipe.errors import ConfigError
 from tfrecipe.outcome import EXIT_STALLED, EXIT_TRAINING
 
@@ -188,8 +187,9 @@ RUN = [
     "loop.steps_per_epoch=8",
     "callbacks.backup.every_n_steps=2",
     "callbacks.progress.enabled=false",
-    "+callbacks.extra.slow._target_=tests.helpers.slow_steps.SlowSteps",
-    "+callbacks.extra.slow.seconds=0.3",
+    # each pod holds after step 5 (ckpt-4 written) until the test released it, having killed one
+    "+callbacks.extra.hold._target_=tests.helpers.slow_steps.HoldUntilReleased",
+    "+callbacks.extra.hold.steps=5",
     "allowed_targets=[tests.helpers]",
 ]
 
@@ -219,6 +219,7 @@ class Pod:
                 "cluster.stall_timeout=12",
                 f"hydra.run.dir={run_dir}",
                 *RUN,
+                f"+callbacks.extra.hold.release={tmp / 'release'}",
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -240,7 +241,7 @@ class Pod:
 def start_pod(tmp_path):
     """start_pod(index) -> Pod of the multi-worker Job; none outlives the test."""
     _, job = _manifest("k8s_multi_worker.yaml")
-    base, started = _two_free_ports_in_a_row(), []
+    base, started = free_port_pair(), []
     (tmp_path / "tmp").mkdir()
 
     def _start(index: int) -> Pod:
@@ -268,6 +269,7 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
     assert not ended, ended  # both still training: what an early exit printed, if one did
     os.killpg(pods[1].process.pid, signal.SIGKILL)  # worker 1's pod is killed mid-training
     pods[1].finish(10)
+    (tmp_path / "tmp" / "release").touch()  # worker 0 goes on; the restarted pods do not hold
     killed_at = cluster.latest_backup_step(run_dir / "backup")
     assert 4 <= killed_at < STEPS
     pods[1] = start_pod(1)  # the Job restarts index 1 at once
@@ -282,18 +284,6 @@ def test_the_jobs_two_pods_resume_after_one_is_killed(tmp_path, start_pod):
     assert summary["status"] == "completed" and summary["num_replicas"] == 2
     assert summary["steps_completed"] == STEPS
     assert summary["resumed_from_step"] >= killed_at
-
-
-def _two_free_ports_in_a_row() -> int:
-    for _ in range(50):
-        base = free_ports(1)[0]
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no two free ports in a row on 127.0.0.1")
 
 
 def _read(path: Path) -> str:

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import REPO
 from tests.helpers import slurm as slurm_cluster
 from tests.helpers.configs import validate
+from tests.helpers.ports import free_port_pair
 from tfrecipe.distribute import cluster
 
 SCRIPT = REPO / "scripts" / "slurm_multi_worker.sbatch"
@@ -129,7 +130,7 @@ class Job:
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
             "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",  # tests/helpers as `helpers`
             "RUN_DIR": str(self.run_dir),
-            "PORT_BASE": str(slurm_cluster.free_port_pair()),
+            "PORT_BASE": str(free_port_pair()),
             "TMPDIR": str(self.tmp),
         }
         self.id = slurm.run(

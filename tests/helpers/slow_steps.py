@@ -7,6 +7,7 @@ on its own schedule, e.g. a time limit's, finds the run still training on any ma
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import socket
@@ -70,3 +71,28 @@ class HoldForSignal(keras.callbacks.Callback):
         signal.set_wakeup_fd(self._previous)
         self._read.close()
         self._write.close()
+
+
+class HoldUntilReleased(keras.callbacks.Callback):
+    """Holds training after `steps` steps until the file `release` exists (the test creates it
+    once it has done what needed the run mid-way, e.g. killed another pod with SIGKILL, which no
+    handler sees), so that the run is still training when the test acts however loaded the
+    machine: an event, not a per-step budget. A run started after the release does not hold.
+
+        +callbacks.extra.hold._target_=helpers.slow_steps.HoldUntilReleased
+        +callbacks.extra.hold.steps=5 +callbacks.extra.hold.release=PATH allowed_targets=[helpers]
+    """
+
+    def __init__(self, steps: int, release: str):
+        super().__init__()
+        self.steps, self.release = steps, release
+        self._held = False
+
+    def on_train_begin(self, logs=None):
+        self._held = os.path.exists(self.release)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._held and current_step(self.model) >= self.steps:
+            self._held = True
+            while not os.path.exists(self.release):
+                time.sleep(0.05)

@@ -108,24 +108,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def free_port_pair() -> int:
-    """A free port whose next one is free too: the sbatch script's two tasks listen on PORT_BASE
-    and PORT_BASE + 1, on every interface (a lone free port's neighbour was once taken: "Could
-    not start gRPC server")."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("0.0.0.0", 0))
-            base = first.getsockname()[1]
-            try:
-                second.bind(("0.0.0.0", base + 1))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError("no two free ports in a row")
-
-
 @dataclasses.dataclass
 class Cluster:
     root: Path
