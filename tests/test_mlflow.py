@@ -181,9 +181,7 @@ def test_a_number_or_boolean_typed_as_a_tag_is_logged_as_the_text_typed(
     should be a valid string", though nothing said to quote it)."""
     from helpers import wandb_records
 
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    wandb_records.keep_local(monkeypatch, tmp_path)
     _, run_dir = train_run(
         "logger=[mlflow,wandb]",
         "logger.wandb.mode=offline",

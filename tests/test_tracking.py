@@ -16,9 +16,7 @@ WANDB = ["logger=[wandb]", "logger.wandb.mode=offline", "logger.wandb.log_every_
 
 @pytest.fixture(autouse=True)
 def _wandb_offline_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    wandb_records.keep_local(monkeypatch, tmp_path)
 
 
 def test_offline_run_logs_resolved_config_and_summary(train_run):

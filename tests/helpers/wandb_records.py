@@ -20,6 +20,13 @@ _BLOCK = 32768
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
+def keep_local(monkeypatch, tmp_path: Path) -> None:
+    """W&B quiet, its cache and settings in the test's own folder (not the user's home)."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+
 def records(path: Path) -> list[wandb_internal_pb2.Record]:
     data = path.read_bytes()
     if len(data) < _HEADER:  # just created

@@ -482,10 +482,10 @@ def test_a_secret_interpolated_under_any_key_is_redacted(monkeypatch, compose_cf
 
 
 def test_a_secret_reaches_no_file_of_a_wandb_run(monkeypatch, tmp_path, train_run):
+    from helpers import wandb_records
+
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    wandb_records.keep_local(monkeypatch, tmp_path)
     summary, run_dir = train_run(
         "logger=[wandb]",
         "logger.wandb.mode=offline",
