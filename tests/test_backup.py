@@ -216,11 +216,21 @@ def test_a_resume_stops_sooner_but_never_before_the_epoch_its_backup_is_in(train
     assert at_the_end["status"] == "completed" and at_the_end["steps_completed"] == 5
 
 
-def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, tmp_path):
+def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, cli, tmp_path):
+    """A run refuses it; `tfrecipe validate` says the same (it used to say "valid"), and passes
+    a folder whose backup holds a checkpoint, found by its files."""
     from tfrecipe.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"resume=.*no checkpoint there"):
+    with pytest.raises(ConfigError, match=r"resume=.*no checkpoint there") as refused:
         train_in(tmp_path / "run", *BACKUP, f"resume={tmp_path}")
+    checked = cli("validate", f"resume={tmp_path}")
+    assert checked.returncode == 2 and str(refused.value) in checked.stderr, checked.stderr
+    assert "Traceback" not in checked.stderr
+    (backups := tmp_path / "earlier" / "backup").mkdir(parents=True)
+    (backups / "ckpt-6.index").write_bytes(b"")
+    for found in (backups.parent, backups, backups / "ckpt-6"):
+        valid = cli("validate", f"resume={found}")
+        assert valid.returncode == 0, valid.stderr
 
 
 def test_a_nan_loss_stops_training_and_keeps_the_good_backups(train_in, tmp_path):

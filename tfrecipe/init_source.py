@@ -1,7 +1,8 @@
 """`model.init_from`'s source: which of the accepted forms a path is (a run dir, a `.keras`
 model, a `.weights.h5` file, a backup checkpoint), decided without TensorFlow: the warm start
 (tfrecipe/models/warm_start.py) resolves it as it loads, and `tfrecipe validate` reports what a
-run would refuse in it, in the same words."""
+run would refuse in it, in the same words. So too `resume=PATH`'s checkpoints
+(tfrecipe/fault/recovery.py refuses a path that holds none: `no_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,24 @@ def source_problems(path: str | Path | None) -> list[Problem]:
     except ConfigError as error:
         return error.problems
     return []
+
+
+def no_checkpoint(resume: str) -> str:
+    """A run's refusal of `resume=PATH` where no checkpoint is found there."""
+    return (
+        f"resume={resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
+        "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
+    )
+
+
+def resume_problems(resume: str) -> list[Problem]:
+    """What a run refuses in `resume=PATH` before reading a checkpoint (`tfrecipe validate`):
+    a path holding none, its backups found by their files, without TensorFlow."""
+    if resume in ("auto", "never"):
+        return []
+    path = Path(resume)
+    found = _listed_backups(path) if path.is_dir() else Path(f"{path}.index").is_file()
+    return [] if found else ConfigError(no_checkpoint(resume)).problems
 
 
 def _listed_backups(directory: Path) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import keras
 
-from tfrecipe import optim, rundir
+from tfrecipe import init_source, optim, rundir
 from tfrecipe.config import schema
 from tfrecipe.errors import ConfigError
 from tfrecipe.fault import backup
@@ -46,10 +46,7 @@ def candidates(resume: str, backup_dir: Path) -> list[str]:
         return own
     found = backup.resolve_checkpoints(Path(resume))
     if not found:
-        raise ConfigError(
-            f"resume={resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
-            "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
-        )
+        raise ConfigError(init_source.no_checkpoint(resume))
     return found
 
 
