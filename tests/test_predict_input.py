@@ -21,8 +21,14 @@ from tfrecipe.errors import ConfigError
 HEADER = "age,income,city\n30,1000,Paris\n"
 
 
-def _run_dir(tmp_path: Path, *, na_values: str = "[]", delimiter: str = ",") -> Path:
-    """A binary run on columns age, income (numbers) and city (a string)."""
+def _run_dir(
+    tmp_path: Path,
+    *,
+    na_values: str = "[]",
+    delimiter: str = ",",
+    columns: dict[str, str] | None = None,
+) -> Path:
+    """A binary run on `columns`: by default age, income (numbers) and city (a string)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     signature = {
@@ -32,7 +38,7 @@ def _run_dir(tmp_path: Path, *, na_values: str = "[]", delimiter: str = ",") -> 
         "positive_class": "yes",
         "inputs": {
             "kind": "columns",
-            "columns": {"age": "float32", "income": "float32", "city": "string"},
+            "columns": columns or {"age": "float32", "income": "float32", "city": "string"},
         },
         "normalize": "scale",
     }
@@ -150,3 +156,27 @@ def test_a_text_that_is_not_utf8_is_refused_as_training_refuses_it(tmp_path):
     (line,) = predicted.value.messages
     assert line == f"predict: {trained.value}"
     assert line.startswith(f"predict: {latin}: not UTF-8 text")
+
+
+def test_quoted_line_breaks_read_as_training_reads_them(tmp_path, capsys):
+    """A spreadsheet's notes of several lines past the first 4 MiB: predict refused the file
+    (`<file>:?: expected 3 values`); it reads every row, and a bad cell after them is named by
+    the line an editor shows."""
+    from helpers.tables import spreadsheet_export
+
+    from tfrecipe.data.readers import open_sources
+
+    table = tmp_path / "visits.csv"
+    rows = spreadsheet_export(table)
+    run_dir = _run_dir(tmp_path, columns={"x": "float32", "note": "string"})
+    signature = json.loads((run_dir / "signature.json").read_text())
+    source = open_sources([table], signature, dataset={}, keep=["y"])
+    (batch,) = source.batches(len(rows))
+    assert batch.features["note"].tolist() == [note for _, note, _ in rows]
+    assert batch.features["x"].tolist() == [float(x) for x, _, _ in rows]
+    assert batch.passthrough["y"].tolist() == [y for _, _, y in rows]
+
+    spreadsheet_export(table, bad_last_row=True)
+    line = len(table.read_text().splitlines()) - 1  # as an editor numbers them
+    report = _refused(capsys, run_dir, table)
+    assert report.startswith(f"predict: {table}:{line}: column 'x': 'old' is not a number;")

@@ -40,3 +40,28 @@ def write(path: Path, rows: int, **kwargs) -> Path:
     else:
         pacsv.write_csv(data, path, pacsv.WriteOptions(quoting_style="none"))
     return path
+
+
+def spreadsheet_export(path: Path, *, bad_last_row: bool = False) -> list[list[str]]:
+    """A CSV as a spreadsheet exports notes of several lines (in quotes, their line breaks
+    kept), past the first block of Arrow's CSV reader, with a long note across that block's
+    end; columns x (a number), note (a category), y (0/1). With `bad_last_row` its last row's x
+    is 'old'. Returns its rows as Python's csv module reads them, the header left out."""
+    import csv
+
+    from tfrecipe.data.table_files import CSV_BLOCK_BYTES
+
+    call_log = "\n".join(f"call {i}: no answer" for i in range(40))  # 800 bytes, 40 lines
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["x", "note", "y"])
+        row = 0
+        while handle.tell() < CSV_BLOCK_BYTES * 1.1:
+            lines = [f"visit {row % 4}", "called back", "asked for a refund"][: 1 + row % 3]
+            near_the_end = 0 < CSV_BLOCK_BYTES - handle.tell() < 400
+            writer.writerow([row % 7, call_log if near_the_end else "\n".join(lines), row % 2])
+            row += 1
+        if bad_last_row:
+            writer.writerow(["old", "one\nmore", 1])
+    with path.open(newline="") as handle:
+        return list(csv.reader(handle))[1:]

@@ -11,12 +11,9 @@ No TensorFlow here: the statistics pass and `tfrecipe validate` read files witho
 
 from __future__ import annotations
 
-import contextlib
 import csv as csvlib
 import dataclasses
 import glob
-import gzip
-import io
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -24,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from tfrecipe import reading
-from tfrecipe.data import booleans
+from tfrecipe.data import booleans, csv_text
 from tfrecipe.data.listing import folder_files
 from tfrecipe.data.values import CellError, number_fault
 
@@ -214,8 +211,8 @@ def _csv_header(file: str, delimiter: str) -> tuple[tuple[str, ...], int]:
     """The header's names, trimmed, and the number of lines up to its end (blank lines first
     included)."""
     try:
-        with _open_text(file) as handle:
-            reader = _csv_reader(handle, delimiter)
+        with csv_text.open_text(file) as handle:
+            reader = csv_text.reader(handle, delimiter)
             for values in reader:
                 if values:
                     return tuple(name.strip() for name in values), reader.line_num
@@ -228,42 +225,13 @@ def _csv_header(file: str, delimiter: str) -> tuple[tuple[str, ...], int]:
 
 def _booleans(file: str, columns: tuple[str, ...], csv: CsvOptions) -> tuple[str, ...]:
     """The columns of true/false words, as the file's first rows show them."""
-    records = (values for _, values in _records(file, csv.delimiter))
+    records = (values for _, values in csv_text.records(file, csv.delimiter))
     try:
         if csv.header:
             next(records, None)
         return booleans.columns_of(records, columns, csv.na_values)
     except (UnicodeDecodeError, csvlib.Error):  # reading the file says it, with its line
         return ()
-
-
-def _csv_reader(handle, delimiter: str):
-    """Python's csv reader (the error paths' exact line numbers) without its 128 KiB field
-    limit: Arrow reads longer fields, so the error path must too."""
-    csvlib.field_size_limit(2**31 - 1)
-    return csvlib.reader(handle, delimiter=delimiter)
-
-
-def _records(file: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
-    """Each record of `file` that is not a blank line, with the line it starts on (as an editor
-    numbers lines: blank lines before the header, and a quoted value's line breaks, counted)."""
-    with _open_text(file) as handle:
-        reader = _csv_reader(handle, delimiter)
-        start = 1
-        for values in reader:
-            if values:
-                yield start, values
-            start = reader.line_num + 1
-
-
-@contextlib.contextmanager
-def _open_text(file: str) -> Iterator[io.TextIOWrapper]:
-    """A CSV file as text, opened by the one reader (a regular file only); utf-8-sig drops a
-    byte-order mark (Excel writes one), as Arrow does."""
-    with reading.open_file(file, what="a csv file") as raw:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if file.endswith(".gz") else raw
-        with io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as text:
-            yield text
 
 
 def _first_line(error: BaseException) -> str:
@@ -317,8 +285,12 @@ def _read_csv(table: Table, file: str, numeric: Sequence[str], strings: Sequence
                 column_names=list(table.columns),
                 skip_rows=_csv_header(file, options.delimiter)[1] if options.header else 0,
             ),
+            # a quoted value may hold line breaks (spreadsheets export them), as Python's csv
+            # module and pandas read it; on Arrow's serial reader this costs ~1% (docs/data.md)
             parse_options=pacsv.ParseOptions(
-                delimiter=options.delimiter, invalid_row_handler=on_invalid_row
+                delimiter=options.delimiter,
+                newlines_in_values=True,
+                invalid_row_handler=on_invalid_row,
             ),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,
@@ -370,7 +342,7 @@ def _csv_problem(table: Table, file: str, error, ragged: list) -> ValueError:
 def _ragged_line(file: str, table: Table, width: int) -> int | str:
     """The line of the first row without `width` values (Arrow numbers rows only when it
     parses on one thread)."""
-    records = _records(file, table.csv.delimiter)
+    records = csv_text.records(file, table.csv.delimiter)
     return next((line for line, values in records if len(values) != width), "?")
 
 
@@ -379,7 +351,7 @@ def _locate_csv_cell(table: Table, file: str, column: str) -> ValueError:
     Python's csv module (the rare path: only after Arrow refused the file)."""
     index = table.columns.index(column)
     na = set(table.csv.na_values)
-    records = _records(file, table.csv.delimiter)
+    records = csv_text.records(file, table.csv.delimiter)
     if table.csv.header:
         next(records, None)  # the header, wherever blank lines put it
     for line, values in records:
@@ -396,7 +368,7 @@ def _physical_row(file: str, data_row: int, table: Table) -> tuple[int, list[str
     """The line number (1-based) and cells of data row `data_row` (0-based, blank lines not
     counted): Python's csv module reads up to it, on the error path only."""
     first = 1 if table.csv.header else 0  # the header is the first record
-    for row, (line, values) in enumerate(_records(file, table.csv.delimiter), start=-first):
+    for row, (line, values) in enumerate(csv_text.records(file, table.csv.delimiter), start=-first):
         if row == data_row:
             return line, values
     return data_row + (2 if table.csv.header else 1), []
