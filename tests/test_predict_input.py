@@ -180,3 +180,26 @@ def test_quoted_line_breaks_read_as_training_reads_them(tmp_path, capsys):
     line = len(table.read_text().splitlines()) - 1  # as an editor numbers them
     report = _refused(capsys, run_dir, table)
     assert report.startswith(f"predict: {table}:{line}: column 'x': 'old' is not a number;")
+
+
+@pytest.mark.parametrize(
+    ("name", "separator", "trained_with", "shown"),
+    [("new.tsv", "\t", ",", "'\\t'"), ("new.csv", ",", "\t", "','"), ("new.csv", ";", ",", "';'")],
+    ids=["tsv_for_a_comma_run", "csv_for_a_tab_run", "semicolons_for_a_comma_run"],
+)
+def test_a_file_of_another_delimiter_says_which_one_the_run_reads(
+    tmp_path, capsys, name, separator, trained_with, shown
+):
+    """A TSV for a run trained on commas was "missing the model's column(s) age, income, city"
+    with no hint: the line now says what the header holds and what the run reads, as training
+    does (predict has no delimiter to set: the file must use the run's)."""
+    table = tmp_path / name
+    table.write_text(HEADER.replace(",", separator))
+    report = _refused(capsys, _run_dir(tmp_path, delimiter=trained_with), table)
+    ran = repr(trained_with)
+    assert report == (
+        f"predict: {table}: missing the model's column(s) age, income, city; the model takes "
+        f"age, income, city; the header has {shown} between its names, not {ran}: the run was "
+        f"trained with dataset.delimiter={ran} and predict reads its input with it: write the "
+        f"file with {ran} between the values"
+    )

@@ -20,6 +20,7 @@ import numpy as np
 from tfrecipe import reading
 from tfrecipe.data.listing import folder_files
 from tfrecipe.data.table_files import CSV_SUFFIXES, PARQUET_SUFFIXES
+from tfrecipe.data.table_layout import delimiter_hint
 from tfrecipe.data.values import CellError, check_finite_array, fault_text
 from tfrecipe.errors import ConfigError
 
@@ -215,7 +216,8 @@ class Table:
         except ValueError as error:
             raise ConfigError(f"predict: {error}") from None
         if any(name not in table.columns for name in (*self.columns, *self.keep)):
-            raise missing_columns(str(file), list(self.columns), table.columns, keep=self.keep)
+            error = missing_columns(str(file), list(self.columns), table.columns, keep=self.keep)
+            raise ConfigError(error.messages[0] + delimiter_hint(table, predict=True))
         return table
 
     def num_rows(self) -> int | None:

@@ -157,7 +157,7 @@ def _check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
                 guess = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
                     f"{key}={name!r}: {table.files[0]} has no such column{guess}; its columns "
-                    f"are: {', '.join(table.columns)}{_delimiter_hint(table)}"
+                    f"are: {', '.join(table.columns)}{delimiter_hint(table)}"
                 )
 
 
@@ -165,15 +165,20 @@ def _check_columns(table: Table, named: Mapping[str, Sequence[str]]) -> None:
 _OTHER_DELIMITERS = {"\t": "'\\t'", ";": "';'", "|": "'|'", ",": "','"}
 
 
-def _delimiter_hint(table: Table) -> str:
-    """What to set when the header was split on the wrong character (a TSV read with `,`: one
-    column whose name holds the tabs), else ""."""
+def delimiter_hint(table: Table, *, predict: bool = False) -> str:
+    """What to do when the header was split on the wrong character (a TSV read with `,`: one
+    column whose name holds the tabs), else "": training sets `dataset.delimiter`; `predict`
+    reads with the run's, so the file must use it."""
     if table.format != "csv" or not table.csv.header:
         return ""
+    ran = table.csv.delimiter
     for separator, shown in _OTHER_DELIMITERS.items():
-        if separator != table.csv.delimiter and any(separator in c for c in table.columns):
-            return (
-                f"; the header has {shown} between its names, not {table.csv.delimiter!r}: "
-                f"set dataset.delimiter={shown}"
-            )
+        if separator != ran and any(separator in c for c in table.columns):
+            mismatch = f"; the header has {shown} between its names, not {ran!r}"
+            if predict:
+                return (
+                    f"{mismatch}: the run was trained with dataset.delimiter={ran!r} and predict "
+                    f"reads its input with it: write the file with {ran!r} between the values"
+                )
+            return f"{mismatch}: set dataset.delimiter={shown}"
     return ""
