@@ -239,13 +239,12 @@ def validate(args: list[str]) -> None:
         problems += error.problems
     reported = {p.slot for p in problems}
     problems += [p for p in target_problems(cfg, trust) if p.slot not in reported]
-    if run is not None:  # what the run finds on disk first: init_from is unread on resume=PATH
+    if run is not None:  # what the run finds on disk first
         from tfrecipe import init_source
 
-        init_from = (run.model.model_extra or {}).get("init_from")
-        resumed = run.resume not in ("auto", "never")
-        problems += init_source.resume_problems(run.resume) if resumed else []
-        problems += [] if resumed else init_source.source_problems(init_from)
+        problems += init_source.resume_problems(run.resume)
+        if run.resume in ("auto", "never"):  # resume=PATH: init_from is unread
+            problems += init_source.source_problems((run.model.model_extra or {}).get("init_from"))
     if sweeping or OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:
         problems += [p for p in _sweep_problems(recipe, overrides, trust) if p not in problems]
     if problems:
