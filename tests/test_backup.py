@@ -233,6 +233,23 @@ def test_resume_from_a_path_without_checkpoints_is_a_config_error(train_in, cli,
         assert valid.returncode == 0, valid.stderr
 
 
+def test_resume_from_a_finished_run_without_backups_points_at_its_weights(cli, tmp_path):
+    """A finished single-process run keeps no backup (they are off by default), so "train my
+    run for more epochs" with `resume=RUN_DIR` found "no checkpoint there" and no way on: the
+    line now says that the run dir holds a finished model, and `model.init_from` starts from
+    its weights (the optimizer's state is not in a .keras)."""
+    finished = tmp_path / "finished"
+    (finished / "backup").mkdir(parents=True)
+    (finished / "model.keras").write_bytes(b"")
+    checked = cli("validate", f"resume={finished}")
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr
+    assert checked.stderr.strip().endswith(
+        f"resume={finished}: no checkpoint there, but a finished model (model.keras, no "
+        f"backups: callbacks.backup.enabled=true keeps them); to start from its weights, give "
+        f"model.init_from={finished} and a new hydra.run.dir"
+    ), checked.stderr
+
+
 def test_a_nan_loss_stops_training_and_keeps_the_good_backups(train_in, tmp_path):
     from tfrecipe.train import TrainingError
 

@@ -72,7 +72,15 @@ def source_problems(path: str | Path | None) -> list[Problem]:
 
 
 def no_checkpoint(resume: str) -> str:
-    """A run's refusal of `resume=PATH` where no checkpoint is found there."""
+    """A run's refusal of `resume=PATH` where no checkpoint is found there; where the path is a
+    finished run's dir (its model.keras, no backups: they are off by default for one process),
+    the way to go on from it: its weights by `model.init_from`."""
+    if (Path(resume).expanduser() / rundir.MODEL).is_file():
+        return (
+            f"resume={resume}: no checkpoint there, but a finished model ({rundir.MODEL}, no "
+            "backups: callbacks.backup.enabled=true keeps them); to start from its weights, "
+            f"give {KEY}={resume} and a new hydra.run.dir"
+        )
     return (
         f"resume={resume}: no checkpoint there; expected a checkpoint prefix (e.g. "
         "RUN_DIR/backup/ckpt-100), a backup dir or a run dir, or resume=auto|never"
