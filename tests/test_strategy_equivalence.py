@@ -56,8 +56,9 @@ STREAMED_REFERENCE = ("default", "fit streamed")
 LOOPS = ["fit", "custom"]
 # Each op on one thread (strategy.intra_op_threads=auto on 2 cores) sums a replica's half batch
 # in another order than the whole batch: the test loss differs by 3e-4 between 1 and 2 replicas
-# (the training loss agrees to 8 digits); a wrong data order moves both by 5%.
-RELATIVE = 5e-4
+# (the training loss agrees to 8 digits), 6.7e-4 on an AMD EPYC without AVX-512 (AVX2 kernels
+# sum in other orders still); a wrong data order moves both by 5%, 25x this bound.
+RELATIVE = 2e-3
 TIMEOUT_S = 600  # ten TensorFlow processes (fourteen with the workers) on a shared CI machine
 
 

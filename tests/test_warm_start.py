@@ -49,8 +49,12 @@ def test_init_from_a_run_loads_the_body_skips_the_head_and_learns_faster(pretrai
     }
     assert json.loads((run_dir / "summary.json").read_text())["init_from"] == warm["init_from"]
     assert warm["steps_completed"] == 10, "init_from is not resume: the step starts at 0"
-    # measured: 0.93 from the pretrained body, 0.48 from scratch
-    assert warm["test"]["accuracy"] > scratch["test"]["accuracy"] + 0.1, (warm, scratch)
+    # measured: 0.93 from the pretrained body, 0.48 from scratch (an Intel Xeon); 0.97 and 0.88
+    # (an AMD EPYC without AVX-512, whose kernels round otherwise): at most half the errors
+    errors = {
+        name: 1 - run["test"]["accuracy"] for name, run in (("warm", warm), ("scratch", scratch))
+    }
+    assert errors["warm"] < errors["scratch"] / 2, (warm, scratch)
 
 
 def _fresh_cnn(num_outputs: int):
