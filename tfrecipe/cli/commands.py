@@ -225,12 +225,15 @@ VALIDATED = (
 def validate(args: list[str]) -> None:
     from hydra.types import RunMode
 
+    from tfrecipe.cli.sweeps import fixed_overrides
     from tfrecipe.config.schema import validate as validate_schema
 
     sweeping = any(a in ("-m", "--multirun") for a in args)
     recipe, overrides = _split([a for a in args if a not in ("-m", "--multirun")])
-    # With Hydra's node: what Hydra itself would instantiate is checked too.
-    cfg, problems = _composed_for_validate([*recipe, *overrides])
+    # With Hydra's node: what Hydra itself would instantiate is checked too. A sweep's values
+    # are its jobs' (each checked below): this is what they share.
+    shared = fixed_overrides(overrides) if sweeping else overrides
+    cfg, problems = _composed_for_validate([*recipe, *shared])
     run = None
     trust = Trust.from_command_line(overrides)
     try:

@@ -103,6 +103,15 @@ def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator
         yield list(job)
 
 
+def fixed_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that sweep nothing (not `a,b`, `range(...)`, `interval(...)`, ...): what
+    every job of a sweep typed on a command line shares."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [override.input_line for override in parsed if not override.is_sweep_override()]
+
+
 def _param(key: str, value: object) -> str:
     """A `hydra.sweeper.params` entry: an override value, as basic and optuna sweepers take."""
     if not isinstance(value, str | int | float):

@@ -1,0 +1,31 @@
+"""A sweep's mistakes are found before its first job: `tfrecipe validate -m ...` and the sweep's
+own pre-check refuse them in one line each (exit code 2), with nothing written. No training."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_validate_checks_a_sweep_typed_on_the_command_line(capsys):
+    """`validate -m model=mlp,cnn` composed the sweep as one run's config, which Hydra refuses
+    ("Ambiguous value for argument 'model=mlp,cnn'"): no sweep typed on a command line could
+    be validated, only one a recipe's `hydra.sweeper.params` holds."""
+    from tfrecipe.cli.commands import validate
+
+    validate(["-m", "model=mlp,cnn", "optimizer.learning_rate=0.001,0.01"])
+    assert capsys.readouterr().out.startswith("valid: -m model=mlp,cnn")
+    validate(["-m", "hydra/sweeper=optuna", "optimizer.learning_rate=interval(0.001,0.1)"])
+    validate(["sweep_lr_batch", "-m", "seed=1,2"])
+    _refused(["validate", "-m", "model=mlp,nosuch"], capsys, "model=nosuch: unknown option")
+
+
+def _refused(argv: list[str], capsys, words: str) -> str:
+    """The command's one line (exit code 2, no traceback), which holds `words`."""
+    from tfrecipe.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and words in err and "Traceback" not in err, err
+    return err
