@@ -29,3 +29,25 @@ def _refused(argv: list[str], capsys, words: str) -> str:
     err = capsys.readouterr().err
     assert stop.value.code == 2 and words in err and "Traceback" not in err, err
     return err
+
+
+@pytest.mark.parametrize(
+    ("space", "words"),
+    [
+        ("tag(log,interval(0,1.0))", "a log scale needs low > 0"),
+        ("interval(1.0,0.1)", "expected low <= high"),
+        ("tag(lgo,interval(1e-5,1.0))", "unknown tag lgo"),
+    ],
+)
+def test_a_bad_interval_is_one_line_before_the_study_starts(cli, tmp_path, capsys, space, words):
+    """Optuna's ValueError came as a traceback (exit code 1) after the sweep dir and its study
+    were made; an unknown tag (a typo of log) was ignored: the study sampled on a linear scale."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=optuna", f"optimizer.learning_rate={space}"]
+    result = cli(*args, f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"tfrecipe: invalid configuration: optimizer.learning_rate='{space}': ")
+    assert words in line, line
+    assert not sweep.exists()
+    _refused(["validate", *args], capsys, words)

@@ -66,13 +66,34 @@ def search_space(lines: Sequence[str], legacy: Mapping[str, Any] | None = None) 
     return SearchSpace(distributions, fixed)
 
 
+def interval_problem(override) -> Problem | None:
+    """What Optuna would refuse in an `interval(...)` (or accept wrongly: a tag it ignores),
+    found without Optuna: for the pre-check and `validate`, before any study exists."""
+    value = override.value()
+    unknown = sorted(set(value.tags) - {"log"})
+    if unknown:
+        expected = "expected tag(log, interval(a,b)) for a log scale, the only tag optuna takes"
+        return Problem(*_typed(override), f"unknown tag {', '.join(unknown)}; {expected}")
+    if value.start > value.end:
+        return Problem(*_typed(override), "expected low <= high in interval(low, high)")
+    if "log" in value.tags and value.start <= 0:
+        return Problem(*_typed(override), "a log scale needs low > 0")
+    return None
+
+
+def _typed(override) -> tuple[str, str]:
+    """(key, value) as the command line gave them."""
+    return override.get_key_element(), override.input_line.partition("=")[2]
+
+
 def _from_override(override) -> Any:
     from hydra.core.override_parser.types import Transformer
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    key = override.get_key_element()
     value = override.value()
     if override.is_interval_sweep():
+        if problem := interval_problem(override):
+            raise ConfigError(problem)
         log = "log" in value.tags
         if isinstance(value.start, int) and isinstance(value.end, int):
             return IntDistribution(value.start, value.end, log=log)
@@ -80,7 +101,7 @@ def _from_override(override) -> Any:
     if override.is_range_sweep() and not value.shuffle:
         values = list(override.sweep_iterator())
         if not values:
-            raise ConfigError(Problem(key, override.input_line, "expected a non-empty range"))
+            raise ConfigError(Problem(*_typed(override), "expected a non-empty range"))
         if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
             return IntDistribution(values[0], values[-1], step=int(value.step))
         return FloatDistribution(float(values[0]), float(values[-1]), step=float(value.step))

@@ -82,6 +82,8 @@ def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator
     distribution (optuna) picks numbers, which name no code: that key keeps its value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from tfrecipe.cli.optuna_space import interval_problem
+
     sweeper = OmegaConf.to_container(sweep.hydra.sweeper, resolve=False)
     params = sweeper.get("params") or {}
     lines = [f"{key}={_param(key, value)}" for key, value in params.items()]
@@ -98,6 +100,8 @@ def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator
         elif override.is_discrete_sweep():
             axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
         else:
+            if override.is_interval_sweep() and (problem := interval_problem(override)):
+                raise ConfigError(problem)
             axes.pop(key, None)
     for job in itertools.product(*axes.values()):
         yield list(job)
