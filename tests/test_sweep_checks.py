@@ -51,3 +51,27 @@ def test_a_bad_interval_is_one_line_before_the_study_starts(cli, tmp_path, capsy
     assert words in line, line
     assert not sweep.exists()
     _refused(["validate", *args], capsys, words)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "words"),
+    [
+        ("loop.epochs=-1", "loop.epochs=-1: "),
+        ("sweep.objective=val_nosuch", "sweep.objective=val_nosuch: task=classification does"),
+    ],
+)
+def test_a_mistake_every_job_shares_stops_the_sweep_before_its_first_job(
+    cli, tmp_path, capsys, mistake, words
+):
+    """Each job found it itself: the sweep imported TensorFlow, failed every job one after
+    another and exited 1 with a failed summary.json per job, where the same mistake in a single
+    run is one line and exit code 2. (A mistake only some jobs make still fails just those:
+    test_commands.py::test_a_failing_sweep_job_does_not_stop_the_others.)"""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "model=mlp", "seed=1,2", mistake]
+    result = cli(*args, "loop.verbose=0", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert words in line, line
+    assert not sweep.exists()
+    _refused(["validate", *args], capsys, words)

@@ -779,13 +779,20 @@ def test_a_secret_failing_a_check_is_not_printed(cli, monkeypatch):
 def test_a_secret_failing_a_sweep_jobs_check_reaches_no_file(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
     sweep = tmp_path / "sweep"
-    result = cli("-m", "loop.epochs=${oc.env:WANDB_API_KEY}", f"hydra.sweep.dir={sweep}")
+    # every job's mistake: refused before the first job, in the redacted line, nothing written
+    refused = cli("-m", "loop.epochs=${oc.env:WANDB_API_KEY}", f"hydra.sweep.dir={sweep}")
+    assert refused.returncode == 2 and not sweep.exists(), refused.stderr[-3000:]
+    assert refused.stderr.strip().endswith("loop.epochs=***: input should be a valid integer")
+    # one job's: that job fails, and says so without the secret
+    epochs = "loop.epochs=1,${oc.env:WANDB_API_KEY}"
+    result = cli("-m", epochs, *TINY[1:], "model=mlp", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 1, result.stderr[-3000:]
-    summary = json.loads((sweep / "0" / "summary.json").read_text())
+    summary = json.loads((sweep / "1" / "summary.json").read_text())
     assert summary["error"] == "loop.epochs=***: input should be a valid integer"
-    assert "loop.epochs=***" in (sweep / "0" / "tfrecipe.log").read_text()
+    assert "loop.epochs=***" in (sweep / "1" / "tfrecipe.log").read_text()
     leaked = [p for p in sweep.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert not leaked and SECRET not in result.stderr + result.stdout, leaked
+    assert SECRET not in refused.stderr + refused.stdout
 
 
 def test_a_log_record_is_written_without_secrets(monkeypatch):

@@ -25,13 +25,16 @@ def sweep_problems(
 ) -> tuple[list[Problem], list[tuple[DictConfig, Path | None]]]:
     """Checks the sweep's own config and every job's, as a single run's config is checked
     (`config_problems`, with the same trust): what a run refuses, a sweep and `validate` refuse.
-    Each job validates the rest of its config itself when it runs. Returns the problems and the
-    (config, directory) pairs checked: the sweep's first, then its jobs'."""
+    The rest of a job's config (the schema, the rules across sections) is refused here where
+    every job has the same problem, since no job could run; a problem of some jobs only fails
+    those jobs when they run, and the sweep goes on. Returns the problems and the (config,
+    directory) pairs checked: the sweep's first, then its jobs'."""
     from tfrecipe.config.checks import config_problems
     from tfrecipe.config.schema import environment_problems
 
     problems: list[Problem] = []
     composed = []
+    jobs_problems = []
     for cfg, output_dir in hydra_configs(args, task_function):
         composed.append((cfg, output_dir))
         job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
@@ -42,7 +45,24 @@ def sweep_problems(
         found = config_problems(container, cfg.hydra, trust=trust, output_dir=output_dir)
         found += environment_problems(container, os.environ)  # the store the jobs log to
         problems += [p for p in found if p not in problems]
-    return problems, composed
+        if len(composed) > 1:  # a job's config (the first is the sweep's own)
+            jobs_problems.append(_schema_problems(job, trust))
+    shared = (
+        [p for p in jobs_problems[0] if all(p in j for j in jobs_problems)] if jobs_problems else []
+    )
+    return problems + [p for p in shared if p not in problems], composed
+
+
+def _schema_problems(job: DictConfig, trust: Trust) -> list[Problem]:
+    """What the schema and the rules across sections refuse in a job's config (its own run
+    would refuse the same), as `schema.validate` finds it."""
+    from tfrecipe.config.schema import validate
+
+    try:
+        validate(job, trust=trust)
+    except ConfigError as error:
+        return error.problems
+    return []
 
 
 def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, Path | None]]:
