@@ -118,3 +118,16 @@ def test_an_out_that_is_no_directory_is_one_line(sweep, tmp_path, out):
     (line,) = result.stderr.splitlines()
     assert f"compare --out={tmp_path / out}: " in line, line
     assert (tmp_path / "a_file").read_text() == "mine\n"
+
+
+def test_an_ensembles_members_are_part_of_its_run_not_runs_of_their_own(sweep, tmp_path):
+    """docs/baselines.md: compare reads an ensemble's run dir as a single run's. Its members
+    (RUN_DIR/members/I, each with a summary.json) were rows of their own, sorted among the
+    sweep's jobs, their empty overrides shown as differing from every job's."""
+    for index in (0, 1):
+        _write_run(sweep / "0" / "members" / str(index), [], "accuracy", 3)
+    runs = find_runs([sweep])
+    assert [run.path.name for run in runs] == ["0", "1", "2"]
+    assert differing_keys(runs) == ["dataset.features", "task"]
+    assert len(find_runs([sweep / "0" / "members"])) == 2  # asked for: the members are runs
+    assert len(find_runs([sweep / "0"])) == 1

@@ -134,8 +134,11 @@ def find_runs(directories: list[Path]) -> list[Run]:
     for directory in directories:
         if not directory.is_dir():
             raise ConfigError(f"compare: {printed.printable(directory)} is not a directory")
-        found = (p for p in directory.rglob(SUMMARY) if not _copied(p.relative_to(directory)))
-        for summary_path in sorted(found, key=_natural_key):
+        found = sorted(
+            (p for p in directory.rglob(SUMMARY) if not _copied(p.relative_to(directory))),
+            key=_natural_key,
+        )
+        for summary_path in _outermost(found):
             run_dir = summary_path.parent.resolve()  # rows name runs relative to a common parent
             summary = RunDir.at(run_dir).summary()
             if summary is None:
@@ -149,6 +152,13 @@ def find_runs(directories: list[Path]) -> list[Run]:
             f"compare: no runs (summary.json) under {', '.join(map(str, directories))}"
         )
     return runs
+
+
+def _outermost(summaries: list[Path]) -> list[Path]:
+    """The summaries of runs that are no part of another run found beside them: an ensemble's
+    members (RUN_DIR/members/I) are its run's, as its summary.json counts them."""
+    runs = {path.parent for path in summaries}
+    return [p for p in summaries if not any(d in runs for d in p.parent.parents)]
 
 
 def _copied(relative: Path) -> bool:
