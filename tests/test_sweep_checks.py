@@ -75,3 +75,32 @@ def test_a_mistake_every_job_shares_stops_the_sweep_before_its_first_job(
     assert words in line, line
     assert not sweep.exists()
     _refused(["validate", *args], capsys, words)
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        (
+            ["hydra/sweeper/pruner=percentile", "hydra.sweeper.pruner.percentile=150"],
+            "hydra.sweeper.pruner.percentile=150.0: Optuna's PercentilePruner refuses it: "
+            "Percentile must be between 0 and 100",
+        ),
+        (
+            ["hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_warmup_steps=-3"],
+            "hydra.sweeper.pruner.n_warmup_steps=-3: Optuna's MedianPruner refuses it",
+        ),
+        (["hydra.sweeper.storage=foo:///x.db"], "hydra.sweeper.storage=foo:///x.db: cannot open"),
+    ],
+)
+def test_optunas_refusal_of_a_pruner_or_storage_is_one_line(cli, tmp_path, setting, words):
+    """Optuna's (or SQLAlchemy's) error came as a traceback with exit code 1."""
+    result = cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "optimizer.learning_rate=interval(0.001,0.1)",
+        *setting,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert words in line, line

@@ -176,7 +176,7 @@ class OptunaStudy:
             n_trials = min(n_trials, math.prod(len(v) for v in grid.values()))
         self.budget = dataclasses.replace(self.budget, n_trials=n_trials)
         study = optuna.create_study(
-            storage=open_storage(self.url),
+            storage=self._storage(),
             study_name=self.name,
             sampler=sampler,
             pruner=make_pruner(self.pruner),
@@ -189,6 +189,22 @@ class OptunaStudy:
         if continued and getattr(sampler, "_rng", None) is not None:
             sampler.reseed_rng()
         return study
+
+    def _storage(self):
+        """The study's storage; its file's folder made, as Hydra makes hydra.sweep.dir.
+
+        Raises:
+          ConfigError: the storage cannot be opened (an unknown scheme, a server refusing).
+        """
+        if self.leases is not None:  # beside the study's file
+            self.leases.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return open_storage(self.url)
+        except Exception as error:  # SQLAlchemy's and Optuna's own, by scheme
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ConfigError(
+                Problem("hydra.sweeper.storage", _shown(self.url), f"cannot open it: {first}")
+            ) from None
 
     @property
     def worker_number(self) -> int:

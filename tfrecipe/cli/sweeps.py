@@ -47,10 +47,24 @@ def sweep_problems(
         problems += [p for p in found if p not in problems]
         if len(composed) > 1:  # a job's config (the first is the sweep's own)
             jobs_problems.append(_schema_problems(job, trust))
+        else:
+            problems += _optuna_problems(cfg)
     shared = (
         [p for p in jobs_problems[0] if all(p in j for j in jobs_problems)] if jobs_problems else []
     )
     return problems + [p for p in shared if p not in problems], composed
+
+
+def _optuna_problems(sweep: DictConfig) -> list[Problem]:
+    """What Optuna itself would refuse of the optuna sweeper's settings (its pruner's)."""
+    from tfrecipe.config.hydra_node import OPTUNA_SWEEPER
+
+    if OmegaConf.select(sweep, "hydra.sweeper._target_", default=None) != OPTUNA_SWEEPER:
+        return []
+    from tfrecipe.tracking.optuna_trial import pruner_problems
+
+    pruner = OmegaConf.select(sweep, "hydra.sweeper.pruner", default=None)
+    return pruner_problems(OmegaConf.to_container(pruner, resolve=True) if pruner else None)
 
 
 def _schema_problems(job: DictConfig, trust: Trust) -> list[Problem]:

@@ -19,6 +19,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tfrecipe.errors import Problem
+
 log = logging.getLogger("tfrecipe")
 
 TRIAL_ENV = "TFRECIPE_OPTUNA_TRIAL"
@@ -46,6 +48,26 @@ def make_pruner(spec: Mapping[str, Any] | None):
     if name == "none":
         return optuna.pruners.NopPruner()
     return getattr(optuna.pruners, PRUNERS[name])(**spec)
+
+
+def pruner_problems(spec: Mapping[str, Any] | None) -> list[Problem]:
+    """What Optuna refuses in `hydra.sweeper.pruner`'s parameters, found by building the pruner
+    (before any study exists): the parameter Optuna's message names, else the whole setting."""
+    import re
+
+    spec = dict(spec or {"name": "none"})
+    name = spec.get("name", "none")
+    if name not in PRUNERS or name == "none":  # an unknown name: Hydra's group refuses it
+        return []
+    try:
+        make_pruner(spec)
+    except (TypeError, ValueError) as error:
+        hint = f"Optuna's {PRUNERS[name]} refuses it: {error}"
+        named = [key for key in spec if re.search(rf"\b{re.escape(key)}\b", str(error))]
+        if named:
+            return [Problem(f"hydra.sweeper.pruner.{named[0]}", spec[named[0]], hint)]
+        return [Problem("hydra.sweeper.pruner", spec, hint)]
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
