@@ -19,6 +19,13 @@ def test_validate_checks_a_sweep_typed_on_the_command_line(capsys):
     _refused(["validate", "-m", "model=mlp,nosuch"], capsys, "model=nosuch: unknown option")
 
 
+def _one_line(result) -> str:
+    """The command's one line on stderr: exit code 2, no traceback."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
 def _refused(argv: list[str], capsys, words: str) -> str:
     """The command's one line (exit code 2, no traceback), which holds `words`."""
     from tfrecipe.cli.main import main
@@ -44,9 +51,7 @@ def test_a_bad_interval_is_one_line_before_the_study_starts(cli, tmp_path, capsy
     were made; an unknown tag (a typo of log) was ignored: the study sampled on a linear scale."""
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", f"optimizer.learning_rate={space}"]
-    result = cli(*args, f"hydra.sweep.dir={sweep}")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+    line = _one_line(cli(*args, f"hydra.sweep.dir={sweep}"))
     assert line.startswith(f"tfrecipe: invalid configuration: optimizer.learning_rate='{space}': ")
     assert words in line, line
     assert not sweep.exists()
@@ -69,9 +74,7 @@ def test_a_mistake_every_job_shares_stops_the_sweep_before_its_first_job(
     test_commands.py::test_a_failing_sweep_job_does_not_stop_the_others.)"""
     sweep = tmp_path / "sweep"
     args = ["-m", "model=mlp", "seed=1,2", mistake]
-    result = cli(*args, "loop.verbose=0", f"hydra.sweep.dir={sweep}")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+    line = _one_line(cli(*args, "loop.verbose=0", f"hydra.sweep.dir={sweep}"))
     assert words in line, line
     assert not sweep.exists()
     _refused(["validate", *args], capsys, words)
@@ -101,6 +104,20 @@ def test_optunas_refusal_of_a_pruner_or_storage_is_one_line(cli, tmp_path, setti
         *setting,
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+    line = _one_line(result)
     assert words in line, line
+
+
+def test_an_interval_over_a_key_the_config_lacks_is_refused_before_the_study(cli, tmp_path):
+    """The pre-check left an interval's key out of every job: a misspelt key became a study,
+    a trial that failed in its job (after TensorFlow loaded) and a sweep dir."""
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "optimizer.learning_rat=tag(log,interval(0.0001,0.1))",
+        f"hydra.sweep.dir={sweep}",
+    )
+    line = _one_line(result)
+    assert "optimizer.learning_rat" in line and "unknown key" in line, line
+    assert not sweep.exists()

@@ -112,8 +112,9 @@ def hydra_configs(args, task_function: Callable) -> Iterator[tuple[DictConfig, P
 def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper makes them: the product of every discrete
     sweep's values, the command line's winning over `hydra.sweeper.params` (and optuna's older
-    spelling, `hydra.sweeper.search_space`) for the same key. An `interval(...)` or a numeric
-    distribution (optuna) picks numbers, which name no code: that key keeps its value."""
+    spelling, `hydra.sweeper.search_space`) for the same key. An `interval(...)` (optuna) picks
+    numbers, which name no code: its key gets one it may pick; a numeric `search_space`
+    distribution's keeps its value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from tfrecipe.cli.optuna_space import interval_problem
@@ -133,12 +134,21 @@ def _jobs(sweep: DictConfig, command_line: list[str], config_loader) -> Iterator
             axes[key] = [override.input_line]
         elif override.is_discrete_sweep():
             axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
-        else:
-            if override.is_interval_sweep() and (problem := interval_problem(override)):
+        elif override.is_interval_sweep():
+            if problem := interval_problem(override):
                 raise ConfigError(problem)
+            axes[key] = [f"{key}={_inside(override.value())!r}"]  # a number it may pick
+        else:
             axes.pop(key, None)
     for job in itertools.product(*axes.values()):
         yield list(job)
+
+
+def _inside(interval) -> float | int:
+    """A number an `interval(a,b)` may pick, of its type (its middle): what a job's key gets, so
+    that a key the config lacks, or a number it refuses, is found before the sweep starts."""
+    middle = (interval.start + interval.end) / 2
+    return int(middle) if isinstance(interval.start, int) else middle
 
 
 def fixed_overrides(overrides: list[str]) -> list[str]:
