@@ -534,6 +534,54 @@ def test_a_recipe_granting_yaml_runs_nothing(cli, victim):
     assert _snapshot(victim) == before, "nothing loaded, no run dir"
 
 
+# Logging's dictConfig reads two indirections the checks of a handler's literal values miss: a
+# handler's `.` sets attributes once it is built (`baseFilename`: where a `delay: true` handler
+# opens its file), and a `cfg://` value is another entry's. Either aimed the log, lines in a
+# format the recipe wrote, at a `.pth` file, which Python runs at its next start.
+LOGGING_INDIRECTIONS = {
+    "attribute_setter": (
+        """\
+        hydra:
+          job_logging:
+            handlers:
+              file:
+                delay: true
+                .:
+                  baseFilename: {tmp}/site/evil.pth
+        """,
+        "hydra.job_logging.handlers.file['.']: logging's attribute setters",
+    ),
+    "cfg_reference": (
+        """\
+        hydra:
+          run:
+            dir: {tmp}
+          job_logging:
+            p:
+              log: {tmp}/site/evil.pth
+            handlers:
+              file:
+                filename: cfg://p.log
+        """,
+        "hydra.job_logging.handlers.file.filename=cfg://p.log: logging's cfg:// references",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOGGING_INDIRECTIONS))
+def test_a_recipes_logging_config_cannot_aim_the_log_elsewhere(cli, victim, case):
+    body, fragment = LOGGING_INDIRECTIONS[case]
+    (victim / "site").mkdir()
+    recipe = _shared_recipe(victim, body.replace("{tmp}", str(victim)))
+    before = _snapshot(victim)
+    run = cli(str(recipe), "model=mlp", *TINY, cwd=victim)
+    validate = cli("validate", str(recipe))
+    report = _one_line_report(run)
+    assert fragment in report, report
+    assert _one_line_report(validate) == report
+    assert _snapshot(victim) == before, "no .pth file, no run dir"
+
+
 @pytest.mark.parametrize("scheme", ["file", "pkg"])
 def test_a_recipes_search_path_adds_no_config_option(cli, victim, scheme):
     """A recipe naming its own `hydra.searchpath` (a folder or a package of configs) cannot

@@ -115,7 +115,7 @@ CONFIG_DOORS = (
     Door(
         "hydra.job_logging",
         WRITE,
-        "config.hydra_node._logging_problems (.log in the run dir)",
+        "config.hydra_node._logging_problems (.log in the run dir; no '.' setters or cfg://)",
         ("outside",),
     ),
     Door("hydra.hydra_logging", WRITE, "config.hydra_node._logging_problems", ("outside",)),

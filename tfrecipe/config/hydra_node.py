@@ -204,18 +204,11 @@ def _with_output_dir(node: DictConfig, output_dir: Path | None) -> DictConfig:
 def _logging_problems(
     key: str, config: Mapping[str, Any], output_dir: Path | None
 ) -> list[Problem]:
-    problems = []
-    for path, value in _walk(config):
-        where = ".".join((key, *path))
-        if path[-1] == "()":
-            problems.append(
-                Problem(where, hint="logging factories ('()') are not allowed; use class")
-            )
-        elif path[-1] == "class" and value not in _LOG_CLASSES:
-            classes = ", ".join(sorted(_LOG_CLASSES))
-            problems.append(Problem(where, value, f"expected a standard logging class: {classes}"))
-        elif isinstance(value, str) and value.startswith("ext://") and value not in _LOG_STREAMS:
-            problems.append(Problem(where, value, f"expected {' or '.join(sorted(_LOG_STREAMS))}"))
+    problems = [
+        problem
+        for path, value in _walk(config)
+        if (problem := _logging_entry_problem(key, path, value)) is not None
+    ]
     for name, handler in (config.get("handlers") or {}).items():
         if isinstance(handler, Mapping):
             problems += _log_file_problems(f"{key}.handlers.{name}", handler, output_dir)
@@ -231,6 +224,34 @@ def _logging_problems(
                 )
             )
     return problems
+
+
+def _logging_entry_problem(key: str, path: tuple[str, ...], value: Any) -> Problem | None:
+    """What is wrong with one entry of a logging config: anything dictConfig would import, or
+    read from elsewhere than the value the checks see (None: nothing)."""
+    where = ".".join((key, *path))
+    if path[-1] == "()":
+        return Problem(where, hint="logging factories ('()') are not allowed; use class")
+    if path[-1] == ".":  # attributes set once a handler is built: past the checks of its values
+        return Problem(
+            ".".join((key, *path[:-1])) + "['.']",
+            hint="logging's attribute setters are not allowed (they would change a handler "
+            "after its checks, e.g. baseFilename: where it writes); remove it",
+        )
+    if isinstance(value, str) and value.startswith("cfg://"):
+        return Problem(
+            where,
+            value,
+            "logging's cfg:// references are not allowed (the value used would be another "
+            "entry's, unchecked); write the value itself",
+        )
+    if path[-1] == "class" and value not in _LOG_CLASSES:
+        return Problem(
+            where, value, f"expected a standard logging class: {', '.join(sorted(_LOG_CLASSES))}"
+        )
+    if isinstance(value, str) and value.startswith("ext://") and value not in _LOG_STREAMS:
+        return Problem(where, value, f"expected {' or '.join(sorted(_LOG_STREAMS))}")
+    return None
 
 
 def _log_file_problems(
