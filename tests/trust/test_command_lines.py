@@ -219,3 +219,25 @@ def test_a_typed_secret_travels_by_reference_so_no_record_of_the_command_line_ho
         "TFRECIPE_TYPED_SECRET_0": SECRET,
         "TFRECIPE_TYPED_SECRET_2": f"https://user:{SECRET}@example.org/x.csv",
     }
+
+
+def test_serves_curl_line_quotes_a_received_signatures_column_names(tmp_path):
+    """`tfrecipe serve` prints a curl line to try; its example's column names come from the run
+    dir's signature.json. A name holding a quote ended the quoted JSON and ran a command where
+    the line was pasted: the line is built from words, each quoted for a shell."""
+    from tfrecipe.cli.serve import try_line
+
+    column = f"x' ; touch {tmp_path / 'pwned'} ; echo '"
+    signature = {"inputs": {"kind": "columns", "columns": {"age": "float32", column: "string"}}}
+    line = try_line("http://127.0.0.1:8501/v1/models/model", signature)
+
+    # what bash runs of the pasted line: curl (a function here) with the example as one word
+    shown = subprocess.run(
+        ["bash", "-c", f"curl() {{ printf '%s\\n' \"$@\"; }}; {line}"],
+        capture_output=True,
+        text=True,
+    )
+    assert not (tmp_path / "pwned").exists()
+    words = shown.stdout.splitlines()
+    assert words[:3] == ["-s", "http://127.0.0.1:8501/v1/models/model:predict", "-d"]
+    assert json.loads(words[3]) == {"instances": [{"age": 0, column: ""}]}

@@ -153,13 +153,12 @@ def main(args: list[str]) -> None:
         metadata=metadata(options.name, model, run.signature),
         max_body=options.max_body,
     )
-    example = json.dumps(example_request(run.signature), separators=(",", ":"))
-    _serve(serve_app.build(served), sock, options, example)
+    _serve(serve_app.build(served), sock, options, run.signature)
 
 
-def _serve(app, sock: socket.socket, options: Options, example: str) -> None:
+def _serve(app, sock: socket.socket, options: Options, signature: dict[str, Any]) -> None:
     """Runs `app` on `sock` until SIGTERM or Ctrl-C (in-flight requests get up to 1 s); the
-    start-up lines give its URL and a request of `example` (JSON) to try."""
+    start-up lines give its URL and a request of one example (`try_line`) to try."""
     import uvicorn
 
     stops: list[str] = []
@@ -192,9 +191,19 @@ def _serve(app, sock: socket.socket, options: Options, example: str) -> None:
             "send it requests (no authentication, no TLS)",
             flush=True,
         )
-    print(f"tfrecipe serve: try  curl -s {where}:predict -d '{example}'", flush=True)
+    print(f"tfrecipe serve: try  {try_line(where, signature)}", flush=True)
     server.run(sockets=[sock])
     print(f"tfrecipe serve: stopped ({', '.join(stops) or 'shut down'})", file=sys.stderr)
+
+
+def try_line(url: str, signature: dict[str, Any]) -> str:
+    """`curl` posting one example to the model at `url`, for a shell: built from words, each
+    quoted (`printed.shell_word`), as the example's column names are the run dir's
+    signature.json's, text someone else may have written."""
+    from tfrecipe.printed import shell_word
+
+    example = json.dumps(example_request(signature), separators=(",", ":"))
+    return " ".join(shell_word(word) for word in ["curl", "-s", f"{url}:predict", "-d", example])
 
 
 def example_request(signature: dict[str, Any]) -> dict[str, Any]:

@@ -380,7 +380,8 @@ FILE_DOORS = (
     Door(
         "RUN_DIR (serve)",
         READ,
-        "runs.RunDir.trained_model: the one reader; the server writes nothing",
+        "runs.RunDir.trained_model: the one reader; the server writes nothing; its curl line "
+        "is built word by word (cli.serve.try_line: signature.json's column names quoted)",
     ),
     Door("RUN_DIR/MODEL_CARD.md", WRITE, "files.write_atomic, under runs.RunDir.lock (card)"),
 )
