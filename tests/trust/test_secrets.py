@@ -155,3 +155,28 @@ def test_config_yaml_and_the_trackers_config_hold_no_url_or_pwd_secret(monkeypat
     for value in (*values.values(), "Zq9-pass-77", json.dumps(NASTY)[1:-1]):
         assert value not in written, value
     assert public_config(cfg)["logger"]["wandb"]["project"] == "tfrecipe", "other values stay"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cat", "{recipe}"],
+        ["recipe={recipe}", "--cfg", "job", "--resolve"],
+        ["recipe={recipe}", "--cfg", "job", "-p", "logger.mlflow.tags.note"],  # select resolves
+        ["help", "recipe={recipe}", "--resolve"],
+    ],
+)
+def test_a_printed_config_shows_no_secret_a_shared_recipe_names(cli, tmp_path, args):
+    """The probe: a shared recipe whose tag is `${oc.env:HF_TOKEN}`; `tfrecipe cat` (and Hydra's
+    --cfg with --resolve or -p) printed the token on the console."""
+    recipe = tmp_path / "shared.yaml"
+    recipe.write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /logger: mlflow\n"
+        "logger:\n  mlflow:\n    tags:\n      note: ${oc.env:HF_TOKEN}\n"
+    )
+    args = [a.replace("{recipe}", str(recipe)) for a in args]
+    result = cli(*args, env={**os.environ, "HF_TOKEN": TOKEN})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert TOKEN not in result.stdout + result.stderr
+    assert "***" in result.stdout, result.stdout[-3000:]

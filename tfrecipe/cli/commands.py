@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tfrecipe.config import compose as configs
+from tfrecipe.config.secrets import redact_text
 from tfrecipe.config.trust import Trust
 from tfrecipe.errors import ConfigError, Problem
 from tfrecipe.tasks import MODEL_ARGUMENTS, OLD_SIGNATURE_HINT
@@ -105,7 +106,8 @@ def cat(args: list[str]) -> None:
         raise ConfigError("cat: expected a recipe name, received nothing; see `tfrecipe ls`")
     recipe, overrides = _split(args)
     cfg = configs.compose([*recipe, *overrides])
-    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    # resolved: a recipe's ${oc.env:...} shows no secret of this environment
+    print(redact_text(OmegaConf.to_yaml(cfg, resolve=True)), end="")
 
 
 def cp(args: list[str]) -> None:
@@ -173,7 +175,7 @@ def help_text(overrides: list[str], *, resolve: bool = False) -> str | None:
     return string.Template(template).substitute(
         FLAGS_HELP=Hydra.format_args_help(get_args_parser()),
         APP_CONFIG_GROUPS="".join(f"{g}: {', '.join(o)}\n" for g, o in _group_options().items()),
-        CONFIG=OmegaConf.to_yaml(cfg, resolve=resolve),
+        CONFIG=redact_text(OmegaConf.to_yaml(cfg, resolve=resolve)),  # as `cat` prints it
     )
 
 

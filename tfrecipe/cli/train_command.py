@@ -10,6 +10,7 @@ into the exit code.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import sys
@@ -46,7 +47,7 @@ def run(argv: list[str]) -> None:
     inherited = os.environ.pop(TRUST_ENV, None)  # this process's own command line decides
     invocation = Invocation()
     try:
-        with _cleaned_up(invocation):
+        with _cleaned_up(invocation), _secrets_redacted_from_cfg(argv):
             _run_hydra_job(argv, hydra_main, invocation)
     finally:  # in-process callers (tests, notebooks) keep their environment as it was
         os.environ.pop(TRUST_ENV, None)
@@ -171,6 +172,26 @@ def _answered_help(argv: list[str]) -> bool:
     if text is not None:
         print(text)
     return text is not None
+
+
+@contextlib.contextmanager
+def _secrets_redacted_from_cfg(argv: list[str]):
+    """`--cfg` has Hydra print the composed config, resolved with `--resolve` or `-p KEY`: a
+    recipe's `${oc.env:HF_TOKEN}` would show the token. What Hydra prints is redacted as
+    everything else tfrecipe prints (config.secrets.redact_text)."""
+    from hydra._internal.utils import get_args_parser
+
+    if not get_args_parser().parse_args(argv).cfg:
+        yield
+        return
+    from tfrecipe.config.secrets import redact_text
+
+    shown = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(shown):
+            yield
+    finally:
+        print(redact_text(shown.getvalue()), end="")
 
 
 @contextlib.contextmanager
