@@ -180,3 +180,30 @@ def test_a_printed_config_shows_no_secret_a_shared_recipe_names(cli, tmp_path, a
     assert result.returncode == 0, result.stderr[-3000:]
     assert TOKEN not in result.stdout + result.stderr
     assert "***" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        "logger.mlflow.tracking_uri=http://me:pw-0123456789@db:5000",  # a URL's password
+        "+logger.mlflow.tags.api_token=" + TOKEN,  # under a secret-looking key
+        "+logger.mlflow.tags.note=" + TOKEN,  # the environment's secret, typed out
+    ],
+)
+def test_tfrecipe_k8s_writes_no_typed_secret_into_the_job(cli, typed):
+    """The probe: `tfrecipe k8s ... logger.mlflow.tracking_uri=http://me:PASSWORD@db` printed
+    the password twice: in the manifest's comment line and in the pods' args, which whoever
+    may read the Job or its pods sees (a run's own command line moves it into the environment,
+    where no pod of the Job has it)."""
+    result = cli(
+        "k8s",
+        "strategy=multi_worker_mirrored",
+        "logger=mlflow",
+        typed,
+        env={**os.environ, "HF_TOKEN": TOKEN},
+    )
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert TOKEN not in result.stderr and "pw-0123456789" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("tfrecipe: invalid configuration: k8s: ") and "Secret" in line, line

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
 
 from tfrecipe.errors import ConfigError
 
@@ -38,6 +37,23 @@ def _parse(args: list[str]) -> argparse.Namespace:
     return parser.parse_args(args)
 
 
+def _secret_problems(overrides: list[str]) -> list[str]:
+    """A secret typed among `overrides` would be written into the pods' args, which whoever may
+    read the Job or its pods sees (a run's own command line moves one into the environment,
+    secrets.typed_by_reference, where no pod of the Job has it)."""
+    from tfrecipe.config.secrets import holds_secret, typed_by_reference
+    from tfrecipe.printed import redact_word
+
+    moved = typed_by_reference(list(overrides), {})  # changes exactly the overrides holding one
+    return [
+        f"k8s: {redact_word(typed)}: a secret would be written into the Job's pod args; give the "
+        "pods its value from a Kubernetes Secret in their environment instead (e.g. "
+        "MLFLOW_TRACKING_URI, WANDB_API_KEY)"
+        for typed, kept in zip(overrides, moved, strict=True)
+        if typed != kept or holds_secret(typed)
+    ]
+
+
 def main(args: list[str]) -> None:
     import yaml
 
@@ -45,16 +61,20 @@ def main(args: list[str]) -> None:
     from tfrecipe.config.schema import validate
     from tfrecipe.config.trust import Trust
     from tfrecipe.distribute.k8s_manifests import Shape, manifests
+    from tfrecipe.printed import command_line
 
     options = _parse(args)
     bad = [o for o in options.overrides if "=" not in o]
     if bad:
         raise ConfigError(f"k8s: expected key=value overrides, received {' '.join(bad)}")
+    secret = _secret_problems(options.overrides)
+    if secret:
+        raise ConfigError(secret)
     shape = Shape(
         **{field.name: getattr(options, field.name) for field in dataclasses.fields(Shape)}
     )
     pod_args = [*options.overrides, "cluster=k8s"]
     run = validate(compose(pod_args), trust=Trust.from_command_line(options.overrides))
     objects = manifests(shape, strategy=run.strategy.name, overrides=options.overrides)
-    print(f"# tfrecipe k8s {shlex.join(args)}\n# kubectl apply -f THIS_FILE")
+    print(f"# {command_line(['tfrecipe', 'k8s'], args)}\n# kubectl apply -f THIS_FILE")
     print(yaml.safe_dump_all(objects, sort_keys=False), end="")

@@ -384,6 +384,11 @@ FILE_DOORS = (
     ),
     Door("--name (serve)", NAME, "config.export_limits.server_name_problem: a URL segment"),
     Door(
+        "OVERRIDES (k8s)",
+        NETWORK,
+        "cli.k8s._secret_problems: no secret in the Job's pod args or the comment line",
+    ),
+    Door(
         "RUN_DIR (serve)",
         READ,
         "runs.RunDir.trained_model: the one reader; the server writes nothing; its curl line "
