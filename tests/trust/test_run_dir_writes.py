@@ -174,3 +174,42 @@ def test_the_disk_reserve_is_a_file_of_its_own(tmp_path):
     assert yours.read_text() == "your file\n"
     assert (run_dir / disk.RESERVE).stat().st_size == disk.RESERVE_BYTES
     disk.release(run_dir)
+
+
+def test_a_sweep_never_replaces_files_of_its_records_names_that_it_did_not_write(cli, tmp_path):
+    """The probe: a shared recipe's `hydra.sweep.dir` named a folder of the user's, and the sweep
+    replaced its multirun.yaml (Hydra's record) and sweep.png (tfrecipe's report). Refused
+    before Hydra writes anything, as a run dir holding a run's file names but no run is."""
+    from conftest import TINY
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name in ("multirun.yaml", "sweep.png"):
+        (folder / name).write_text("precious\n")
+    recipe = tmp_path / "shared.yaml"
+    recipe.write_text(f"# @package _global_\nhydra:\n  sweep:\n    dir: {folder}\n")
+
+    result = cli("-m", f"recipe={recipe}", *TINY, "model=mlp", "seed=1")
+
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("tfrecipe:")]
+    assert f"hydra.sweep.dir={folder}: holds multirun.yaml, sweep.png" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == ["multirun.yaml", "sweep.png"]
+    assert all((folder / n).read_text() == "precious\n" for n in ("multirun.yaml", "sweep.png"))
+
+
+def test_a_sweep_dir_a_sweep_wrote_is_taken_again(tmp_path):
+    """A rerun resumes a sweep in its own dir: its records are on the dir's manifest (claimed
+    before Hydra writes them), or the dir holds a sweep.json (a version that kept no manifest)."""
+    from tfrecipe.cli.precheck import claim_sweep_dir
+
+    listed = tmp_path / "listed"
+    claim_sweep_dir(listed)  # a first sweep there
+    (listed / "multirun.yaml").write_text("hydra: {}\n")
+    claim_sweep_dir(listed)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in ("multirun.yaml", "sweep.json", "sweep.png"):
+        (earlier / name).write_text("{}\n")
+    claim_sweep_dir(earlier)
+    assert "multirun.yaml" in files.Manifest.of(earlier).owned()

@@ -209,6 +209,7 @@ def _pin_sweep_dir(args, argv: list[str], composed: list, invocation: Invocation
     if not multirun or sweep_dir is None:
         return argv  # a single run from a user's config dir, or a dir only a job resolves
     _refuse_locked_sweep_dir(sweep_dir)
+    claim_sweep_dir(sweep_dir)
     command = ["python", "-m", "tfrecipe"]
     for flag, value in (
         ("--config-path", args.config_path),
@@ -233,6 +234,28 @@ def _refuse_locked_sweep_dir(sweep_dir: Path) -> None:
             f"hydra.sweep.dir={sweep_dir}: a run trains into it (its run dir is locked); a "
             "sweep writes multirun.yaml and sweep.json there. Choose another hydra.sweep.dir"
         )
+
+
+def claim_sweep_dir(sweep_dir: Path) -> None:
+    """Makes `sweep_dir` the sweep's: its records (`SWEEP_RECORDS`) listed on its manifest
+    (files.MANIFEST) before Hydra writes multirun.yaml, so that a rerun resumes there. A file of
+    those names that no tfrecipe sweep wrote (in a folder of the user's that a recipe's
+    `hydra.sweep.dir` names) is refused, as a run dir's are, before anything is written."""
+    from tfrecipe import files
+    from tfrecipe.cli.sweep_report import SWEEP_FILE, SWEEP_RECORDS
+
+    manifest = files.Manifest.of(sweep_dir)
+    if not (sweep_dir / SWEEP_FILE).is_file():  # else a sweep's (an earlier one kept no manifest)
+        owned = manifest.owned()
+        theirs = [n for n in SWEEP_RECORDS if os.path.lexists(sweep_dir / n) and n not in owned]
+        if theirs:
+            raise ConfigError(
+                f"hydra.sweep.dir={sweep_dir}: holds {', '.join(theirs)}, not written by a "
+                f"tfrecipe sweep (not in its {files.MANIFEST}); tfrecipe never replaces a file it "
+                "did not create: move them, or choose another hydra.sweep.dir"
+            )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    manifest.claim(SWEEP_RECORDS)
 
 
 def _swept_keys(args, sweep_cfg, jobs: list) -> list[str]:

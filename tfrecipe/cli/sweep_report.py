@@ -32,6 +32,10 @@ from tfrecipe.runs import RunDir
 
 SWEEP_FILE = "sweep.json"
 SWEEP_PLOT = "sweep.png"
+# What a sweep writes into its dir (Hydra's record, the report, the Optuna sweeper's results and
+# default study), and replaces when it runs there again: a file of these names that no sweep wrote
+# is refused (cli.precheck.claim_sweep_dir).
+SWEEP_RECORDS = ("multirun.yaml", SWEEP_FILE, SWEEP_PLOT, "optimization_results.yaml", "study.db")
 
 
 @dataclasses.dataclass(frozen=True)

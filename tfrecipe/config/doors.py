@@ -141,7 +141,8 @@ CONFIG_DOORS = (
     Door(
         "hydra.sweep.dir",
         WRITE,
-        "config.secrets.hydra_value_problems: no secret in a path Hydra writes",
+        "config.secrets.hydra_value_problems: no secret in a path Hydra writes; "
+        "cli.precheck.claim_sweep_dir: no file of a sweep's record names that no sweep wrote",
         ("secret",),
     ),
     Door(
