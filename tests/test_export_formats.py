@@ -104,10 +104,17 @@ def test_an_export_off_keras_is_removed_and_fails_loudly(digits_run, tmp_path):
 
 
 def test_an_invalid_onnx_file_is_caught_and_removed(tmp_path, monkeypatch):
-    """Keras writes StringLookup models to ONNX without an error; the checker catches it."""
+    """Keras' own ONNX exporter writes StringLookup models to an invalid file without an error;
+    should a converter do so, the checker catches it."""
     import keras
+    import tf2onnx
 
     from tfrecipe.models import export
+
+    def keras_exporter(model, input_signature, output_path):  # Keras' export, a real converter
+        model.export(output_path, format="onnx", verbose=False)
+
+    monkeypatch.setattr(tf2onnx.convert, "from_keras", keras_exporter)
 
     inputs = keras.Input(shape=(1,), dtype="string")
     lookup = keras.layers.StringLookup(vocabulary=["a", "b"], output_mode="one_hot")
@@ -120,6 +127,28 @@ def test_an_invalid_onnx_file_is_caught_and_removed(tmp_path, monkeypatch):
             model, "onnx", tmp_path / "m.onnx", [np.array([["a"]], dtype=object)], tolerance=1
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_that_standardizes_its_features_exports_to_onnx(tmp_path):
+    """The bundled tables' models (wine_tabular, diabetes_regression, breast_cancer_binary, a
+    CSV of numbers) start with a Normalization layer holding its mean and variance as tensors:
+    Keras' ONNX export made each another graph input, which onnxruntime asked to be fed, and the
+    run failed after training with a ValueError and a traceback."""
+    import keras
+    import onnxruntime
+    import tensorflow as tf
+
+    from tfrecipe.data.splits import standardize_in_model
+    from tfrecipe.models import export
+
+    rows = np.random.default_rng(0).normal(50, 10, (32, 3)).astype("float32")
+    inputs, standardized = standardize_in_model(tf.data.Dataset.from_tensor_slices((rows, rows)))
+    model = keras.Model(inputs, keras.layers.Dense(2)(standardized))
+    record = export.export_checked(model, "onnx", tmp_path / "m.onnx", [rows], tolerance=1e-4)
+    assert record["max_abs_diff"] <= 1e-4
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["features"]  # the Keras input's name
+    np.testing.assert_allclose(session.run(None, {"features": rows})[0], model(rows), atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 from tfrecipe import files, rundir
 from tfrecipe.config import export_limits
-from tfrecipe.models import serving_layout
+from tfrecipe.models import onnx_file, serving_layout
 from tfrecipe.models.native_log import XNNPACK_LINE, without_lines
 
 # The final file (or directory) of each format in the run dir (the table: config.export_limits).
@@ -216,16 +215,10 @@ def _write(model, fmt: str, path: Path, **converter: Any) -> None:
     if fmt == "saved_model":
         model.export(str(path), format="tf_saved_model", verbose=False)
     elif fmt == "onnx":
-        import onnx
-
-        with warnings.catch_warnings():  # keras' tf2onnx_lib probes np.object on import
-            warnings.filterwarnings("ignore", "In the future `np.object`", FutureWarning)
-            model.export(str(path), format="onnx", verbose=False)
         try:
-            onnx.checker.check_model(onnx.load(str(path)), full_check=True)
-        except onnx.checker.ValidationError as error:
-            first = str(error).strip().splitlines()[0]
-            raise ExportError(f"onnx: Keras wrote an invalid ONNX file ({first})") from None
+            onnx_file.write(model, path)
+        except onnx_file.InvalidFile as error:
+            raise ExportError(f"onnx: the converter wrote an invalid ONNX file ({error})") from None
     elif fmt == "litert":
         model.export(str(path), format="litert", verbose=False, **converter)
     else:
