@@ -214,6 +214,15 @@ def test_bad_requests_get_predicts_line_as_400_and_the_server_lives_on(digits):
     assert _post(server, {"instances": _digits_images(1).tolist()})[0] == 200  # still serving
 
 
+def test_a_request_of_no_examples_says_so(digits):
+    """`{"instances": []}` to an image model was answered "examples of shape [], the model
+    takes [8, 8, 1]", as though the client had sent a wrongly shaped example."""
+    _, server = digits
+    for fmt in ("instances", "inputs"):
+        status, answer = _post(server, {fmt: []})
+        assert (status, answer["error"]) == (400, f'"{fmt}" holds no examples'), answer
+
+
 def test_bodies_past_what_json_or_floats_carry_get_400_and_the_server_lives_on(digits):
     """A body nested past Python's recursion limit and an integer past float64 are bad requests
     (they were 500 Internal Server Error, with a traceback in the server's log), and so is a

@@ -95,8 +95,12 @@ def _parse(body: bytes, reading: Reading) -> Request:
         raise BadRequest(str(error)) from None
     rows = len(next(iter(features.values())) if isinstance(features, dict) else features)
     if rows == 0:
-        raise BadRequest(f'"{formats[0]}" holds no examples')
+        raise _no_examples(formats[0])
     return Request(features, rows, formats[0])
+
+
+def _no_examples(fmt: str) -> BadRequest:
+    return BadRequest(f'"{fmt}" holds no examples')
 
 
 def _features(value: Any, fmt: str, reading: Reading) -> np.ndarray | dict[str, np.ndarray]:
@@ -216,6 +220,8 @@ def _cells(cells: list, column: str, kind: str, fmt: str, reading: Reading) -> n
 
 def _array(batch: list, fmt: str, inputs: Mapping[str, Any]) -> np.ndarray:
     """The examples as one array of the model's shape and dtype, every value finite."""
+    if isinstance(batch, list) and not batch:  # not "examples of shape []": there are none
+        raise _no_examples(fmt)
     try:
         array = np.asarray(batch, dtype=np.float64)
     except (ValueError, TypeError, OverflowError) as error:  # ragged, a string, 10**400
