@@ -223,6 +223,27 @@ def test_a_request_of_no_examples_says_so(digits):
         assert (status, answer["error"]) == (400, f'"{fmt}" holds no examples'), answer
 
 
+def test_an_endpoint_not_served_is_refused_in_json(digits):
+    """TF Serving's :classify and :regress, a version label, a POST of metadata, the root: each
+    was Starlette's plain-text "Not Found" or "Method Not Allowed", which a TF Serving client
+    reading the answer's JSON "error" fails to parse."""
+    _, server = digits
+    root, path = server.url.split("/v1/")[0], "/v1/" + server.url.split("/v1/")[1]
+    refused = [
+        (server.url + ":classify", b"{}", 405),
+        (server.url + ":regress", b"{}", 405),
+        (server.url + "/metadata", b"{}", 405),
+        (server.url + "/labels/stable:predict", b"{}", 404),
+        (root + "/", None, 404),
+    ]
+    for url, body, code in refused:
+        status, answer = _call(url, body)
+        assert status == code, (url, status, answer)
+        assert answer["error"].endswith(
+            f"this server answers GET {path}, GET {path}/metadata and POST {path}:predict"
+        ), (url, answer)
+
+
 def test_bodies_past_what_json_or_floats_carry_get_400_and_the_server_lives_on(digits):
     """A body nested past Python's recursion limit and an integer past float64 are bad requests
     (they were 500 Internal Server Error, with a traceback in the server's log), and so is a

@@ -11,7 +11,8 @@ Requests are queued and run in batches by one model thread (`Batcher`): whatever
 the model computes goes into its next call, and each request gets back its own rows. Bodies
 above `max_body` bytes get 413 (read and dropped, never kept), another model name 404, a GET of
 :predict 405, a request the model cannot take 400 with `tfrecipe predict`'s line (another
-`signature_name` than "serving_default" too). The app writes nothing.
+`signature_name` than "serving_default" too), any other path or method 404 or 405: each a JSON
+{"error": ...}. The app writes nothing.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def _concatenated(batches: list) -> Any:
 def build(served: Served):
     """The Starlette app serving `served`."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
     handlers = _Handlers(served)
@@ -132,7 +134,11 @@ def build(served: Served):
             Route(prefix + "/metadata", handlers.metadata, methods=["GET"]),
             Route(prefix + ":predict", handlers.predict, methods=["POST"]),
         ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    # every other path or method (TF Serving's :classify, a version label) answers in JSON, as
+    # every refusal here does: Starlette's own answer is plain text, which TF Serving's clients
+    # fail to parse
+    refusals = {HTTPException: handlers.not_served}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=refusals)
 
 
 class _Handlers:
@@ -153,6 +159,16 @@ class _Handlers:
                 f"{name!r} version {VERSION}",
             )
         return None
+
+    async def not_served(self, request, error):
+        """404 or 405 (Starlette's `error`) for what no route takes, naming what they take."""
+        base = f"/v1/models/{self.served.name}"
+        return _error(
+            error.status_code,
+            f"{request.method} {request.url.path}: {error.detail}; this server answers GET "
+            f"{base}, GET {base}/metadata and POST {base}:predict",
+            headers=error.headers,
+        )
 
     async def status(self, request):
         from starlette.responses import JSONResponse
