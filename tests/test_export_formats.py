@@ -232,6 +232,18 @@ def test_export_command_adds_a_format_to_a_finished_run(train_run, capsys):
     assert not (run_dir / "model.onnx").exists()
 
 
+def test_a_failed_export_command_leaves_no_file_behind(train_run):
+    """It said "the file was not kept", and left exports/final/model.keras behind, a file no
+    record names (with --name, the server layout's empty version folders too)."""
+    _, run_dir = train_run("model=mlp", "model.hidden_units=[64]")
+    summary = _summary(run_dir)
+    with pytest.raises(SystemExit) as stop:  # LiteRT is off Keras by ~1e-6 on this model
+        main(["export", str(run_dir), "--format", "litert", "--tolerance", "1e-12"])
+    assert "the file was not kept" in str(stop.value.code)
+    assert not (run_dir / "exports").exists()
+    assert _summary(run_dir) == summary
+
+
 def test_export_command_refuses_a_bad_request_in_one_line(tmp_path, capsys):
     for args in (["--format", "tflite"], ["--format", "onnx", "--quantize", "int8"]):
         with pytest.raises(SystemExit) as stop:

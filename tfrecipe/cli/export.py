@@ -9,7 +9,8 @@ another machine), kept only within `--tolerance`, and recorded under `exports` i
 cannot carry the model is refused with the reason (exit 2).
 
 The files go to `RUN_DIR/exports/final/` (or `exports/best/`): an export adds files and never
-replaces what training wrote (its model.keras, saved_model/, ...). With `--name NAME` the
+replaces what training wrote (its model.keras, saved_model/, ...), and one that fails
+removes every file it wrote. With `--name NAME` the
 SavedModel goes to `RUN_DIR/exports/serving/NAME/1/` (TF Serving's layout) and the ONNX file to
 `RUN_DIR/exports/triton/NAME/1/model.onnx` with its `config.pbtxt` (Triton's). The run dir is
 locked while it exports, so a run still training there is not written into.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from tfrecipe import rundir
@@ -120,6 +122,8 @@ def _export(options, run, run_files) -> dict:
     # the check examples compare Keras with each format on the data the run was trained on
     check_run_data(home, run, command="export")
     splits = load_splits(run.dataset, grants=Grants.of(run.allowed_targets), task=run.task)
+    exports = options.run_dir / EXPORTS
+    before = _tree(exports)
     try:
         report = export.export_run(
             model,
@@ -131,11 +135,31 @@ def _export(options, run, run_files) -> dict:
             batch_size=run.batching.per_replica_batch_size,
             root=options.run_dir,  # paths in the report are the run dir's
         )
-    except export.ExportError as error:
-        raise SystemExit(f"tfrecipe export: failed: {error}") from None
+    except BaseException as error:  # nothing it wrote stays (model.keras goes first)
+        _remove_added(exports, before)
+        if isinstance(error, export.ExportError):
+            raise SystemExit(f"tfrecipe export: failed: {error}") from None
+        raise
     summary = home.summary() or {}
     # keyed by where they went (final/onnx): training's own records stay as they were
     added = {f"{options.model}/{fmt}": record for fmt, record in report.items()}
     summary["exports"] = {**summary.get("exports", {}), **added}
     home.write_summary(summary)
     return report
+
+
+def _tree(folder: Path) -> set[Path]:
+    """`folder` and everything under it (nothing when it does not exist)."""
+    return {folder, *folder.rglob("*")} if folder.is_dir() else set()
+
+
+def _remove_added(folder: Path, before: set[Path]) -> None:
+    """Removes what a failed export added under `folder` since `before` (`_tree`'s): the files
+    it finished before one failed its check, and the folders it made for them."""
+    import shutil
+
+    for path in sorted(_tree(folder) - before, key=lambda p: len(p.parts)):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            path.unlink()

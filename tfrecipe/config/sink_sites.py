@@ -60,6 +60,10 @@ SINK_SITES: Mapping[str, Mapping[str, str]] = {
         "os.open": "a trial's empty lease file beside the study's file (O_NOFOLLOW)",
         "path.unlink": "that lease, once its trial was told (or its worker is gone)",
     },
+    "tfrecipe/cli/export.py": {
+        "shutil.rmtree": "a folder the failed export made itself (not there before it began)",
+        "path.unlink": "a file the failed export wrote itself (not there before it began)",
+    },
     "tfrecipe/cli/predict.py": {
         "open(?)": "the output, inside its scratch folder (files.put moves it)",
         "tempfile.mkdtemp": "that scratch folder",
